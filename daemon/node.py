@@ -1,0 +1,329 @@
+"""The node agent: what one chaosd does on the bus.
+
+It sends heartbeats, watches everyone else's with the phi-accrual detector, takes part in the
+scheduler election, mirrors the retained cluster state, and, while elected, runs the
+:class:`~daemon.scheduler.Scheduler`. Message handlers only update state; the periodic
+:meth:`NodeAgent.tick` makes the decisions, so the order in which messages arrive never
+matters more than one tick (0.1 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from typing import Any
+
+from daemon.bus import Bus, Outgoing
+from daemon.clock import Clock, SystemClock
+from daemon.config import Config
+from daemon.detector import PhiAccrualDetector
+from daemon.election import Action, Election, better
+from daemon.errors import MessageError
+from daemon.messages import (
+    ClusterState, Command, Event, Heartbeat, LeaderClaim, Request, Status, Topics, decode,
+    encode,
+)
+from daemon.resources import sample
+from daemon.scheduler import LIVE_STATES, Scheduler
+
+log = logging.getLogger("chaosd.node")
+REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
+SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, swap storm)
+EVENTS_KEEP = 1000
+
+
+class NodeAgent:
+    """One node's membership, election and (when elected) scheduling logic."""
+
+    def __init__(self, cfg: Config, clock: Clock | None = None) -> None:
+        self.cfg = cfg
+        self.me = cfg.node_id
+        self.clock = clock or SystemClock()
+        self.topics = Topics(cfg.cluster)
+        # Distinguishes this process from earlier (or zombie) ones with the same node id.
+        self.incarnation = time.time_ns() // 1000
+        self.detector = PhiAccrualDetector(cfg.detector, self.clock)
+        self.election = Election(self.me, cfg.election, self.clock)
+        self.scheduler: Scheduler | None = None
+        self.view: ClusterState | None = None
+        self.presence: dict[str, Status] = {}
+        self.beats: dict[str, Heartbeat] = {}
+        self.events: dict[tuple[int, float], Event] = {}
+        self.counters: Counter[str] = Counter()
+        self.state = "standby"
+        self.step = 0
+        self.started = self.clock.monotonic()
+        self.should_exit = False
+        self.exit_reason = ""
+        self._hb_seq = 0
+        self._last_tick: float | None = None
+        self._last_publish = 0.0
+        self._last_leader: str | None = None
+        self._pending: list[Outgoing] = []
+        topics = self.topics
+        self.bus = Bus(
+            cfg,
+            client_id=f"chaos-{cfg.cluster}-{self.me}",
+            will=Outgoing(topics.status(self.me), encode(self._status(False, "lost")), 1, True),
+            subscriptions=[f"{topics.root}/node/+/hb", f"{topics.root}/node/+/status",
+                           topics.cmd(self.me), topics.leader, topics.req, topics.state],
+            on_message=self.on_message,
+            on_connect=self.on_connect,
+            on_disconnect=self.on_disconnect,
+        )
+
+    # --- outgoing -----------------------------------------------------------------------
+    def _status(self, online: bool, reason: str) -> Status:
+        return Status(node=self.me, online=online, reason=reason, incarnation=self.incarnation,
+                      addr=self.cfg.advertise, ts=self.clock.wall())
+
+    def _queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        """Handlers are synchronous; they queue, and the tick publishes."""
+        self._pending.append(Outgoing(topic, payload, qos, retain))
+
+    def _queue_claim(self) -> None:
+        claim = LeaderClaim(id=self.me, term=self.election.term, ts=self.clock.wall())
+        self._queue(self.topics.leader, encode(claim), retain=True)
+
+    async def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for out in pending:
+            await self.bus.publish(out.topic, out.payload, qos=out.qos, retain=out.retain,
+                                   reliable=out.qos > 0)
+
+    async def heartbeat(self) -> None:
+        self._hb_seq += 1
+        res = sample()
+        hb = Heartbeat(node=self.me, seq=self._hb_seq, incarnation=self.incarnation,
+                       step=self.step, state=self.state, cpu_percent=res.cpu_percent,
+                       mem_percent=res.mem_percent, battery_percent=res.battery_percent)
+        await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
+
+    async def leave(self) -> None:
+        """Graceful exit: a retained 'left' status, so the last will never fires."""
+        await self.bus.publish(self.topics.status(self.me), encode(self._status(False, "left")),
+                               qos=1, retain=True)
+
+    # --- bus callbacks ------------------------------------------------------------------
+    async def on_connect(self) -> None:
+        self.election.connected()
+        # Everyone's silence while we were cut off was ours, not theirs.
+        self.detector.reset_all()
+        await self.bus.publish(self.topics.status(self.me), encode(self._status(True, "up")),
+                               qos=1, retain=True)
+        if self.scheduler is not None:
+            self._queue_claim()
+            self.scheduler.dirty = True
+
+    def on_disconnect(self) -> None:
+        self.election.disconnected()
+
+    def on_message(self, topic: str, payload: bytes) -> None:
+        """Validate and route one message; a bad one is logged and dropped."""
+        try:
+            self._route(topic, payload)
+        except MessageError as exc:
+            self.counters["rejected"] += 1
+            log.warning("dropped message on %s: %s", topic, exc)
+
+    def _route(self, topic: str, payload: bytes) -> None:
+        t = self.topics
+        node = t.node_of(topic)
+        if topic.endswith("/hb") and node:
+            self._on_heartbeat(node, decode(payload, Heartbeat))  # type: ignore[arg-type]
+        elif topic.endswith("/status") and node:
+            self._on_status(node, decode(payload, Status))  # type: ignore[arg-type]
+        elif topic == t.cmd(self.me):
+            self._on_command(decode(payload, Command))  # type: ignore[arg-type]
+        elif topic == t.leader:
+            if payload:  # an empty retained payload only clears the topic
+                self._on_claim(decode(payload, LeaderClaim))  # type: ignore[arg-type]
+        elif topic == t.req:
+            self._on_request(decode(payload, Request))  # type: ignore[arg-type]
+        elif topic == t.state:
+            if payload:
+                self._on_state(decode(payload, ClusterState))  # type: ignore[arg-type]
+
+    def _on_heartbeat(self, node: str, hb: Heartbeat) -> None:
+        if hb.node != node:
+            raise MessageError(f"heartbeat for {hb.node!r} on the topic of {node!r}")
+        if node == self.me:
+            return
+        self.detector.heartbeat(node)
+        self.beats[node] = hb
+        if self.scheduler is not None:
+            st = self.presence.get(node)
+            self.scheduler.observe_heartbeat(hb, st.addr if st else "")
+
+    def _on_status(self, node: str, st: Status) -> None:
+        if st.node != node:
+            raise MessageError(f"status for {st.node!r} on the topic of {node!r}")
+        if node == self.me:
+            if st.online and st.incarnation > self.incarnation:
+                log.error("another chaosd with node id %r started; this one exits", self.me)
+                self.exit_reason = "duplicate node id"
+                self.should_exit = True
+            elif not st.online and st.incarnation == self.incarnation and self.bus.connected:
+                # The broker gave up on us once (keepalive) but we are here: say so again.
+                self._queue(self.topics.status(self.me), encode(self._status(True, "up")),
+                            retain=True)
+            return
+        prev = self.presence.get(node)
+        if prev is not None and st.incarnation < prev.incarnation:
+            return
+        self.presence[node] = st
+        if not st.online:
+            if node == self.election.leader:
+                self.election.leader_lost()
+            if self.scheduler is not None and self.scheduler.observe_status(st) == "lost":
+                self.scheduler.fail(node, "last-will", self.detector.age(node))
+            self.detector.forget(node)
+        elif self.scheduler is not None:
+            self.scheduler.observe_status(st)
+
+    def _on_claim(self, claim: LeaderClaim) -> None:
+        verdict = self.election.on_claim(claim.id, claim.term)
+        if verdict.action is Action.CLAIM:
+            self._queue_claim()
+        elif verdict.action is Action.STEP_DOWN:
+            log.warning("stepping down: %s holds term %d", claim.id, claim.term)
+            self.scheduler = None
+        if verdict.action in (Action.FOLLOW, Action.STEP_DOWN):
+            log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
+
+    def _on_command(self, cmd: Command) -> None:
+        if not self.election.admits(cmd.term, cmd.leader):
+            self.counters["fenced"] += 1
+            log.warning("fenced a command %r from %s: term %d < %d", cmd.op, cmd.leader,
+                        cmd.term, self.election.term)
+            return
+        self.counters["commands"] += 1
+        log.info("command %s from %s (term %d)", cmd.op, cmd.leader, cmd.term)
+
+    def _on_request(self, req: Request) -> None:
+        if self.scheduler is None:
+            return
+        self.counters["requests"] += 1
+        log.info("request %s from %s", req.op, req.node)
+
+    def _on_state(self, st: ClusterState) -> None:
+        claim = (st.term, st.leader)
+        accepted = (self.election.term, self.election.leader or "")
+        if self.scheduler is not None:
+            if claim != (self.scheduler.term, self.me):
+                # Someone else's snapshot overwrote the retained topic: repair it.
+                self.scheduler.dirty = True
+            return
+        if better(accepted, claim) and self.election.leader is not None:
+            self.counters["stale_states"] += 1
+            return  # from a stale or losing scheduler
+        if self.view is not None and (self.view.term, self.view.leader) == claim \
+                and st.version <= self.view.version:
+            return
+        self.view = st
+        self._merge_events(st.events)
+
+    def _merge_events(self, events: list[Event]) -> None:
+        for ev in events:
+            self.events.setdefault((ev.seq, ev.ts), ev)
+        if len(self.events) > EVENTS_KEEP:
+            for key in sorted(self.events)[: len(self.events) - EVENTS_KEEP]:
+                del self.events[key]
+
+    # --- decisions ----------------------------------------------------------------------
+    def live_peers(self) -> set[str]:
+        live = set()
+        for node in self.detector.known():
+            st = self.presence.get(node)
+            if self.detector.is_alive(node) and (st is None or st.online):
+                live.add(node)
+        return live
+
+    async def tick(self) -> None:
+        """Run one round of decisions; called every 0.1 s by the main loop."""
+        now = self.clock.monotonic()
+        gap = 0.0 if self._last_tick is None else now - self._last_tick
+        self._last_tick = now
+        if gap > SELF_PAUSE_S:
+            log.warning("this daemon was paused for %.1f s; not judging peers this tick", gap)
+            self.detector.reset_all()
+        elif self.bus.connected:
+            self._decide(now)
+        await self.flush()
+        if self.scheduler is not None and self.bus.connected and (
+                self.scheduler.dirty or now - self._last_publish > REPUBLISH_S):
+            self.scheduler.prune()
+            snap = self.scheduler.snapshot()
+            self.view = snap
+            self._merge_events(snap.events)
+            self._last_publish = now
+            await self.bus.publish(self.topics.state, encode(snap), qos=1, retain=True,
+                                   reliable=True)
+
+    def _decide(self, now: float) -> None:
+        if self.election.leader not in (None, self.me):
+            self._last_leader = self.election.leader
+        live = self.live_peers()
+        verdict = self.election.tick(live)
+        if verdict.action is Action.CLAIM:
+            self._become_leader()
+        sched = self.scheduler
+        if sched is None:
+            return
+        for node in sched.live():
+            if node == self.me:
+                continue
+            if node not in live:
+                st = self.presence.get(node)
+                reason = "last-will" if st is not None and not st.online else "heartbeat"
+                if reason == "heartbeat" and node in self.detector.known():
+                    sched.fail(node, reason, self.detector.age(node))
+                elif reason == "last-will":
+                    sched.fail(node, reason, None)
+
+    def _become_leader(self) -> None:
+        prev = self._last_leader
+        silence = self.detector.age(prev) if prev else None
+        sched = Scheduler(self.me, self.election.term, self.view, self.clock)
+        self.scheduler = sched
+        for node in sched.live():
+            # Nodes we never heard (they may have died with the old scheduler) get one
+            # detection window from now, like everyone else.
+            if node != self.me and node not in self.detector.known():
+                self.detector.heartbeat(node)
+        sched.observe_status(self._status(True, "up"))
+        for st in self.presence.values():
+            sched.observe_status(st)
+        log.warning("elected scheduler, term %d (previous: %s)", self.election.term, prev)
+        sched.record("scheduler-elected", node=self.me, term_previous=self.view.term
+                     if self.view else 0, previous=prev,
+                     delay_ms=None if silence is None else silence * 1000.0)
+        self._queue_claim()
+
+    # --- control-socket views -----------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        return {"node": self.me, "pid": os.getpid(), "incarnation": self.incarnation,
+                "uptime_s": round(self.clock.monotonic() - self.started, 3),
+                "connected": self.bus.connected, "queued": self.bus.queued,
+                "counters": dict(self.counters)}
+
+    def node_ids(self) -> list[str]:
+        ids = set(self.presence) | set(self.beats) | {self.me}
+        if self.view is not None:
+            ids |= set(self.view.nodes)
+        return sorted(ids)
+
+    def node_state(self, node: str) -> str:
+        if self.view is not None and node in self.view.nodes:
+            return self.view.nodes[node].state
+        if node == self.me:
+            return self.state
+        st = self.presence.get(node)
+        if st is None or st.online:
+            return "standby"
+        return "left" if st.reason == "left" else "failed"
+
+    def live_states(self) -> tuple[str, ...]:
+        return LIVE_STATES

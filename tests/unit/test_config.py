@@ -1,0 +1,74 @@
+"""Config: defaults, TOML, flag precedence, and one clear line naming each bad key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from daemon.config import load_config
+from daemon.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "chaosd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_toml_then_flags_take_precedence(tmp_path: Path) -> None:
+    path = write(tmp_path, 'node_id = "box-a"\ncluster = "lab"\n[detector]\nphi_threshold = 6\n')
+    cfg = load_config(path, node_id="box-b", cluster=None)
+    assert cfg.node_id == "box-b"  # flag beats file
+    assert cfg.cluster == "lab"  # file beats default; a None flag is no override
+    assert cfg.detector.phi_threshold == 6.0
+    assert cfg.broker_endpoint == ("embedded", "127.0.0.1", 1883)
+
+
+def test_broker_urls(tmp_path: Path) -> None:
+    assert load_config(None, broker="mqtt://gw:1999").broker_endpoint == ("mqtt", "gw", 1999)
+    assert load_config(None, broker="mqtts://gw").broker_endpoint == ("mqtts", "gw", 8883)
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ('nodeid = "x"\n', "nodeid"),
+        ('[detector]\nphi = 3\n', "detector.phi"),
+        ('[detector]\nphi_threshold = "high"\n', "detector.phi_threshold"),
+        ('[mqtt]\nkeepalive_s = true\n', "mqtt.keepalive_s"),
+        ('[mqtt]\nkeepalive_s = 0\n', "mqtt.keepalive_s"),
+        ('broker = "http://x"\n', "broker"),
+        ('broker = "mqtt://x:99999"\n', "broker"),
+        ('node_id = "has space"\n', "node_id"),
+        ('log_level = "loud"\n', "log_level"),
+        ('[election]\nstagger_s = -1\n', "election.stagger_s"),
+        ('mqtt = 3\n', "mqtt"),
+        ('[mqtt]\nca_file = "/nonexistent/ca.pem"\n', "mqtt.ca_file"),
+        ("node_id = \n", "TOML"),
+    ],
+)
+def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert names in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_missing_file() -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("/nonexistent/chaosd.toml")
+
+
+def test_chaosd_refuses_bad_config_with_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, '[detector]\nheartbeat_interval = 1\n')
+    proc = subprocess.run([sys.executable, "-m", "daemon.main", "--config", str(path)],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "detector.heartbeat_interval" in lines[0]
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,84 @@
+"""Phi-accrual timing, driven by a fake clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from daemon.clock import FakeClock
+from daemon.config import DetectorConfig
+from daemon.detector import PhiAccrualDetector, phi
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def steady(det: PhiAccrualDetector, clock: FakeClock, node: str, n: int, every: float) -> None:
+    for _ in range(n):
+        det.heartbeat(node)
+        clock.advance(every)
+    clock.advance(-every)  # leave the clock at the last heartbeat
+
+
+def time_to_suspect(det: PhiAccrualDetector, clock: FakeClock, node: str) -> float:
+    waited = 0.0
+    while det.is_alive(node):
+        clock.advance(0.01)
+        waited += 0.01
+        assert waited < 60, "never suspected"
+    return waited
+
+
+def test_default_detects_silence_within_a_few_seconds() -> None:
+    clock = FakeClock()
+    det = PhiAccrualDetector(DetectorConfig(), clock)
+    steady(det, clock, "a", 50, 0.5)
+    waited = time_to_suspect(det, clock, "a")
+    # Not before the acceptable pause, and well inside SIGSTOP's 3 s goal.
+    assert 1.5 < waited < 3.0
+
+
+def test_detection_time_does_not_depend_on_cluster_size() -> None:
+    times = []
+    for size in (3, 12, 48):
+        clock = FakeClock()
+        det = PhiAccrualDetector(DetectorConfig(), clock)
+        for _ in range(40):
+            for i in range(size):
+                det.heartbeat(f"n{i}")
+            clock.advance(0.5)
+        clock.advance(-0.5)
+        times.append(time_to_suspect(det, clock, "n0"))
+        assert set(det.suspects()) == {f"n{i}" for i in range(size)}
+    assert max(times) - min(times) < 0.02
+
+
+def test_jittery_sender_gets_more_slack() -> None:
+    clock = FakeClock()
+    det = PhiAccrualDetector(DetectorConfig(), clock)
+    for i in range(60):
+        det.heartbeat("j")
+        clock.advance(0.2 if i % 2 else 0.8)
+    clock2 = FakeClock()
+    regular = PhiAccrualDetector(DetectorConfig(), clock2)
+    steady(regular, clock2, "r", 60, 0.5)
+    assert time_to_suspect(det, clock, "j") > time_to_suspect(regular, clock2, "r")
+
+
+def test_reset_all_forgives_our_own_outage() -> None:
+    clock = FakeClock()
+    det = PhiAccrualDetector(DetectorConfig(), clock)
+    steady(det, clock, "a", 10, 0.5)
+    clock.advance(30)
+    assert det.suspects() == ["a"]
+    det.reset_all()
+    assert det.is_alive("a")
+    assert det.age("a") == 0.0
+    assert det.age("nobody") is None
+
+
+@pytest.mark.parametrize("elapsed", [-1e9, -5.0, 0.0, 1.0, 2.0, 10.0, 1e6, 1e12])
+def test_phi_is_finite_and_monotone(elapsed: float) -> None:
+    value = phi(elapsed, 1.5, 0.1)
+    assert math.isfinite(value) and value >= 0
+    assert phi(elapsed + 0.1, 1.5, 0.1) >= value
