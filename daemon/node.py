@@ -22,7 +22,15 @@ from daemon.detector import PhiAccrualDetector
 from daemon.election import Action, Election, better
 from daemon.errors import MessageError
 from daemon.messages import (
-    ClusterState, Command, Event, Heartbeat, LeaderClaim, Request, Status, Topics, decode,
+    ClusterState,
+    Command,
+    Event,
+    Heartbeat,
+    LeaderClaim,
+    Request,
+    Status,
+    Topics,
+    decode,
     encode,
 )
 from daemon.resources import sample
@@ -31,6 +39,9 @@ from daemon.scheduler import LIVE_STATES, Scheduler
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
 SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, swap storm)
+# A broker that shuts down may publish every client's last will as it goes. A will that is
+# not followed by the loss of our own connection within this window is a real crash.
+WILL_CONFIRM_S = 0.5
 EVENTS_KEEP = 1000
 
 
@@ -61,7 +72,10 @@ class NodeAgent:
         self._last_tick: float | None = None
         self._last_publish = 0.0
         self._last_leader: str | None = None
+        # Until then, silence is not judged: peers may reconnect up to one backoff after us.
+        self._judge_after = 0.0
         self._pending: list[Outgoing] = []
+        self._wills: dict[str, tuple[Status, float]] = {}
         topics = self.topics
         self.bus = Bus(
             cfg,
@@ -109,8 +123,12 @@ class NodeAgent:
     # --- bus callbacks ------------------------------------------------------------------
     async def on_connect(self) -> None:
         self.election.connected()
-        # Everyone's silence while we were cut off was ours, not theirs.
+        # Everyone's silence while we were cut off was ours, not theirs; and after a broker
+        # outage the others reconnect on their own backoff, up to reconnect_max_s after us.
         self.detector.reset_all()
+        if self.bus.connects > 1:
+            self._judge_after = (self.clock.monotonic() + self.cfg.mqtt.reconnect_max_s
+                                 + self.cfg.election.grace_s)
         await self.bus.publish(self.topics.status(self.me), encode(self._status(True, "up")),
                                qos=1, retain=True)
         if self.scheduler is not None:
@@ -119,6 +137,7 @@ class NodeAgent:
 
     def on_disconnect(self) -> None:
         self.election.disconnected()
+        self._wills.clear()  # they came with the broker's own going away
 
     def on_message(self, topic: str, payload: bytes) -> None:
         """Validate and route one message; a bad one is logged and dropped."""
@@ -142,9 +161,8 @@ class NodeAgent:
                 self._on_claim(decode(payload, LeaderClaim))  # type: ignore[arg-type]
         elif topic == t.req:
             self._on_request(decode(payload, Request))  # type: ignore[arg-type]
-        elif topic == t.state:
-            if payload:
-                self._on_state(decode(payload, ClusterState))  # type: ignore[arg-type]
+        elif topic == t.state and payload:
+            self._on_state(decode(payload, ClusterState))  # type: ignore[arg-type]
 
     def _on_heartbeat(self, node: str, hb: Heartbeat) -> None:
         if hb.node != node:
@@ -173,6 +191,13 @@ class NodeAgent:
         prev = self.presence.get(node)
         if prev is not None and st.incarnation < prev.incarnation:
             return
+        if not st.online and st.reason == "lost":
+            self._wills[node] = (st, self.clock.monotonic())  # confirmed in tick()
+            return
+        self._wills.pop(node, None)
+        self._apply_status(node, st)
+
+    def _apply_status(self, node: str, st: Status) -> None:
         self.presence[node] = st
         if not st.online:
             if node == self.election.leader:
@@ -234,10 +259,12 @@ class NodeAgent:
 
     # --- decisions ----------------------------------------------------------------------
     def live_peers(self) -> set[str]:
+        """Peers we believe alive: online, and heard recently (or forgiven after reconnect)."""
+        forgiving = self.clock.monotonic() < self._judge_after
         live = set()
         for node in self.detector.known():
             st = self.presence.get(node)
-            if self.detector.is_alive(node) and (st is None or st.online):
+            if (forgiving or self.detector.is_alive(node)) and (st is None or st.online):
                 live.add(node)
         return live
 
@@ -263,6 +290,10 @@ class NodeAgent:
                                    reliable=True)
 
     def _decide(self, now: float) -> None:
+        for node, (st, heard) in list(self._wills.items()):
+            if now - heard >= WILL_CONFIRM_S:
+                del self._wills[node]
+                self._apply_status(node, st)
         if self.election.leader not in (None, self.me):
             self._last_leader = self.election.leader
         live = self.live_peers()
@@ -307,6 +338,8 @@ class NodeAgent:
         return {"node": self.me, "pid": os.getpid(), "incarnation": self.incarnation,
                 "uptime_s": round(self.clock.monotonic() - self.started, 3),
                 "connected": self.bus.connected, "queued": self.bus.queued,
+                "leader": self.election.is_leader and self.scheduler is not None,
+                "term": self.election.term, "scheduler": self.election.leader,
                 "counters": dict(self.counters)}
 
     def node_ids(self) -> list[str]:

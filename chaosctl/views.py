@@ -1,0 +1,260 @@
+"""Rich renderables for the daemon's answers: status panel, node, link and event tables.
+
+Every function takes the ``data`` of one control-socket answer, already checked by
+:func:`expect_dict` / :func:`expect_rows`, and tolerates missing or odd fields (shown as a dash),
+because a view must never crash on a newer daemon's output.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from chaosctl.client import ProtocolError
+
+DASH = "-"
+SCHEDULER_MARK = "★"
+STATE_STYLES: dict[str, str] = {
+    "active": "bold green",
+    "standby": "cyan",
+    "joining": "yellow",
+    "leaving": "yellow",
+    "failed": "bold red",
+    "left": "dim",
+    "up": "green",
+    "down": "bold red",
+}
+EVENT_STYLES: dict[str, str] = {
+    "scale-out": "green",
+    "scale-in": "yellow",
+    "connect-link": "cyan",
+    "disconnect-link": "magenta",
+    "node-failed": "bold red",
+    "link-failed": "red",
+    "scheduler-elected": "bold blue",
+    "partition": "bold magenta",
+}
+# Shown in this order in status; unknown states follow, sorted.
+STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")
+EVENT_KEYS = ("seq", "ts", "kind", "node", "peer", "term", "delay_ms")
+
+
+def expect_dict(data: Any, op: str) -> dict[str, Any]:
+    """Return ``data`` if it is a JSON object, else raise :class:`ProtocolError`."""
+    if not isinstance(data, dict):
+        raise ProtocolError(f"chaosd's answer to '{op}' is not an object")
+    return data
+
+
+def expect_rows(data: Any, op: str) -> list[dict[str, Any]]:
+    """Return ``data`` if it is a list of JSON objects, else raise :class:`ProtocolError`."""
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        raise ProtocolError(f"chaosd's answer to '{op}' is not a list of objects")
+    return data
+
+
+def cell(value: Any) -> str:
+    """Format a scalar for a table cell; ``None`` becomes a dash."""
+    if value is None or value == "":
+        return DASH
+    if isinstance(value, float):
+        return f"{value:.1f}"
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value) or DASH
+    return str(value)
+
+
+def styled(value: Any, styles: dict[str, str]) -> Text:
+    """Return ``value`` as text, coloured by its entry in ``styles``."""
+    text = cell(value)
+    return Text(text, style=styles.get(text, ""))
+
+
+def age(seconds: Any) -> Text:
+    """Format a heartbeat age; old ages turn yellow, then red."""
+    if not isinstance(seconds, int | float):
+        return Text(DASH, style="dim")
+    style = "red" if seconds >= 3 else "yellow" if seconds >= 1 else ""
+    if seconds < 60:
+        return Text(f"{seconds:.1f}s", style=style)
+    minutes, secs = divmod(int(seconds), 60)
+    return Text(f"{minutes}m{secs:02d}s", style=style)
+
+
+def clock(ts: Any) -> str:
+    """Format a Unix time as local wall-clock time with milliseconds."""
+    if not isinstance(ts, int | float):
+        return DASH
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
+
+
+def since(ts: Any, now: float | None = None) -> str:
+    """Format a Unix time as an age, e.g. ``12s ago``."""
+    if not isinstance(ts, int | float):
+        return DASH
+    delta = max(0.0, (time.time() if now is None else now) - ts)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if delta >= 2 * size:
+            return f"{delta / size:.0f}{unit} ago"
+    return f"{delta:.0f}s ago"
+
+
+def state_counts(counts: Any) -> Text:
+    """Render ``{state: count}`` as coloured ``active 3  failed 1`` text."""
+    text = Text()
+    if not isinstance(counts, dict) or not counts:
+        return Text(DASH)
+    ordered = [s for s in STATE_ORDER if s in counts]
+    ordered += sorted(s for s in counts if s not in STATE_ORDER)
+    for i, state in enumerate(ordered):
+        if i:
+            text.append("  ")
+        text.append(f"{state} {counts[state]}", style=STATE_STYLES.get(state, ""))
+    return text
+
+
+def status_view(data: dict[str, Any]) -> RenderableType:
+    """Render the ``status`` answer as a two-column grid."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    sched = data.get("scheduler")
+    if isinstance(sched, dict):
+        scheduler = Text(f"{SCHEDULER_MARK} {cell(sched.get('id'))}", style="bold blue")
+        scheduler.append(f"  (term {cell(sched.get('term'))})", style="")
+    else:
+        scheduler = Text("none elected", style="bold red")
+    grid.add_row("cluster", cell(data.get("cluster")))
+    grid.add_row("node", cell(data.get("node")))
+    grid.add_row("scheduler", scheduler)
+    grid.add_row("nodes", state_counts(data.get("nodes")))
+    grid.add_row("step", cell(data.get("step")))
+    grid.add_row("policy version", cell(data.get("policy_version")))
+    return grid
+
+
+def nodes_table(rows: list[dict[str, Any]], title: str | None = None) -> Table:
+    """Render the ``nodes`` answer; the scheduler's row is marked with a star."""
+    table = Table(title=title, caption=f"{SCHEDULER_MARK} scheduler", caption_justify="left")
+    table.add_column("", width=1, no_wrap=True)
+    table.add_column("ID", style="bold", no_wrap=True)
+    table.add_column("STATE", no_wrap=True)
+    table.add_column("ADDR")
+    table.add_column("HEARTBEAT", justify="right")
+    table.add_column("STEP", justify="right")
+    table.add_column("NEIGHBORS")
+    for row in rows:
+        mark = Text(SCHEDULER_MARK, style="bold blue") if row.get("scheduler") is True else ""
+        table.add_row(
+            mark,
+            cell(row.get("id")),
+            styled(row.get("state"), STATE_STYLES),
+            cell(row.get("addr")),
+            age(row.get("heartbeat_age_s")),
+            cell(row.get("step")),
+            cell(row.get("neighbors")),
+        )
+    return table
+
+
+def links_table(rows: list[dict[str, Any]], now: float | None = None) -> Table:
+    """Render the ``links`` answer."""
+    table = Table()
+    for name in ("A", "B", "STATE"):
+        table.add_column(name, no_wrap=True)
+    table.add_column("RTT ms", justify="right")
+    table.add_column("BW Mbit/s", justify="right")
+    table.add_column("MEASURED", justify="right")
+    for row in rows:
+        rtt = row.get("rtt_ms")
+        table.add_row(
+            cell(row.get("a")),
+            cell(row.get("b")),
+            styled(row.get("state"), STATE_STYLES),
+            f"{rtt:.2f}" if isinstance(rtt, int | float) else DASH,
+            cell(row.get("bandwidth_mbps")),
+            since(row.get("measured_at"), now),
+        )
+    if not rows:
+        table.caption = "no links"
+    return table
+
+
+def event_details(event: dict[str, Any]) -> str:
+    """Return the event's extra keys (beyond the stable ones) as ``key=value`` pairs."""
+    return " ".join(f"{k}={cell(v)}" for k, v in event.items() if k not in EVENT_KEYS)
+
+
+def delay(value: Any) -> str:
+    """Format a ``delay_ms`` value."""
+    return f"{value:.0f} ms" if isinstance(value, int | float) else DASH
+
+
+def events_table(rows: Iterable[dict[str, Any]], title: str | None = None) -> Table:
+    """Render a list of events, oldest first."""
+    table = Table(title=title)
+    table.add_column("SEQ", justify="right", style="dim")
+    table.add_column("TIME", no_wrap=True)
+    table.add_column("KIND", no_wrap=True)
+    table.add_column("NODE", no_wrap=True)
+    table.add_column("PEER", no_wrap=True)
+    table.add_column("TERM", justify="right")
+    table.add_column("DELAY", justify="right", no_wrap=True)
+    # Details are free-form and may be long: they wrap, the ids above never do.
+    table.add_column("DETAILS", overflow="fold", ratio=1)
+    for ev in rows:
+        table.add_row(
+            cell(ev.get("seq")),
+            clock(ev.get("ts")),
+            styled(ev.get("kind"), EVENT_STYLES),
+            cell(ev.get("node")),
+            cell(ev.get("peer")),
+            cell(ev.get("term")),
+            delay(ev.get("delay_ms")),
+            event_details(ev),
+        )
+    return table
+
+
+def event_line(ev: dict[str, Any]) -> Text:
+    """Render one event as a single line, for ``events --follow``."""
+    text = Text(f"{clock(ev.get('ts'))}  ")
+    text.append(f"{cell(ev.get('kind')):<17}", style=EVENT_STYLES.get(str(ev.get("kind")), ""))
+    text.append(f" node={cell(ev.get('node'))}")
+    for key in ("peer", "term"):
+        if ev.get(key) is not None:
+            text.append(f" {key}={cell(ev.get(key))}")
+    if ev.get("delay_ms") is not None:
+        text.append(f" delay={delay(ev.get('delay_ms'))}")
+    extra = event_details(ev)
+    if extra:
+        text.append(f" {extra}", style="dim")
+    return text
+
+
+def probe_view(data: dict[str, Any]) -> RenderableType:
+    """Render the ``probe`` answer."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    rtt = data.get("rtt_ms")
+    grid.add_row("peer", cell(data.get("peer")))
+    grid.add_row("rtt", f"{rtt:.2f} ms" if isinstance(rtt, int | float) else DASH)
+    bw = data.get("bandwidth_mbps")
+    grid.add_row("bandwidth", f"{bw:.1f} Mbit/s" if isinstance(bw, int | float) else DASH)
+    grid.add_row("method", cell(data.get("method")))
+    grid.add_row("measured", clock(data.get("measured_at")))
+    return grid
+
+
+def with_error(view: RenderableType, error: str | None) -> RenderableType:
+    """Append a red error line under a live view (the last poll failed)."""
+    if not error:
+        return view
+    return Group(view, Text(error, style="bold red"))

@@ -1,0 +1,41 @@
+"""Scale-out state replication: the pure core (no I/O).
+
+| what                                             | where                                   |
+| ------------------------------------------------ | --------------------------------------- |
+| training state as one byte space; restore; digest | :mod:`daemon.replication.state`          |
+| manifest, block checksums, range verification    | :mod:`daemon.replication.manifest`       |
+| planner inputs, plans, the cost model, coverage  | :mod:`daemon.replication.model`          |
+| water-filling optimum and lower bound; baselines | :mod:`daemon.replication.waterfill`      |
+| the paper's Algorithms 1 and 2                   | :mod:`daemon.replication.greedy`         |
+| brute force and MILP optima (small instances)    | :mod:`daemon.replication.exact`          |
+| re-planning a failed neighbour's bytes           | :mod:`daemon.replication.replan`         |
+| the planner registry                             | :mod:`daemon.replication.planner`        |
+
+``state`` imports torch; the planner modules need only numpy (scipy for ``milp``).
+"""
+
+from daemon.replication.errors import (
+    CorruptStateError,
+    ManifestError,
+    PlanError,
+    ReplicationError,
+)
+from daemon.replication.model import Neighbor, PlanInput, ReplicationPlan, check_cover
+from daemon.replication.planner import PLANNERS, make_plan
+from daemon.replication.replan import replan_remaining
+from daemon.replication.waterfill import lower_bound
+
+__all__ = [
+    "PLANNERS",
+    "CorruptStateError",
+    "ManifestError",
+    "Neighbor",
+    "PlanError",
+    "PlanInput",
+    "ReplicationError",
+    "ReplicationPlan",
+    "check_cover",
+    "lower_bound",
+    "make_plan",
+    "replan_remaining",
+]

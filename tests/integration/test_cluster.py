@@ -1,0 +1,161 @@
+"""Real chaosd processes on a real broker: election, failures, failover, broker restarts.
+
+Every test runs against mosquitto and against the embedded (amqtt) broker.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from chaosctl.cluster import LocalCluster
+from tests.integration.conftest import BROKERS, wait_until
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.parametrize("broker", BROKERS)]
+MakeCluster = Callable[..., LocalCluster]
+
+
+def agreed(c: LocalCluster, nodes: list[str], expect_nodes: dict[str, int] | None = None
+           ) -> tuple[str, int] | None:
+    """The (scheduler, term) that every node in ``nodes`` reports, if they all agree."""
+    seen = set()
+    for node in nodes:
+        st = c.query(node, "status")
+        if not st or not st["scheduler"]:
+            return None
+        if expect_nodes is not None and st["nodes"] != expect_nodes:
+            return None
+        seen.add((st["scheduler"]["id"], st["scheduler"]["term"]))
+    if len(seen) != 1:
+        return None
+    (sched,) = seen
+    leaders = [n for n in nodes if (c.query(n, "ping") or {}).get("leader")]
+    return sched if leaders == [sched[0]] else None
+
+
+def node_row(c: LocalCluster, asker: str, node: str) -> dict[str, Any] | None:
+    rows = c.query(asker, "nodes") or []
+    return next((r for r in rows if r["id"] == node), None)
+
+
+def events_of(c: LocalCluster, asker: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in c.query(asker, "events") or [] if e["kind"] == kind]
+
+
+def test_one_scheduler_and_a_full_view(make_cluster: MakeCluster, broker: str) -> None:
+    c = make_cluster(3, broker)
+    ids = c.node_ids
+    sched, term = wait_until(lambda: agreed(c, ids, {"standby": 3}), 20, "one scheduler")
+    assert sched in ids and term >= 1
+    rows = c.query(ids[0], "nodes")
+    assert [r["id"] for r in rows] == ids
+    assert {k for r in rows for k in r} == {"id", "state", "addr", "scheduler",
+                                            "heartbeat_age_s", "step", "neighbors"}
+    assert [r["id"] for r in rows if r["scheduler"]] == [sched]
+    assert all(r["heartbeat_age_s"] is not None and r["heartbeat_age_s"] < 3 for r in rows)
+    elected = wait_until(lambda: events_of(c, ids[-1], "scheduler-elected"), 10,
+                         "the election event to reach a follower")
+    assert elected[-1]["node"] == sched and elected[-1]["term"] == term
+
+
+def test_kill9_scheduler_then_follower(make_cluster: MakeCluster, broker: str) -> None:
+    c = make_cluster(4, broker)
+    ids = c.node_ids
+    old, term = wait_until(lambda: agreed(c, ids), 20, "first scheduler")
+    c.kill(old, signal.SIGKILL)
+    rest = [n for n in ids if n != old]
+    new, new_term = wait_until(lambda: agreed(c, rest), 20, "failover")
+    assert new != old and new_term > term
+    row = wait_until(lambda: (r := node_row(c, new, old)) and r["state"] == "failed" and r,
+                     10, "old scheduler marked failed")
+    assert not row["scheduler"]
+    failed = [e for e in events_of(c, new, "node-failed") if e["node"] == old]
+    assert failed and failed[-1]["reason"] == "last-will"
+    # Now a follower.
+    victim = next(n for n in rest if n != new)
+    c.kill(victim, signal.SIGKILL)
+    wait_until(lambda: (r := node_row(c, new, victim)) and r["state"] == "failed", 10,
+               "follower marked failed")
+    live = [n for n in rest if n != victim]
+    assert agreed(c, live) == (new, new_term)  # a follower's death changes no scheduler
+    # The killed follower restarts and is admitted again as standby.
+    c.start_node(victim)
+    wait_until(lambda: all((r := node_row(c, n, victim)) and r["state"] == "standby"
+                           for n in [*live, victim]), 20, "restarted node back as standby")
+
+
+def test_sigstop_scheduler_no_split_brain(make_cluster: MakeCluster, broker: str) -> None:
+    c = make_cluster(3, broker)
+    ids = c.node_ids
+    old, term = wait_until(lambda: agreed(c, ids), 20, "first scheduler")
+    rest = [n for n in ids if n != old]
+    c.kill(old, signal.SIGSTOP)
+    try:
+        new, new_term = wait_until(lambda: agreed(c, rest), 20, "failover from a frozen one")
+        assert new != old and new_term > term
+        wait_until(lambda: (r := node_row(c, new, old)) and r["state"] == "failed", 10,
+                   "frozen scheduler marked failed")
+        reason = [e["reason"] for e in events_of(c, new, "node-failed") if e["node"] == old]
+        assert reason  # heartbeat silence, or the broker's keepalive will if that came first
+    finally:
+        c.kill(old, signal.SIGCONT)
+    # After the thaw: watch who claims to lead, and in which term, until things settle.
+    leaders: set[tuple[str, int]] = set()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        for node in ids:
+            info = c.query(node, "ping")
+            if info and info["leader"]:
+                leaders.add((node, info["term"]))
+        if agreed(c, ids, {"standby": 3}):
+            break
+        time.sleep(0.1)
+    final = wait_until(lambda: agreed(c, ids, {"standby": 3}), 15, "convergence after thaw")
+    assert final[1] >= new_term
+    by_term: dict[int, set[str]] = {}
+    for node, t in leaders:
+        by_term.setdefault(t, set()).add(node)
+    assert all(len(nodes) == 1 for nodes in by_term.values()), by_term
+    # The thawed node may still have believed it led its old term; that term is fenced.
+    assert all(t == term or t >= new_term for t in by_term), by_term
+
+
+def test_sigstop_follower(make_cluster: MakeCluster, broker: str) -> None:
+    c = make_cluster(3, broker)
+    ids = c.node_ids
+    sched, term = wait_until(lambda: agreed(c, ids), 20, "scheduler")
+    victim = next(n for n in ids if n != sched)
+    c.kill(victim, signal.SIGSTOP)
+    try:
+        wait_until(lambda: (r := node_row(c, sched, victim)) and r["state"] == "failed", 10,
+                   "frozen follower marked failed")
+        event = [e for e in events_of(c, sched, "node-failed") if e["node"] == victim][-1]
+        assert event["reason"] in ("heartbeat", "last-will")
+        if event["reason"] == "heartbeat":
+            assert event["delay_ms"] > 1000  # it waited out the acceptable pause
+    finally:
+        c.kill(victim, signal.SIGCONT)
+    wait_until(lambda: agreed(c, ids, {"standby": 3}) == (sched, term), 20,
+               "thawed follower back, same scheduler")
+
+
+def test_broker_restart(make_cluster: MakeCluster, broker: str) -> None:
+    c = make_cluster(3, broker)
+    ids = c.node_ids
+    wait_until(lambda: agreed(c, ids, {"standby": 3}), 20, "scheduler")
+    c.stop_broker()
+    wait_until(lambda: all(c.query(n, "ping") and not c.query(n, "ping")["connected"]
+                           for n in ids), 15, "nodes notice the broker is gone")
+    time.sleep(1.0)
+    # Nothing local is lost: every daemon still answers, and still knows its peers.
+    for node in ids:
+        assert [r["id"] for r in c.query(node, "nodes")] == ids
+    c.start_broker()
+    wait_until(lambda: all((c.query(n, "ping") or {}).get("connected") for n in ids), 30,
+               "every node reconnected")
+    wait_until(lambda: agreed(c, ids, {"standby": 3}), 30, "convergence after broker restart")
+    assert not [e for e in events_of(c, ids[0], "node-failed")], "a broker outage is no failure"
