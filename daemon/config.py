@@ -147,7 +147,9 @@ def validate(cfg: Config) -> Config:
                 f"config: {key} {getattr(cfg, key)!r} must be 1-64 of A-Z a-z 0-9 _ . -"
             )
     if cfg.log_level not in ("debug", "info", "warning", "error"):
-        raise ConfigError(f"config: log_level must be debug|info|warning|error, not {cfg.log_level!r}")
+        raise ConfigError(
+            f"config: log_level must be debug|info|warning|error, not {cfg.log_level!r}"
+        )
     if cfg.broker != "embedded":
         parts = urlsplit(cfg.broker)
         try:

@@ -130,6 +130,4 @@ class Election:
         """Fencing: may a command stamped ``(term, leader)`` act on this node?"""
         if term < self.term:
             return False
-        if term == self.term and self.leader is not None and leader != self.leader:
-            return False
-        return True
+        return not (term == self.term and self.leader is not None and leader != self.leader)

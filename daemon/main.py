@@ -13,11 +13,13 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from daemon.broker import EmbeddedBroker
 from daemon.config import Config, load_config
-from daemon.control import ControlServer
+from daemon.control import ControlServer, Handler
 from daemon.errors import ChaosError, ConfigError
 from daemon.node import NodeAgent
 from daemon.systemd import Notifier
@@ -38,12 +40,12 @@ class Daemon:
         self._tasks: list[asyncio.Task[None]] = []
         self._signals = 0
 
-    def _handlers(self) -> dict[str, object]:
+    def _handlers(self) -> dict[str, Handler]:
         agent = self.agent
 
-        def bind(fn: object) -> object:
-            async def call(args: dict[str, object]) -> object:
-                return fn(agent, args)  # type: ignore[operator]
+        def bind(fn: Callable[[NodeAgent, dict[str, Any]], Any]) -> Handler:
+            async def call(args: dict[str, Any]) -> Any:
+                return fn(agent, args)
             return call
 
         return {op: bind(fn) for op, fn in HANDLERS.items()}

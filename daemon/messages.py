@@ -169,7 +169,7 @@ class ClusterState:
     events: list[Event] = field(default_factory=list)
 
 
-Message = Union[Heartbeat, Status, LeaderClaim, Request, Command, ClusterState]
+Message = Heartbeat | Status | LeaderClaim | Request | Command | ClusterState
 _KINDS: dict[str, type] = {c.KIND: c for c in (Heartbeat, Status, LeaderClaim, Request, Command,
                                               ClusterState)}
 _HINTS: dict[type, dict[str, Any]] = {}

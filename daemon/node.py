@@ -76,6 +76,9 @@ class NodeAgent:
         self._judge_after = 0.0
         self._pending: list[Outgoing] = []
         self._wills: dict[str, tuple[Status, float]] = {}
+        # Last heartbeat per node; unlike the detector's history it survives a last will,
+        # so failure events can say how long the node had been silent.
+        self.last_heard: dict[str, float] = {}
         topics = self.topics
         self.bus = Bus(
             cfg,
@@ -170,6 +173,7 @@ class NodeAgent:
         if node == self.me:
             return
         self.detector.heartbeat(node)
+        self.last_heard[node] = self.clock.monotonic()
         self.beats[node] = hb
         if self.scheduler is not None:
             st = self.presence.get(node)
@@ -203,7 +207,7 @@ class NodeAgent:
             if node == self.election.leader:
                 self.election.leader_lost()
             if self.scheduler is not None and self.scheduler.observe_status(st) == "lost":
-                self.scheduler.fail(node, "last-will", self.detector.age(node))
+                self.scheduler.fail(node, "last-will", self.silence(node))
             self.detector.forget(node)
         elif self.scheduler is not None:
             self.scheduler.observe_status(st)
@@ -258,6 +262,11 @@ class NodeAgent:
                 del self.events[key]
 
     # --- decisions ----------------------------------------------------------------------
+    def silence(self, node: str) -> float | None:
+        """Seconds since ``node``'s last heartbeat: an upper bound on a detection delay."""
+        heard = self.last_heard.get(node)
+        return None if heard is None else self.clock.monotonic() - heard
+
     def live_peers(self) -> set[str]:
         """Peers we believe alive: online, and heard recently (or forgiven after reconnect)."""
         forgiving = self.clock.monotonic() < self._judge_after
@@ -290,10 +299,10 @@ class NodeAgent:
                                    reliable=True)
 
     def _decide(self, now: float) -> None:
-        for node, (st, heard) in list(self._wills.items()):
+        for node, (will, heard) in list(self._wills.items()):
             if now - heard >= WILL_CONFIRM_S:
                 del self._wills[node]
-                self._apply_status(node, st)
+                self._apply_status(node, will)
         if self.election.leader not in (None, self.me):
             self._last_leader = self.election.leader
         live = self.live_peers()
@@ -308,15 +317,14 @@ class NodeAgent:
                 continue
             if node not in live:
                 st = self.presence.get(node)
-                reason = "last-will" if st is not None and not st.online else "heartbeat"
-                if reason == "heartbeat" and node in self.detector.known():
-                    sched.fail(node, reason, self.detector.age(node))
-                elif reason == "last-will":
-                    sched.fail(node, reason, None)
+                if st is not None and not st.online:
+                    sched.fail(node, "last-will", self.silence(node))
+                elif node in self.detector.known():
+                    sched.fail(node, "heartbeat", self.silence(node))
 
     def _become_leader(self) -> None:
         prev = self._last_leader
-        silence = self.detector.age(prev) if prev else None
+        silence = self.silence(prev) if prev else None
         sched = Scheduler(self.me, self.election.term, self.view, self.clock)
         self.scheduler = sched
         for node in sched.live():

@@ -6,6 +6,7 @@ would cost more than it saves. Outside systemd every call is a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 
@@ -27,11 +28,10 @@ class Notifier:
     def notify(self, state: str) -> None:
         if not self._addr:
             return
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            try:
-                sock.sendto(state.encode(), self._addr)
-            except OSError:
-                pass  # systemd gone or socket unreachable: nothing useful to do
+        # systemd gone or its socket unreachable: there is nothing useful to do about it.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock, \
+                contextlib.suppress(OSError):
+            sock.sendto(state.encode(), self._addr)
 
     def ready(self, status: str = "") -> None:
         self.notify("READY=1" + (f"\nSTATUS={status}" if status else ""))

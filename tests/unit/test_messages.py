@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -10,8 +11,19 @@ from hypothesis import strategies as st
 
 from daemon.errors import MessageError
 from daemon.messages import (
-    MAX_PAYLOAD, ClusterState, Command, Event, Heartbeat, LeaderClaim, LinkRecord, NodeRecord,
-    Request, Status, Topics, decode, encode,
+    MAX_PAYLOAD,
+    ClusterState,
+    Command,
+    Event,
+    Heartbeat,
+    LeaderClaim,
+    LinkRecord,
+    NodeRecord,
+    Request,
+    Status,
+    Topics,
+    decode,
+    encode,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -96,10 +108,8 @@ json_values = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(st.binary(max_size=512))
 def test_fuzz_bytes_never_crash(payload: bytes) -> None:
-    try:
+    with contextlib.suppress(MessageError):
         decode(payload)
-    except MessageError:
-        pass
 
 
 @settings(max_examples=400, deadline=None)
@@ -110,10 +120,8 @@ def test_fuzz_bytes_never_crash(payload: bytes) -> None:
             "cpu_percent", "mem_percent"]), json_values, max_size=12))
 def test_fuzz_structured_payloads_never_crash(kind: str, body: dict[str, object]) -> None:
     payload = json.dumps({"v": 1, "kind": kind, **body})
-    try:
+    with contextlib.suppress(MessageError):
         decode(payload)
-    except MessageError:
-        pass
 
 
 @settings(max_examples=200, deadline=None)
