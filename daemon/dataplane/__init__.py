@@ -1,0 +1,56 @@
+"""The training data plane: authenticated neighbour links and the tree all-reduce.
+
+Layers, bottom up (each module maps to one concern):
+
+- ``errors``: the exception family (:class:`DataPlaneError` and subclasses).
+- ``frames``: the binary frame header, size limits, exact reads into buffers.
+- ``sockets``: socket tuning and deadline-bounded sends.
+- ``auth``: the mutual HMAC-SHA256 handshake.
+- ``links``: :class:`PeerLinks`, persistent connections to the neighbours only.
+- ``policy``: :class:`SyncPolicy` and the pure :func:`spanning_tree` planner.
+- ``rounds`` / ``allreduce``: :class:`AllReducer`, the chunked, pipelined tree all-reduce.
+- ``tensors``: flatten/unflatten torch gradients, result digests.
+
+Typical use inside a Trainer::
+
+    links = PeerLinks(node_id, cluster, secret, is_member=membership.__contains__)
+    host, port = links.start()
+    links.allow(*neighbours_that_will_dial_us)
+    links.connect_to(peer, peer_host, peer_port)   # for neighbours we dial
+    reducer = AllReducer(links, timeout=30.0)
+    flat = flatten_grads(model.parameters())
+    try:
+        result = reducer.allreduce(flat, samples, step=step, policy=policy)
+    except RoundAborted:
+        ...  # get the next policy from the scheduler, rerun the same step
+    unflatten_into(result.values, list(model.parameters()))
+"""
+
+from daemon.dataplane.allreduce import AllReducer, ReduceResult
+from daemon.dataplane.conn import LinkConfig
+from daemon.dataplane.errors import (
+    AuthError,
+    DataPlaneError,
+    FrameError,
+    PeerGone,
+    PolicyError,
+    RoundAborted,
+)
+from daemon.dataplane.links import PeerLinks
+from daemon.dataplane.policy import SyncPolicy, TreePlan, spanning_tree
+
+__all__ = [
+    "AllReducer",
+    "AuthError",
+    "DataPlaneError",
+    "FrameError",
+    "LinkConfig",
+    "PeerGone",
+    "PeerLinks",
+    "PolicyError",
+    "ReduceResult",
+    "RoundAborted",
+    "SyncPolicy",
+    "TreePlan",
+    "spanning_tree",
+]

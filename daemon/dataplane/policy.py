@@ -1,0 +1,226 @@
+"""Sync policies: which spanning tree the all-reduce runs on, and how to pick one.
+
+A :class:`SyncPolicy` is plain data (JSON round-trip) that the scheduler sends to every
+member. :func:`spanning_tree` is a pure function that chooses the tree from measured links.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from daemon.dataplane.errors import PolicyError
+
+Edge = tuple[str, str]
+
+
+def _norm(a: str, b: str) -> Edge:
+    return (a, b) if a <= b else (b, a)
+
+
+@dataclass(frozen=True)
+class SyncPolicy:
+    """The all-reduce tree of one policy version.
+
+    Attributes:
+        version: Monotonic policy version; every data frame carries it.
+        members: Nodes taking part, sorted.
+        edges: Undirected tree edges, each sorted, the list sorted.
+        root: The node that finishes the reduction and starts the broadcast.
+    """
+
+    version: int
+    members: tuple[str, ...]
+    edges: tuple[Edge, ...]
+    root: str
+
+    @classmethod
+    def build(
+        cls, version: int, members: Iterable[str], edges: Iterable[Edge], root: str
+    ) -> SyncPolicy:
+        """Normalise and validate a policy.
+
+        Raises:
+            PolicyError: The edges are not a spanning tree of the members, or the root is
+                not a member.
+        """
+        policy = cls(
+            int(version),
+            tuple(sorted(set(members))),
+            tuple(sorted({_norm(a, b) for a, b in edges})),
+            root,
+        )
+        policy.validate()
+        return policy
+
+    def validate(self) -> None:
+        """Raise PolicyError unless ``edges`` form a spanning tree of ``members``."""
+        if self.version < 0:
+            raise PolicyError("policy version must be >= 0")
+        if self.root not in self.members:
+            raise PolicyError(f"root {self.root!r} is not a member")
+        nodes = set(self.members)
+        for a, b in self.edges:
+            if a == b or a not in nodes or b not in nodes:
+                raise PolicyError(f"edge {a}-{b} is a loop or leaves the member set")
+        if len(self.edges) != len(nodes) - 1 or len(_bfs(self.root, self.edges)) != len(nodes):
+            raise PolicyError("edges do not form a spanning tree of the members")
+
+    def parent(self, node: str) -> str | None:
+        """The node's parent in the tree rooted at ``root`` (None for the root)."""
+        return self._orient(node)[0]
+
+    def children(self, node: str) -> tuple[str, ...]:
+        """The node's children, sorted (the order partial sums are added in)."""
+        return self._orient(node)[1]
+
+    def _orient(self, node: str) -> tuple[str | None, tuple[str, ...]]:
+        if node not in self.members:
+            raise PolicyError(f"{node!r} is not a member of policy v{self.version}")
+        parents = _bfs(self.root, self.edges)
+        kids = tuple(sorted(n for n, p in parents.items() if p == node))
+        return parents[node], kids
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "version": self.version,
+            "members": list(self.members),
+            "edges": [list(e) for e in self.edges],
+            "root": self.root,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> SyncPolicy:
+        """Parse and validate a dict made by ``to_dict``.
+
+        Raises:
+            PolicyError: Missing or mistyped fields, or not a tree.
+        """
+        try:
+            edges = [(str(a), str(b)) for a, b in doc["edges"]]
+            return cls.build(int(doc["version"]), map(str, doc["members"]), edges, str(doc["root"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PolicyError(f"malformed sync policy: {exc!r}") from None
+
+    def to_json(self) -> str:
+        """Serialise to JSON."""
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> SyncPolicy:
+        """Parse JSON made by ``to_json`` (raises PolicyError)."""
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise PolicyError(f"sync policy is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise PolicyError("sync policy must be a JSON object")
+        return cls.from_dict(doc)
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """Result of :func:`spanning_tree`.
+
+    Attributes:
+        root: Root of the tree over the largest component.
+        edges: Tree edges over the largest component (sorted pairs).
+        components: Connected components of the link graph, largest first (ties: smallest
+            id first). More than one means the cluster is partitioned.
+    """
+
+    root: str
+    edges: tuple[Edge, ...]
+    components: tuple[frozenset[str], ...]
+
+    @property
+    def connected(self) -> bool:
+        """Whether the link graph joins every member."""
+        return len(self.components) == 1
+
+    def policy(self, version: int) -> SyncPolicy:
+        """The sync policy over the largest component."""
+        return SyncPolicy.build(version, self.components[0], self.edges, self.root)
+
+
+def spanning_tree(members: Iterable[str], links: Mapping[Edge, float]) -> TreePlan:
+    """Pick the all-reduce tree: maximum-bandwidth spanning tree, rooted at its centre.
+
+    Kruskal on bandwidth (descending; ties by node ids, so the result is deterministic)
+    gives, for every pair of nodes, the path with the widest bottleneck. The root is the
+    tree's centre: the node whose farthest node is fewest hops away, which minimises the
+    pipeline's depth (ties: smaller total depth, then smaller id).
+
+    Args:
+        members: Nodes to cover.
+        links: Measured bandwidth per undirected link (any unit; higher is better). Links
+            touching non-members or with bandwidth <= 0 are ignored; if both directions are
+            given, the smaller value counts.
+
+    Returns:
+        The plan for the largest component, plus every component.
+
+    Raises:
+        PolicyError: ``members`` is empty.
+    """
+    nodes = sorted(set(members))
+    if not nodes:
+        raise PolicyError("cannot build a tree over no members")
+    bw: dict[Edge, float] = {}
+    for (a, b), value in links.items():
+        if a != b and a in nodes and b in nodes and value > 0:
+            e = _norm(a, b)
+            bw[e] = min(bw.get(e, value), value)
+    leader = {n: n for n in nodes}
+
+    def find(n: str) -> str:
+        while leader[n] != n:
+            leader[n] = leader[leader[n]]
+            n = leader[n]
+        return n
+
+    tree: list[Edge] = []
+    for e in sorted(bw, key=lambda e: (-bw[e], e)):
+        ra, rb = find(e[0]), find(e[1])
+        if ra != rb:
+            leader[max(ra, rb)] = min(ra, rb)
+            tree.append(e)
+    groups: dict[str, set[str]] = {}
+    for n in nodes:
+        groups.setdefault(find(n), set()).add(n)
+    comps = sorted((frozenset(g) for g in groups.values()), key=lambda g: (-len(g), min(g)))
+    main = comps[0]
+    main_edges = tuple(sorted(e for e in tree if e[0] in main))
+    root = min(main, key=lambda n: _height_key(n, main_edges))
+    return TreePlan(root, main_edges, tuple(comps))
+
+
+def _bfs(root: str, edges: Iterable[Edge]) -> dict[str, str | None]:
+    """Parent of every node reachable from ``root`` (the root maps to None)."""
+    adj: dict[str, list[str]] = {}
+    for a, b in edges:
+        adj.setdefault(a, []).append(b)
+        adj.setdefault(b, []).append(a)
+    parents: dict[str, str | None] = {root: None}
+    queue = deque([root])
+    while queue:
+        n = queue.popleft()
+        for m in sorted(adj.get(n, ())):
+            if m not in parents:
+                parents[m] = n
+                queue.append(m)
+    return parents
+
+
+def _height_key(root: str, edges: tuple[Edge, ...]) -> tuple[int, int, str]:
+    parents = _bfs(root, edges)
+    depth: dict[str, int] = {root: 0}
+    for n in parents:  # BFS order: a parent is always listed before its children
+        p = parents[n]
+        if p is not None:
+            depth[n] = depth[p] + 1
+    return (max(depth.values()), sum(depth.values()), root)

@@ -1,0 +1,121 @@
+"""All-reduce in one process (threads): torch buffers, tags, timeouts, argument checks."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from daemon.dataplane import (
+    AllReducer,
+    DataPlaneError,
+    LinkConfig,
+    PeerLinks,
+    RoundAborted,
+    SyncPolicy,
+)
+from daemon.dataplane.auth import Identity, initiate
+from daemon.dataplane.tensors import digest, flatten_grads, unflatten_into
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = b"k"
+IDS = ["a", "b", "c"]
+
+
+@pytest.fixture
+def trio() -> Iterator[dict[str, AllReducer]]:
+    """Three nodes a-b-c (a chain) in this process."""
+    links = {
+        n: PeerLinks(n, "t", SECRET, is_member=lambda p: True, config=LinkConfig(io_poll=0.2))
+        for n in [*IDS, "solo"]
+    }
+    for lk in links.values():
+        lk.start()
+    links["b"].allow("a", "c")
+    links["a"].connect_to("b", *links["b"].address)
+    links["c"].connect_to("b", *links["b"].address)
+    yield {n: AllReducer(lk, chunk_bytes=1024, timeout=10.0) for n, lk in links.items()}
+    for lk in links.values():
+        lk.close()
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(7, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(16, 7, generator=gen)
+    model(x).pow(2).mean().backward()
+    return model
+
+
+def test_torch_gradients_are_averaged_by_samples_and_bit_identical(
+    trio: dict[str, AllReducer],
+) -> None:
+    policy = SyncPolicy.build(1, IDS, [("a", "b"), ("b", "c")], "b")
+    models = {n: _model(i) for i, n in enumerate(IDS)}
+    samples = {"a": 1, "b": 4, "c": 11}
+    flats = {n: flatten_grads(m.parameters()) for n, m in models.items()}
+    results = {}
+
+    def run(node: str) -> None:
+        results[node] = trio[node].allreduce(flats[node], samples[node], step=5, policy=policy)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in IDS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    want = sum(flats[n].double() * samples[n] for n in IDS) / 16
+    assert {digest(r.values) for r in results.values()} == {digest(results["b"].values)}
+    for node in IDS:
+        values = results[node].values
+        assert isinstance(values, torch.Tensor) and results[node].total_samples == 16
+        torch.testing.assert_close(values.double(), want, rtol=1e-6, atol=1e-7)
+        params = list(models[node].parameters())
+        unflatten_into(values, params)
+        assert torch.equal(flatten_grads(params), values)
+
+
+def test_single_node_policy_tags_and_input_untouched(trio: dict[str, AllReducer]) -> None:
+    solo = trio["solo"]
+    policy = SyncPolicy.build(1, ["solo"], [], "solo")
+    grad = np.arange(10_000, dtype=np.float32)
+    before = grad.copy()
+    res = solo.allreduce(grad, 3, step=0, policy=policy)
+    assert np.array_equal(grad, before)
+    assert np.array_equal(res.values, (grad * np.float32(3)) / np.float32(3))
+    with pytest.raises(DataPlaneError, match="not newer"):
+        solo.allreduce(grad, 3, step=0, policy=policy)  # same tag: a rerun needs a new version
+    assert (
+        solo.allreduce(grad, 3, step=0, policy=SyncPolicy.build(2, ["solo"], [], "solo")).step == 0
+    )
+    with pytest.raises(DataPlaneError, match="float32"):
+        solo.allreduce(grad.astype(np.float64), 3, step=9, policy=policy)
+    with pytest.raises(DataPlaneError):
+        solo.allreduce(grad, -1, step=9, policy=policy)
+
+
+def test_unflatten_rejects_a_wrong_size() -> None:
+    params = list(_model(0).parameters())
+    with pytest.raises(ValueError, match="elements"):
+        unflatten_into(torch.zeros(3), params)
+
+
+def test_a_stalled_neighbour_times_out_instead_of_hanging(trio: dict[str, AllReducer]) -> None:
+    """A peer that authenticates and then never sends (like a SIGSTOPped process)."""
+    solo = trio["solo"]
+    solo.links.allow("mute")
+    raw = socket.create_connection(solo.links.address)
+    try:
+        initiate(raw, Identity("mute", "t", SECRET, "0" * 16), "solo")
+        assert solo.links.wait_connected(["mute"], 5)
+        policy = SyncPolicy.build(5, ["solo", "mute"], [("mute", "solo")], "solo")
+        with pytest.raises(RoundAborted, match="timed out") as info:
+            solo.allreduce(np.ones(100_000, np.float32), 1, step=1, policy=policy, timeout=1.0)
+        assert info.value.step == 1 and info.value.policy_version == 5
+    finally:
+        raw.close()

@@ -1,0 +1,129 @@
+"""SyncPolicy validation/serialisation and spanning-tree planning properties."""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from daemon.dataplane.errors import PolicyError
+from daemon.dataplane.policy import Edge, SyncPolicy, spanning_tree
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _path(edges: tuple[Edge, ...], a: str, b: str) -> list[Edge]:
+    adj: dict[str, list[str]] = {}
+    for x, y in edges:
+        adj.setdefault(x, []).append(y)
+        adj.setdefault(y, []).append(x)
+    prev: dict[str, str | None] = {a: None}
+    queue = deque([a])
+    while queue:
+        n = queue.popleft()
+        for m in adj.get(n, []):
+            if m not in prev:
+                prev[m] = n
+                queue.append(m)
+    out, n = [], b
+    while prev[n] is not None:
+        p = prev[n]
+        assert p is not None
+        out.append((min(n, p), max(n, p)))
+        n = p
+    return out
+
+
+def _height(edges: tuple[Edge, ...], root: str, nodes: frozenset[str]) -> int:
+    return max(len(_path(edges, root, n)) for n in nodes)
+
+
+graphs = st.integers(1, 8).flatmap(
+    lambda n: st.tuples(
+        st.just([f"n{i}" for i in range(n)]),
+        st.dictionaries(
+            st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)).map(
+                lambda t: (f"n{t[0]}", f"n{t[1]}")
+            ),
+            st.sampled_from([10.0, 50.0, 100.0, 1000.0]),
+            max_size=14,
+        ),
+    )
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(graphs)
+def test_spanning_tree_properties(graph: tuple[list[str], dict[Edge, float]]) -> None:
+    nodes, links = graph
+    plan = spanning_tree(nodes, links)
+    # The components partition the members, largest first.
+    assert sorted(itertools.chain.from_iterable(plan.components)) == sorted(nodes)
+    assert [len(c) for c in plan.components] == sorted(
+        (len(c) for c in plan.components), reverse=True
+    )
+    main = plan.components[0]
+    for a, b in links:  # no link crosses two components
+        assert any(a in c and b in c for c in plan.components)
+    # A tree over the largest component, rooted at a centre.
+    policy = plan.policy(version=3)
+    assert set(policy.members) == set(main) and len(policy.edges) == len(main) - 1
+    best = min(_height(plan.edges, r, main) for r in main)
+    assert _height(plan.edges, plan.root, main) == best
+    # Maximum-bandwidth: every non-tree link is no wider than the tree path's bottleneck.
+    bw: dict[Edge, float] = {}
+    for (a, b), v in links.items():  # both directions given: the narrower one counts
+        if a != b:
+            bw[(min(a, b), max(a, b))] = min(v, bw.get((min(a, b), max(a, b)), v))
+    for (a, b), v in bw.items():
+        if a in main and (a, b) not in plan.edges:
+            assert v <= min(bw[e] for e in _path(plan.edges, a, b))
+
+
+def test_disconnected_graph_reports_components() -> None:
+    plan = spanning_tree(
+        ["a", "b", "c", "d", "e"], {("a", "b"): 1.0, ("b", "c"): 2.0, ("d", "e"): 5.0}
+    )
+    assert not plan.connected
+    assert plan.components == (frozenset("abc"), frozenset("de"))
+    assert plan.root == "b" and plan.edges == (("a", "b"), ("b", "c"))
+
+
+def test_prefers_wide_links_and_is_deterministic() -> None:
+    links = {
+        ("a", "b"): 100.0,
+        ("b", "c"): 100.0,
+        ("a", "c"): 10.0,
+        ("c", "d"): 1000.0,
+        ("x", "a"): 1.0,
+    }
+    plan = spanning_tree(["d", "c", "b", "a"], links)
+    assert plan.connected and plan.edges == (("a", "b"), ("b", "c"), ("c", "d"))
+    assert plan.root in ("b", "c") and spanning_tree(["a", "b", "c", "d"], links) == plan
+
+
+def test_policy_json_round_trip_and_tree_navigation() -> None:
+    p = SyncPolicy.build(4, ["n2", "n0", "n1"], [("n1", "n0"), ("n1", "n2")], "n1")
+    assert SyncPolicy.from_json(p.to_json()) == p
+    assert p.parent("n1") is None and p.children("n1") == ("n0", "n2")
+    assert p.parent("n2") == "n1" and p.children("n2") == ()
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        '{"version": 1, "members": ["a", "b"], "edges": [], "root": "a"}',
+        '{"version": 1, "members": ["a", "b", "c"], "edges": [["a","b"],["b","a"]], "root": "a"}',
+        '{"version": 1, "members": ["a", "b"], "edges": [["a","b"]], "root": "z"}',
+        '{"version": 1, "members": ["a"], "edges": [["a","q"]], "root": "a"}',
+        '{"version": "x"}',
+        "[1, 2]",
+        "not json",
+    ],
+)
+def test_invalid_policies_are_rejected(doc: str) -> None:
+    with pytest.raises(PolicyError):
+        SyncPolicy.from_json(doc)
