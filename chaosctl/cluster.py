@@ -18,13 +18,15 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from chaosctl.client import CtlError, call_once
 
+T = TypeVar("T")
 READY_RE = re.compile(rb"^ready (\d+)\s*$", re.MULTILINE)
 TERM_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
@@ -244,6 +246,45 @@ class LocalCluster:
             return call_once(self.socket_of(node_id), op, timeout=timeout)
         except CtlError:
             return None
+
+    def agreed(self, nodes: list[str] | None = None,
+               states: dict[str, int] | None = None) -> tuple[str, int] | None:
+        """The ``(scheduler, term)`` that every node in ``nodes`` reports, if they all agree.
+
+        Also requires that exactly that node says it leads, and (with ``states``) that every
+        node counts members per state exactly so.
+        """
+        nodes = self.node_ids if nodes is None else nodes
+        seen = set()
+        for node in nodes:
+            st = self.query(node, "status")
+            if not isinstance(st, dict) or not st.get("scheduler"):
+                return None
+            if states is not None and st.get("nodes") != states:
+                return None
+            seen.add((st["scheduler"]["id"], st["scheduler"]["term"]))
+        if len(seen) != 1:
+            return None
+        (sched,) = seen
+        leaders = [n for n in nodes if (self.query(n, "ping") or {}).get("leader")]
+        return (str(sched[0]), int(sched[1])) if leaders == [sched[0]] else None
+
+    def events(self, node_id: str, kind: str, since_ts: float = 0.0) -> list[dict[str, Any]]:
+        """Events of ``kind`` that ``node_id`` has seen, stamped after ``since_ts``."""
+        rows = self.query(node_id, "events") or []
+        return [e for e in rows if e.get("kind") == kind and e.get("ts", 0) > since_ts]
+
+    @staticmethod
+    def wait(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
+        """Poll ``pred`` until it returns something truthy, or raise :class:`ClusterError`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = pred()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {timeout:g}s waiting for {what}")
+            time.sleep(every)
 
     def close(self, grace: float = TERM_GRACE_S) -> None:
         """Stop every child: SIGTERM to each group, wait up to ``grace``, then SIGKILL.

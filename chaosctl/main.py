@@ -21,9 +21,10 @@ except ImportError:  # pragma: no cover - older typer runs on click itself
     from click import exceptions as click_exc  # type: ignore[no-redef]
 
 from chaosctl import actions, demo, read
+from chaosctl.bench import bench_app
 from chaosctl.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT_S, SOCKET_ENV, CtlError
 from chaosctl.common import CliState
-from chaosctl.placeholders import bench_app, testbed_app
+from chaosctl.placeholders import testbed_app
 
 EXIT_INTERRUPTED = 130
 

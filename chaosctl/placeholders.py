@@ -1,4 +1,4 @@
-"""Placeholder groups for ``chaosctl testbed`` and ``chaosctl bench``, filled by later work."""
+"""Placeholder group for ``chaosctl testbed``, filled by later work."""
 
 from __future__ import annotations
 
@@ -16,17 +16,6 @@ testbed_app = typer.Typer(
     invoke_without_command=True,
 )
 
-bench_app = typer.Typer(
-    name="bench",
-    help=(
-        "Benchmarks (coming soon): 'bench control' measures failure detection and scheduler "
-        "failover with 3, 6 and 12 daemons; replication benchmarks compare chaos, single, "
-        "multi-source and stop-resume against the water-filling bound."
-    ),
-    invoke_without_command=True,
-)
-
-
 def _not_yet(ctx: typer.Context) -> None:
     if ctx.invoked_subcommand is None:
         raise OperationFailed(
@@ -36,4 +25,3 @@ def _not_yet(ctx: typer.Context) -> None:
 
 
 testbed_app.callback()(_not_yet)
-bench_app.callback()(_not_yet)

@@ -134,6 +134,7 @@ class NodeAgent:
                                  + self.cfg.election.grace_s)
         await self.bus.publish(self.topics.status(self.me), encode(self._status(True, "up")),
                                qos=1, retain=True)
+        await self.heartbeat()
         if self.scheduler is not None:
             self._queue_claim()
             self.scheduler.dirty = True
@@ -315,6 +316,11 @@ class NodeAgent:
         for node in sched.live():
             if node == self.me:
                 continue
+            if node not in self.detector.known():
+                # Admitted (status "up") but not heard yet: start the clock now, so a node
+                # frozen before its first heartbeat is still caught by the detector.
+                self.detector.heartbeat(node)
+                continue
             if node not in live:
                 st = self.presence.get(node)
                 if st is not None and not st.online:
@@ -327,11 +333,6 @@ class NodeAgent:
         silence = self.silence(prev) if prev else None
         sched = Scheduler(self.me, self.election.term, self.view, self.clock)
         self.scheduler = sched
-        for node in sched.live():
-            # Nodes we never heard (they may have died with the old scheduler) get one
-            # detection window from now, like everyone else.
-            if node != self.me and node not in self.detector.known():
-                self.detector.heartbeat(node)
         sched.observe_status(self._status(True, "up"))
         for st in self.presence.values():
             sched.observe_status(st)

@@ -60,8 +60,15 @@ def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str) -> None
 
 
 def test_placeholder_groups_have_help() -> None:
-    for group in ("testbed", "bench"):
-        proc = run_ctl(group, "--help")
-        assert proc.returncode == 0
-        assert "coming soon" in proc.stdout
-        assert_one_line_error(run_ctl(group), 1)
+    proc = run_ctl("testbed", "--help")
+    assert proc.returncode == 0
+    assert "coming soon" in proc.stdout
+    assert_one_line_error(run_ctl("testbed"), 1)
+
+
+def test_bench_usage_errors() -> None:
+    assert "control" in run_ctl("bench", "--help").stdout
+    assert "between 3 and 64" in assert_one_line_error(
+        run_ctl("bench", "control", "--sizes", "2"), 2)
+    assert "mosquitto or embedded" in assert_one_line_error(
+        run_ctl("bench", "control", "--broker", "nats"), 2)

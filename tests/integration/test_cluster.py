@@ -21,20 +21,7 @@ MakeCluster = Callable[..., LocalCluster]
 
 def agreed(c: LocalCluster, nodes: list[str], expect_nodes: dict[str, int] | None = None
            ) -> tuple[str, int] | None:
-    """The (scheduler, term) that every node in ``nodes`` reports, if they all agree."""
-    seen = set()
-    for node in nodes:
-        st = c.query(node, "status")
-        if not st or not st["scheduler"]:
-            return None
-        if expect_nodes is not None and st["nodes"] != expect_nodes:
-            return None
-        seen.add((st["scheduler"]["id"], st["scheduler"]["term"]))
-    if len(seen) != 1:
-        return None
-    (sched,) = seen
-    leaders = [n for n in nodes if (c.query(n, "ping") or {}).get("leader")]
-    return sched if leaders == [sched[0]] else None
+    return c.agreed(nodes, expect_nodes)
 
 
 def node_row(c: LocalCluster, asker: str, node: str) -> dict[str, Any] | None:
@@ -43,7 +30,7 @@ def node_row(c: LocalCluster, asker: str, node: str) -> dict[str, Any] | None:
 
 
 def events_of(c: LocalCluster, asker: str, kind: str) -> list[dict[str, Any]]:
-    return [e for e in c.query(asker, "events") or [] if e["kind"] == kind]
+    return c.events(asker, kind)
 
 
 def test_one_scheduler_and_a_full_view(make_cluster: MakeCluster, broker: str) -> None:
