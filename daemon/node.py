@@ -10,10 +10,8 @@ matters more than one tick (0.1 s).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
-from typing import Any
 
 from daemon.bus import Bus, Outgoing
 from daemon.clock import Clock, SystemClock
@@ -34,7 +32,7 @@ from daemon.messages import (
     encode,
 )
 from daemon.resources import sample
-from daemon.scheduler import LIVE_STATES, Scheduler
+from daemon.scheduler import Scheduler
 
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
@@ -341,31 +339,3 @@ class NodeAgent:
                      if self.view else 0, previous=prev,
                      delay_ms=None if silence is None else silence * 1000.0)
         self._queue_claim()
-
-    # --- control-socket views -----------------------------------------------------------
-    def info(self) -> dict[str, Any]:
-        return {"node": self.me, "pid": os.getpid(), "incarnation": self.incarnation,
-                "uptime_s": round(self.clock.monotonic() - self.started, 3),
-                "connected": self.bus.connected, "queued": self.bus.queued,
-                "leader": self.election.is_leader and self.scheduler is not None,
-                "term": self.election.term, "scheduler": self.election.leader,
-                "counters": dict(self.counters)}
-
-    def node_ids(self) -> list[str]:
-        ids = set(self.presence) | set(self.beats) | {self.me}
-        if self.view is not None:
-            ids |= set(self.view.nodes)
-        return sorted(ids)
-
-    def node_state(self, node: str) -> str:
-        if self.view is not None and node in self.view.nodes:
-            return self.view.nodes[node].state
-        if node == self.me:
-            return self.state
-        st = self.presence.get(node)
-        if st is None or st.online:
-            return "standby"
-        return "left" if st.reason == "left" else "failed"
-
-    def live_states(self) -> tuple[str, ...]:
-        return LIVE_STATES

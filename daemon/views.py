@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import Counter
 from typing import Any
 
@@ -10,9 +11,29 @@ from daemon.errors import ControlError
 from daemon.node import NodeAgent
 
 
+def node_ids(agent: NodeAgent) -> list[str]:
+    """Every node this one knows of: from the snapshot, presence and heartbeats."""
+    ids = set(agent.presence) | set(agent.beats) | {agent.me}
+    if agent.view is not None:
+        ids |= set(agent.view.nodes)
+    return sorted(ids)
+
+
+def node_state(agent: NodeAgent, node: str) -> str:
+    """The scheduler's word if we have it, else what presence says."""
+    if agent.view is not None and node in agent.view.nodes:
+        return agent.view.nodes[node].state
+    if node == agent.me:
+        return agent.state
+    st = agent.presence.get(node)
+    if st is None or st.online:
+        return "standby"
+    return "left" if st.reason == "left" else "failed"
+
+
 def status(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
     el = agent.election
-    counts = Counter(agent.node_state(n) for n in agent.node_ids())
+    counts = Counter(node_state(agent, n) for n in node_ids(agent))
     view = agent.view
     steps = [hb.step for hb in agent.beats.values()] + [agent.step]
     return {
@@ -28,14 +49,14 @@ def status(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
 def nodes(agent: NodeAgent, _args: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     view_nodes = agent.view.nodes if agent.view else {}
-    for node in agent.node_ids():
+    for node in node_ids(agent):
         rec = view_nodes.get(node)
         st = agent.presence.get(node)
         hb = agent.beats.get(node)
         age = 0.0 if node == agent.me else agent.detector.age(node)
         out.append({
             "id": node,
-            "state": agent.node_state(node),
+            "state": node_state(agent, node),
             "addr": (rec.addr if rec and rec.addr else (st.addr if st else
                      (agent.cfg.advertise if node == agent.me else ""))),
             "scheduler": node == agent.election.leader,
@@ -69,7 +90,12 @@ def events(agent: NodeAgent, args: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def ping(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
-    return agent.info()
+    el = agent.election
+    return {"node": agent.me, "pid": os.getpid(), "incarnation": agent.incarnation,
+            "uptime_s": round(agent.clock.monotonic() - agent.started, 3),
+            "connected": agent.bus.connected, "queued": agent.bus.queued,
+            "leader": el.is_leader and agent.scheduler is not None,
+            "term": el.term, "scheduler": el.leader, "counters": dict(agent.counters)}
 
 
 def not_yet(op: str) -> Any:

@@ -1,0 +1,294 @@
+"""Low-duty-cycle background bandwidth probing of every neighbour link.
+
+The paper measures bandwidth only on demand (scale-out, connect-link) because iperf is costly.
+Between those, links are re-shaped every few minutes (section VI-A), so the planner's figures go
+stale. This module keeps them fresh with a short test per link per period.
+
+Probe size and duty cycle. One probe of ``n`` bytes per ``period_s`` on a link of capacity C
+bit/s takes this share of the link in the steady state::
+
+    duty = n * 8 / (C * period_s)
+
+A probe that is too short mostly measures TCP slow start and the shaper's bucket, so each link's
+probe is sized to a target duty cycle from its current capacity estimate (the median of the last
+three results, or the capacity hint given), clamped to ``[nbytes, max_nbytes]``::
+
+    n = clamp(C / 8 * period_s * target_duty, 256 KiB, 16 MiB)          (defaults)
+
+With the defaults (every 60 s, target 0.1 %):
+
+    C = 1000 Mbit/s -> n = 7.5 MB   -> duty 0.1 %
+    C =  100 Mbit/s -> n = 750 kB   -> duty 0.1 %
+    C =   10 Mbit/s -> n = 256 KiB  -> duty 2,097,152 / (10e6 * 60) = 0.35 %  (the floor)
+
+so the duty cycle is 0.1 % for every link of 35 Mbit/s or more and stays under 1 % down to
+2,097,152 / (0.01 * 60) bit/s = 3.5 Mbit/s: the paper's 100-1000 Mbit/s range has a tenfold
+margin. If the estimate is k times too high the probe is k times too big, so the duty cycle is
+k * 0.1 %, and never more than 16 MiB per period. The very first probe of a link, before any
+estimate, uses the floor. ``bench/netprobe_duty_cycle.py`` measures the real cost on the wire,
+headers, ACKs and iperf3's control connection included.
+
+Treat the periodic figure as a freshness signal; scale-out and connect-link still run a longer
+test on demand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from netprobe.bandwidth import BandwidthProber, ServerKind
+from netprobe.errors import NetprobeError
+from netprobe.results import BandwidthResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PERIOD_S = 60.0
+DEFAULT_NBYTES = 256 * 1024
+DEFAULT_MAX_NBYTES = 16 * 1024 * 1024
+DEFAULT_TARGET_DUTY = 0.001
+
+
+def probe_size(
+    capacity_bps: float | None,
+    period_s: float,
+    *,
+    target_duty: float | None = DEFAULT_TARGET_DUTY,
+    min_nbytes: int = DEFAULT_NBYTES,
+    max_nbytes: int = DEFAULT_MAX_NBYTES,
+) -> int:
+    """Bytes for one probe: ``capacity/8 * period * target_duty`` clamped to the bounds.
+
+    Without a capacity estimate or a target, the probe is ``min_nbytes``.
+    """
+    if not capacity_bps or target_duty is None:
+        return min_nbytes
+    return int(min(max(capacity_bps / 8 * period_s * target_duty, min_nbytes), max_nbytes))
+
+
+def expected_duty_cycle(nbytes: int, period_s: float, capacity_bps: float) -> float:
+    """The steady-state share of a link's capacity one probe per period uses (0.01 = 1 %)."""
+    return nbytes * 8 / (capacity_bps * period_s)
+
+
+@dataclass
+class LinkProbeStats:
+    """What the periodic prober knows about one link.
+
+    Attributes:
+        peer: The link's peer.
+        last: The latest successful result, or None.
+        last_at: ``time.monotonic()`` of the latest result.
+        probes: Successful probes.
+        failures: Failed probes (the link may be down; the RTT prober decides that).
+        probe_bytes: Payload bytes moved by successful probes.
+        probe_seconds: Time the link spent carrying probes (receiver-timed).
+        capacity_bps: Capacity estimate used for sizing and the duty cycle: the hint given,
+            else the median of the last three results.
+        next_nbytes: Size of the next probe.
+    """
+
+    peer: str
+    last: BandwidthResult | None = None
+    last_at: float | None = None
+    probes: int = 0
+    failures: int = 0
+    probe_bytes: int = 0
+    probe_seconds: float = 0.0
+    capacity_bps: float | None = None
+    next_nbytes: int = DEFAULT_NBYTES
+    _recent_bps: deque[float] = field(default_factory=lambda: deque(maxlen=3), repr=False)
+    _period_s: float = field(default=DEFAULT_PERIOD_S, repr=False)
+
+    @property
+    def duty_cycle(self) -> float | None:
+        """Measured probe bytes / (capacity * elapsed periods); None before the first probe."""
+        if not self.probes or not self.capacity_bps:
+            return None
+        return self.probe_bytes * 8 / (self.capacity_bps * self.probes * self._period_s)
+
+    @property
+    def time_duty_cycle(self) -> float | None:
+        """Share of wall time the link was busy with probes; None before the first probe."""
+        if not self.probes:
+            return None
+        return self.probe_seconds / (self.probes * self._period_s)
+
+
+@dataclass
+class _Link:
+    host: str
+    port: int
+    peer_kind: ServerKind | None
+    capacity_hint: float | None
+    stats: LinkProbeStats
+    task: asyncio.Task[None] | None = None
+
+
+class PeriodicBandwidthProbe:
+    """Runs one short bandwidth test per link every ``period_s`` seconds.
+
+    Args:
+        prober: The tool facade that runs each test.
+        period_s: Time between two tests of the same link.
+        nbytes: Smallest probe, and the size of a link's first probe.
+        target_duty: Share of each link's capacity to spend on probing (None: always ``nbytes``);
+            see the module docstring for the arithmetic.
+        max_nbytes: Largest probe.
+        jitter: Each wait is drawn from ``period_s * [1 - jitter, 1 + jitter]`` so that nodes do
+            not probe in lock step (and collide on iperf3's one-test-at-a-time servers).
+        timeout_s: Deadline of one test.
+        on_result: Called with ``(peer, result)`` after every successful test.
+        on_error: Called with ``(peer, error)`` after every failed test.
+    """
+
+    def __init__(
+        self,
+        prober: BandwidthProber,
+        *,
+        period_s: float = DEFAULT_PERIOD_S,
+        nbytes: int = DEFAULT_NBYTES,
+        target_duty: float | None = DEFAULT_TARGET_DUTY,
+        max_nbytes: int = DEFAULT_MAX_NBYTES,
+        jitter: float = 0.1,
+        timeout_s: float = 10.0,
+        on_result: Callable[[str, BandwidthResult], None] | None = None,
+        on_error: Callable[[str, NetprobeError], None] | None = None,
+    ) -> None:
+        if period_s <= 0 or not 0 < nbytes <= max_nbytes or not 0 <= jitter < 1:
+            raise ValueError("need period_s > 0, 0 < nbytes <= max_nbytes and 0 <= jitter < 1")
+        if target_duty is not None and not 0 < target_duty < 1:
+            raise ValueError("target_duty must be in (0, 1)")
+        self.prober = prober
+        self.period_s = period_s
+        self.nbytes = nbytes
+        self.target_duty = target_duty
+        self.max_nbytes = max_nbytes
+        self.jitter = jitter
+        self.timeout_s = timeout_s
+        self.on_result = on_result
+        self.on_error = on_error
+        self._links: dict[str, _Link] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+        self._running = False
+
+    def add_link(
+        self,
+        peer: str,
+        host: str,
+        port: int,
+        *,
+        capacity_bps: float | None = None,
+        peer_kind: ServerKind | None = None,
+    ) -> None:
+        """Start probing the link to ``peer``; the first test runs at once if started.
+
+        Args:
+            peer: The link's peer identifier.
+            host: The peer's address.
+            port: The peer's probe server port.
+            capacity_bps: The link's nominal capacity, if known, for probe sizing and the duty
+                cycle (else the measured rate is used).
+            peer_kind: The peer's tool (see :class:`~netprobe.bandwidth.BandwidthProber`).
+        """
+        self.remove_link(peer)
+        stats = LinkProbeStats(peer, capacity_bps=capacity_bps, _period_s=self.period_s)
+        stats.next_nbytes = self._size(capacity_bps)
+        link = _Link(host, port, peer_kind, capacity_bps, stats)
+        self._links[peer] = link
+        if self._running:
+            link.task = asyncio.create_task(self._probe_loop(link), name=f"bwprobe-{peer}")
+
+    def remove_link(self, peer: str) -> None:
+        """Stop probing ``peer``'s link (unknown peers are ignored)."""
+        link = self._links.pop(peer, None)
+        if link is not None and link.task is not None:
+            link.task.cancel()
+            self._retired.add(link.task)  # awaited in stop(), never left dangling
+            link.task.add_done_callback(self._retired.discard)
+
+    def stats(self, peer: str) -> LinkProbeStats:
+        """The probe statistics of ``peer``'s link (KeyError if unknown)."""
+        return self._links[peer].stats
+
+    async def start(self) -> None:
+        """Start a probing task for every link added so far (and for later ones)."""
+        self._running = True
+        for peer, link in self._links.items():
+            if link.task is None:
+                link.task = asyncio.create_task(self._probe_loop(link), name=f"bwprobe-{peer}")
+
+    async def stop(self) -> None:
+        """Cancel every probing task and wait for them; any test in flight is killed."""
+        self._running = False
+        tasks = [link.task for link in self._links.values() if link.task is not None]
+        tasks += self._retired
+        for link in self._links.values():
+            link.task = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def probe_once(self, peer: str) -> BandwidthResult | None:
+        """Run one test of ``peer``'s link now and record it; None if it failed."""
+        link = self._links[peer]
+        stats = link.stats
+        try:
+            result = await self.prober.measure(
+                link.host,
+                link.port,
+                nbytes=stats.next_nbytes,
+                timeout_s=self.timeout_s,
+                peer_kind=link.peer_kind,
+            )
+        except NetprobeError as exc:
+            stats.failures += 1
+            log.info("periodic bandwidth probe to %s failed: %s", peer, exc)
+            on_error, error = self.on_error, exc
+            if on_error is not None:
+                _call_safely(lambda: on_error(peer, error))
+            return None
+        stats.last, stats.last_at = result, time.monotonic()
+        stats.probes += 1
+        stats.probe_bytes += result.bytes
+        stats.probe_seconds += result.seconds
+        if link.capacity_hint is None:
+            # The median damps one-off misreadings (a shaper's burst, a slow start).
+            stats._recent_bps.append(result.bits_per_second)
+            stats.capacity_bps = statistics.median(stats._recent_bps)
+        stats.next_nbytes = self._size(stats.capacity_bps)
+        on_result = self.on_result
+        if on_result is not None:
+            _call_safely(lambda: on_result(peer, result))
+        return result
+
+    def _size(self, capacity_bps: float | None) -> int:
+        return probe_size(
+            capacity_bps,
+            self.period_s,
+            target_duty=self.target_duty,
+            min_nbytes=self.nbytes,
+            max_nbytes=self.max_nbytes,
+        )
+
+    async def _probe_loop(self, link: _Link) -> None:
+        while True:
+            await self.probe_once(link.stats.peer)
+            await asyncio.sleep(self.period_s * random.uniform(1 - self.jitter, 1 + self.jitter))
+
+
+def _call_safely(fn: Callable[[], object]) -> None:
+    # A broken observer must not stop the probing loop.
+    try:
+        fn()
+    except Exception:
+        log.exception("periodic bandwidth probe callback raised; ignored")

@@ -1,0 +1,147 @@
+"""Periodic low-duty-cycle probing and the LinkEstimate handed to the planner."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+
+from netprobe.bandwidth import BandwidthProber
+from netprobe.bulk import BulkProbeServer
+from netprobe.errors import NetprobeError
+from netprobe.periodic import (
+    DEFAULT_MAX_NBYTES,
+    DEFAULT_NBYTES,
+    DEFAULT_PERIOD_S,
+    DEFAULT_TARGET_DUTY,
+    PeriodicBandwidthProbe,
+    expected_duty_cycle,
+    probe_size,
+)
+from netprobe.results import BandwidthResult, LinkEstimate
+
+pytestmark = pytest.mark.timeout(60)
+
+LOCAL = "127.0.0.1"
+
+
+def test_default_probe_sizes_keep_duty_under_one_percent() -> None:
+    def duty(mbps: float) -> float:
+        c = mbps * 1e6
+        return expected_duty_cycle(probe_size(c, DEFAULT_PERIOD_S), DEFAULT_PERIOD_S, c)
+
+    # The paper's 100-1000 Mbit/s links get exactly the 0.1 % target.
+    for mbps in (35, 100, 500, 1000):
+        assert duty(mbps) == pytest.approx(DEFAULT_TARGET_DUTY, rel=1e-3)
+    # Slow links hit the 256 KiB floor: still under 1 % down to 3.5 Mbit/s, as documented.
+    assert duty(10) == pytest.approx(DEFAULT_NBYTES * 8 / (10e6 * 60))
+    assert duty(3.5) < 0.01 < duty(3.4)
+    # Very fast links hit the 16 MiB ceiling and spend less than the target.
+    assert probe_size(100e9, DEFAULT_PERIOD_S) == DEFAULT_MAX_NBYTES
+    # No estimate yet, or no target: the floor.
+    assert probe_size(None, DEFAULT_PERIOD_S) == DEFAULT_NBYTES
+    assert probe_size(1e9, DEFAULT_PERIOD_S, target_duty=None) == DEFAULT_NBYTES
+
+
+async def test_probe_size_follows_the_measured_capacity() -> None:
+    seen: list[float] = []
+    prober = BandwidthProber(binary="iperf3-not-here-periodic")
+    async with BulkProbeServer(LOCAL, 0) as server:
+        periodic = PeriodicBandwidthProbe(
+            prober,
+            period_s=1.0,
+            nbytes=4096,
+            max_nbytes=1 << 20,
+            target_duty=0.01,
+            on_result=lambda peer, r: seen.append(r.bits_per_second),
+        )
+        periodic.add_link("b", LOCAL, server.port, peer_kind="bulk")
+        assert periodic.stats("b").next_nbytes == 4096  # no estimate yet
+        for _ in range(4):
+            assert await periodic.probe_once("b") is not None
+        stats = periodic.stats("b")
+        # The capacity estimate is the median of the last three readings.
+        assert stats.capacity_bps == statistics.median(seen[-3:])
+        assert stats.next_nbytes == probe_size(
+            stats.capacity_bps, 1.0, target_duty=0.01, min_nbytes=4096, max_nbytes=1 << 20
+        )
+
+
+async def test_periodic_probe_runs_every_period_and_reports_duty_cycle() -> None:
+    results: list[tuple[str, BandwidthResult]] = []
+    prober = BandwidthProber(binary="iperf3-not-here-periodic")
+    async with BulkProbeServer(LOCAL, 0) as server:
+        periodic = PeriodicBandwidthProbe(
+            prober,
+            period_s=0.2,
+            nbytes=64 * 1024,
+            jitter=0.0,
+            on_result=lambda peer, r: results.append((peer, r)),
+        )
+        periodic.add_link("b", LOCAL, server.port, capacity_bps=1e9, peer_kind="bulk")
+        await periodic.start()
+        try:
+            await asyncio.sleep(0.75)
+        finally:
+            await periodic.stop()
+        stats = periodic.stats("b")
+    assert 3 <= stats.probes <= 5
+    assert len(results) == stats.probes and stats.failures == 0
+    assert stats.probe_bytes == stats.probes * 64 * 1024
+    # The measured duty cycle is the formula's, evaluated on what actually moved.
+    assert stats.duty_cycle == pytest.approx(expected_duty_cycle(64 * 1024, 0.2, 1e9))
+    assert stats.time_duty_cycle is not None and 0 < stats.time_duty_cycle < 1
+
+
+async def test_failures_are_counted_and_reported(free_tcp_port: int) -> None:
+    errors: list[NetprobeError] = []
+    periodic = PeriodicBandwidthProbe(
+        BandwidthProber(binary="iperf3-not-here-periodic"),
+        period_s=0.1,
+        on_error=lambda peer, exc: errors.append(exc),
+    )
+    periodic.add_link("gone", LOCAL, free_tcp_port, peer_kind="bulk")
+    assert await periodic.probe_once("gone") is None
+    stats = periodic.stats("gone")
+    assert stats.failures == 1 and stats.duty_cycle is None and len(errors) == 1
+
+
+async def test_links_added_and_removed_while_running() -> None:
+    prober = BandwidthProber(binary="iperf3-not-here-periodic")
+    async with BulkProbeServer(LOCAL, 0) as server:
+        periodic = PeriodicBandwidthProbe(prober, period_s=0.1, nbytes=1024)
+        await periodic.start()
+        try:
+            periodic.add_link("b", LOCAL, server.port, peer_kind="bulk")
+            await asyncio.sleep(0.35)
+            assert periodic.stats("b").probes >= 2
+            periodic.remove_link("b")
+            tests = server.tests
+            await asyncio.sleep(0.3)
+            assert server.tests <= tests + 1
+        finally:
+            await periodic.stop()
+
+
+def test_bad_parameters_rejected() -> None:
+    prober = BandwidthProber(binary="iperf3-not-here-periodic")
+    for kw in ({"period_s": 0}, {"nbytes": 0}, {"jitter": 1.0}, {"target_duty": 2.0}):
+        with pytest.raises(ValueError):
+            PeriodicBandwidthProbe(prober, **kw)
+
+
+def test_link_estimate_from_rtt_and_bandwidth() -> None:
+    est = LinkEstimate.from_measurements(rtt_s=0.004, bits_per_second=100e6)
+    assert est.t_prop_s == pytest.approx(0.002)
+    assert est.t_trans_s_per_byte == pytest.approx(8e-8)
+    # 100 MB over 100 Mbit/s: 8 s plus half the RTT.
+    assert est.transfer_time_s(100_000_000) == pytest.approx(8.002)
+    with pytest.raises(ValueError):
+        LinkEstimate.from_measurements(0.001, 0)
+    with pytest.raises(ValueError):
+        LinkEstimate.from_measurements(-1, 1e6)
+
+
+def test_bandwidth_result_mbps() -> None:
+    assert BandwidthResult(bits_per_second=50e6, bytes=1, seconds=1).mbps == 50
