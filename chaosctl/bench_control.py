@@ -83,9 +83,20 @@ class Runner:
         self.result.samples.setdefault(metric, []).append(value)
 
     def converge(self) -> tuple[str, int]:
+        """Wait for one scheduler, everyone standby, and everyone hearing everyone."""
         size = self.c.size
-        return self.c.wait(lambda: self.c.agreed(states={"standby": size}), CONVERGE_S,
-                           "the cluster to converge")
+        sched = self.c.wait(lambda: self.c.agreed(states={"standby": size}), CONVERGE_S,
+                            "the cluster to converge")
+        self.c.wait(self._all_heard, CONVERGE_S, "every node to hear every other")
+        return sched
+
+    def _all_heard(self) -> bool:
+        for node in self.c.node_ids:
+            rows = self.c.query(node, "nodes") or []
+            ages = [r["heartbeat_age_s"] for r in rows]
+            if len(ages) != self.c.size or any(a is None or a > 1.0 for a in ages):
+                return False
+        return True
 
     def fault(self, kind: str) -> None:
         sched, term = self.converge()

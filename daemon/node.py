@@ -208,8 +208,13 @@ class NodeAgent:
             if self.scheduler is not None and self.scheduler.observe_status(st) == "lost":
                 self.scheduler.fail(node, "last-will", self.silence(node))
             self.detector.forget(node)
-        elif self.scheduler is not None:
-            self.scheduler.observe_status(st)
+        else:
+            if node not in self.detector.known():
+                # "up" is a sign of life too: judge its silence from now on, as if it were a
+                # heartbeat, so a node that freezes before its first heartbeat is still caught.
+                self.detector.heartbeat(node)
+            if self.scheduler is not None:
+                self.scheduler.observe_status(st)
 
     def _on_claim(self, claim: LeaderClaim) -> None:
         verdict = self.election.on_claim(claim.id, claim.term)
