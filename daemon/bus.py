@@ -85,6 +85,7 @@ class Bus:
     async def run(self) -> None:
         """Run until cancelled; never raises on broker trouble."""
         backoff = self._cfg.mqtt.reconnect_min_s
+        last_error = ""
         while True:
             client = self._make_client()
             try:
@@ -94,6 +95,7 @@ class Bus:
                         await client.subscribe(topic, qos=1, timeout=CALL_TIMEOUT_S)
                     self.connected = True
                     self.connects += 1
+                    last_error = ""
                     backoff = self._cfg.mqtt.reconnect_min_s
                     log.info("connected to broker %s", self._cfg.broker)
                     await self._on_connect()
@@ -105,8 +107,12 @@ class Bus:
             except aiomqtt.MqttError as exc:
                 if self.connected:
                     log.warning("lost the broker: %s; reconnecting", exc)
-                else:
-                    log.debug("broker not reachable: %s", exc)
+                elif str(exc) != last_error:
+                    # Once per distinct reason, so a refused login or a wrong port is visible
+                    # at the default level without a line every backoff.
+                    log.warning("cannot connect to broker %s: %s; retrying", self._cfg.broker,
+                                exc)
+                last_error = str(exc)
             finally:
                 self._client = None
                 if self.connected:

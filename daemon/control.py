@@ -111,7 +111,7 @@ class ControlServer:
             if handler is None:
                 raise ControlError(f"unknown op {req['op'][:40]!r}")
             return _reply(True, data=await handler(args))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             log.warning("control: request is not JSON; rejected")
             return _reply(False, error="request is not JSON", code="usage")
         except ControlError as exc:
@@ -119,3 +119,6 @@ class ControlServer:
             return _reply(False, error=str(exc), code=exc.code)
         except ChaosError as exc:
             return _reply(False, error=str(exc), code="failed")
+        except Exception as exc:  # a handler bug must cost one answer, not the daemon
+            log.exception("control: request failed")
+            return _reply(False, error=f"internal error: {type(exc).__name__}", code="failed")
