@@ -7,6 +7,7 @@ key or bad value raises :class:`ConfigError` naming the key, and chaosd stops wi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import socket
 import sys
@@ -73,9 +74,18 @@ class Config:
     advertise: str = "127.0.0.1"
     data_dir: str = DEFAULT_DATA_DIR
     log_level: LogLevel = "info"
+    # Shared by every node of the cluster; keys the data plane's HMAC handshake.
+    secret: str = ""
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     election: ElectionConfig = field(default_factory=ElectionConfig)
+
+    @property
+    def data_key(self) -> bytes:
+        """The data plane's HMAC key. Without a secret it derives from the cluster name,
+        which keeps strangers' clusters apart but is no protection (chaosd warns)."""
+        seed = self.secret or f"chaos-default-secret:{self.cluster}"
+        return hashlib.sha256(seed.encode()).digest()
 
     @property
     def broker_endpoint(self) -> tuple[str, str, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import inspect
 import logging
 import signal
 import sys
@@ -22,6 +23,7 @@ from daemon.config import Config, load_config
 from daemon.control import ControlServer, Handler
 from daemon.errors import ChaosError, ConfigError
 from daemon.node import NodeAgent
+from daemon.ops import HANDLERS as OPS
 from daemon.systemd import Notifier
 from daemon.views import HANDLERS
 
@@ -45,10 +47,11 @@ class Daemon:
 
         def bind(fn: Callable[[NodeAgent, dict[str, Any]], Any]) -> Handler:
             async def call(args: dict[str, Any]) -> Any:
-                return fn(agent, args)
+                result = fn(agent, args)
+                return await result if inspect.isawaitable(result) else result
             return call
 
-        return {op: bind(fn) for op, fn in HANDLERS.items()}
+        return {op: bind(fn) for op, fn in {**HANDLERS, **OPS}.items()}
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
@@ -77,6 +80,9 @@ class Daemon:
             await self.broker.start()
         self._tasks.append(asyncio.create_task(self.agent.bus.run(), name="bus"))
         self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeats"))
+        if not self.cfg.secret:
+            log.warning("no 'secret' set: the data plane's key derives from the cluster name, "
+                        "which keeps clusters apart but protects nothing; set one in chaosd.toml")
         log.info("chaosd %s up: cluster %s, broker %s, socket %s", self.cfg.node_id,
                  self.cfg.cluster, self.cfg.broker, self.cfg.socket)
         self.notifier.ready(f"node {self.cfg.node_id} in cluster {self.cfg.cluster}")
@@ -109,6 +115,7 @@ class Daemon:
         self.notifier.stopping()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.agent.leave(), timeout=SHUTDOWN_S)
+        await self.agent.supervisor.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

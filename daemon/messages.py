@@ -130,6 +130,7 @@ class NodeRecord:
     joined_at: float = 0.0
     since: float = 0.0
     step: int = 0
+    data_addr: str = ""  # host:port of the node's training worker, once attached
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class ClusterState:
     policy_version: int = 0
     step: int = 0
     events: list[Event] = field(default_factory=list)
+    policy: dict[str, Any] = field(default_factory=dict)  # see docs/training-protocol.md
 
 
 Message = Heartbeat | Status | LeaderClaim | Request | Command | ClusterState

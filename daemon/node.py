@@ -10,8 +10,10 @@ matters more than one tick (0.1 s).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import Counter
+from typing import Any
 
 from daemon.bus import Bus, Outgoing
 from daemon.clock import Clock, SystemClock
@@ -31,8 +33,10 @@ from daemon.messages import (
     decode,
     encode,
 )
+from daemon.primitives import Negotiator
 from daemon.resources import sample
 from daemon.scheduler import Scheduler
+from daemon.worker import WorkerSession, WorkerSupervisor
 
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
@@ -56,6 +60,15 @@ class NodeAgent:
         self.detector = PhiAccrualDetector(cfg.detector, self.clock)
         self.election = Election(self.me, cfg.election, self.clock)
         self.scheduler: Scheduler | None = None
+        self.negotiator: Negotiator | None = None
+        self.worker = WorkerSession()
+        self.supervisor = WorkerSupervisor(cfg.data_dir, {
+            "CHAOS_SOCKET": cfg.socket, "CHAOS_NODE_ID": cfg.node_id,
+            "CHAOS_CLUSTER": cfg.cluster})
+        self.supervisor.on_exit.append(self._worker_exited)
+        self._cmd_seq = 0
+        self._req_seq = 0
+        self.replies: dict[str, str | None] = {}  # req_id -> error (None: ok)
         self.view: ClusterState | None = None
         self.presence: dict[str, Status] = {}
         self.beats: dict[str, Heartbeat] = {}
@@ -205,8 +218,11 @@ class NodeAgent:
         if not st.online:
             if node == self.election.leader:
                 self.election.leader_lost()
-            if self.scheduler is not None and self.scheduler.observe_status(st) == "lost":
-                self.scheduler.fail(node, "last-will", self.silence(node))
+            verdict = self.scheduler.observe_status(st) if self.scheduler else None
+            if verdict == "lost":
+                self._fail(node, "last-will")
+            elif verdict == "left" and self.negotiator is not None:
+                self.negotiator.gone(node, "daemon-left")
             self.detector.forget(node)
         else:
             if node not in self.detector.known():
@@ -223,6 +239,7 @@ class NodeAgent:
         elif verdict.action is Action.STEP_DOWN:
             log.warning("stepping down: %s holds term %d", claim.id, claim.term)
             self.scheduler = None
+            self.negotiator = None
         if verdict.action in (Action.FOLLOW, Action.STEP_DOWN):
             log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
 
@@ -234,12 +251,62 @@ class NodeAgent:
             return
         self.counters["commands"] += 1
         log.info("command %s from %s (term %d)", cmd.op, cmd.leader, cmd.term)
+        if cmd.op == "reply":
+            req_id = cmd.args.get("req_id")
+            if isinstance(req_id, str):
+                error = cmd.args.get("error")
+                self.replies[req_id] = error if isinstance(error, str) else None
+        elif cmd.op in ("connect", "disconnect", "replicate"):
+            self.worker.push(cmd.op, cmd.args)
 
     def _on_request(self, req: Request) -> None:
-        if self.scheduler is None:
+        if self.negotiator is None:
             return
         self.counters["requests"] += 1
         log.info("request %s from %s", req.op, req.node)
+        error = self.negotiator.handle(req.node, req.op, req.args)
+        self.command(req.node, "reply", req_id=req.req_id, error=error)
+        self._flush_negotiator()
+
+    def command(self, node: str, op: str, **args: Any) -> None:
+        """Queue a term-stamped command to ``node`` (the scheduler's only way to act)."""
+        self._cmd_seq += 1
+        cmd = Command(term=self.election.term, leader=self.me, seq=self._cmd_seq, op=op,
+                      args=args)
+        self._queue(self.topics.cmd(node), encode(cmd))
+
+    def _flush_negotiator(self) -> None:
+        if self.negotiator is None:
+            return
+        out, self.negotiator.out = self.negotiator.out, []
+        for node, op, args in out:
+            self.command(node, op, **args)
+
+    def request(self, op: str, **args: Any) -> str:
+        """Queue a request to the scheduler; returns its id (a reply may come back)."""
+        self._req_seq += 1
+        req_id = f"{self.me}-{self.incarnation}-{self._req_seq}"
+        self._queue(self.topics.req, encode(Request(node=self.me, req_id=req_id, op=op,
+                                                    args=args)))
+        return req_id
+
+    def _check_worker(self) -> None:
+        """A worker started by hand has no supervisor: notice when its process is gone."""
+        pid = self.worker.pid
+        if not pid or self.supervisor.running:
+            return
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.warning("worker pid %d is gone", pid)
+            self._worker_exited(-1)
+        except PermissionError:
+            pass  # alive, another user's
+
+    def _worker_exited(self, code: int) -> None:
+        if self.worker.attached:
+            self.worker.detach()
+            self.request("worker-exit", code=code)
 
     def _on_state(self, st: ClusterState) -> None:
         claim = (st.term, st.leader)
@@ -266,6 +333,13 @@ class NodeAgent:
                 del self.events[key]
 
     # --- decisions ----------------------------------------------------------------------
+    def step_of(self, node: str) -> int:
+        """The last committed training step ``node`` told us (heartbeats carry it)."""
+        if node == self.me:
+            return self.step
+        hb = self.beats.get(node)
+        return hb.step if hb else 0
+
     def silence(self, node: str) -> float | None:
         """Seconds since ``node``'s last heartbeat: an upper bound on a detection delay."""
         heard = self.last_heard.get(node)
@@ -291,6 +365,8 @@ class NodeAgent:
             self.detector.reset_all()
         elif self.bus.connected:
             self._decide(now)
+        self._check_worker()
+        self._flush_negotiator()
         await self.flush()
         if self.scheduler is not None and self.bus.connected and (
                 self.scheduler.dirty or now - self._last_publish > REPUBLISH_S):
@@ -327,15 +403,24 @@ class NodeAgent:
             if node not in live:
                 st = self.presence.get(node)
                 if st is not None and not st.online:
-                    sched.fail(node, "last-will", self.silence(node))
+                    self._fail(node, "last-will")
                 elif node in self.detector.known():
-                    sched.fail(node, "heartbeat", self.silence(node))
+                    self._fail(node, "heartbeat")
+
+    def _fail(self, node: str, reason: str) -> None:
+        if self.scheduler is None:
+            return
+        self.scheduler.fail(node, reason, self.silence(node))
+        if self.negotiator is not None:
+            self.negotiator.gone(node, "failure")
+            self._flush_negotiator()
 
     def _become_leader(self) -> None:
         prev = self._last_leader
         silence = self.silence(prev) if prev else None
         sched = Scheduler(self.me, self.election.term, self.view, self.clock)
         self.scheduler = sched
+        self.negotiator = Negotiator(sched, self.clock, self.step_of)
         sched.observe_status(self._status(True, "up"))
         for st in self.presence.values():
             sched.observe_status(st)

@@ -32,6 +32,7 @@ class Scheduler:
         self.nodes: dict[str, NodeRecord] = dict(base.nodes) if base else {}
         self.links: list[LinkRecord] = list(base.links) if base else []
         self.policy_version = base.policy_version if base else 0
+        self.policy: dict[str, Any] = dict(base.policy) if base else {}
         self.step = base.step if base else 0
         self.version = base.version if base else 0
         self.events: deque[Event] = deque(base.events if base else (), maxlen=EVENT_KEEP)
@@ -53,7 +54,7 @@ class Scheduler:
         return event
 
     # --- membership ---------------------------------------------------------------------
-    def _set(self, node: str, **changes: Any) -> None:
+    def set_node(self, node: str, **changes: Any) -> None:
         rec = self.nodes.get(node) or NodeRecord(state="standby", joined_at=self._clock.wall())
         if "state" in changes and changes["state"] != rec.state:
             changes.setdefault("since", self._clock.wall())
@@ -63,32 +64,29 @@ class Scheduler:
             self.dirty = True
 
     def observe_status(self, st: Status) -> str | None:
-        """Apply a presence message. Returns ``"lost"`` when it declares a failure."""
+        """Apply a presence message: ``"lost"`` (a failure to declare), ``"left"`` or None."""
         rec = self.nodes.get(st.node)
         if rec is not None and st.incarnation < rec.incarnation:
             return None  # an older process of that node: its news is stale
         if st.online:
             if rec is None or rec.state in ("failed", "left") or st.incarnation > rec.incarnation:
-                self._set(st.node, state="standby", addr=st.addr, incarnation=st.incarnation,
+                self.set_node(st.node, state="standby", addr=st.addr, incarnation=st.incarnation,
                           neighbors=[])
             else:
-                self._set(st.node, addr=st.addr)
+                self.set_node(st.node, addr=st.addr)
             return None
         if rec is None or rec.state in ("failed", "left"):
             return None
         if st.reason == "left":
-            was_active = rec.state == "active"
-            self._set(st.node, state="left", neighbors=[])
-            if was_active:
-                self.record("scale-in", node=st.node, reason="left")
-            return None
+            self.set_node(st.node, state="left")
+            return "left"
         return "lost"
 
     def observe_heartbeat(self, hb: Heartbeat, addr: str = "") -> None:
         """A heartbeat from a node we don't list (or listed as gone) re-admits it as standby."""
         rec = self.nodes.get(hb.node)
         if rec is None or (rec.state in ("failed", "left") and hb.incarnation >= rec.incarnation):
-            self._set(hb.node, state="standby", incarnation=hb.incarnation, neighbors=[],
+            self.set_node(hb.node, state="standby", incarnation=hb.incarnation, neighbors=[],
                       addr=addr or (rec.addr if rec else ""))
         if hb.step > self.step and self.nodes[hb.node].state == "active":
             self.step = hb.step
@@ -98,8 +96,7 @@ class Scheduler:
         rec = self.nodes.get(node)
         if rec is None or rec.state not in LIVE_STATES:
             return
-        self._set(node, state="failed", neighbors=[])
-        self.links = [lk for lk in self.links if node not in (lk.a, lk.b)]
+        self.set_node(node, state="failed")
         self.record("node-failed", node=node,
                     delay_ms=None if silence_s is None else silence_s * 1000.0,
                     reason=reason, previous=rec.state)
@@ -122,4 +119,4 @@ class Scheduler:
         return ClusterState(term=self.term, leader=self.me, version=self.version,
                             nodes=dict(self.nodes), links=list(self.links),
                             policy_version=self.policy_version, step=self.step,
-                            events=list(self.events))
+                            events=list(self.events), policy=dict(self.policy))

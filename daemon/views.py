@@ -107,6 +107,5 @@ def not_yet(op: str) -> Any:
 
 HANDLERS = {
     "status": status, "nodes": nodes, "links": links, "events": events, "ping": ping,
-    "join": not_yet("join"), "leave": not_yet("leave"), "link": not_yet("link"),
     "probe": not_yet("probe"),
 }

@@ -112,16 +112,23 @@ def test_unreachable_socket_exits_3() -> None:
     assert "Traceback" not in proc.stderr
 
 
-def test_join_is_not_supported_yet(make_cluster: MakeCluster) -> None:
-    c = make_cluster(1, "mosquitto")
-    node = c.node_ids[0]
-    wait_until(lambda: c.query(node, "status"), 15, "the daemon")
-    proc = chaosctl(c.socket_of(node), "join")
-    assert proc.returncode == 1, (proc.returncode, proc.stdout, proc.stderr)
+def one_error_line(proc: subprocess.CompletedProcess[str], code: int) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("chaosctl: ") and "join" in lines[0], lines
-    assert "training" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("chaosctl: "), proc.stderr
     assert "Traceback" not in proc.stderr
-    # The daemon is unharmed.
+    return lines[0]
+
+
+def test_actions_reject_bad_input_with_one_line(make_cluster: MakeCluster) -> None:
+    c = make_cluster(2, "mosquitto")
+    node = c.node_ids[0]
+    wait_until(lambda: c.agreed(c.node_ids), 20, "a scheduler")
+    sock = c.socket_of(node)
+    assert "not training" in one_error_line(chaosctl(sock, "leave"), 1)
+    assert "itself" in one_error_line(chaosctl(sock, "link", "add", node), 2)
+    assert "unknown node" in one_error_line(chaosctl(sock, "link", "add", "ghost"), 1)
+    assert "own neighbor" in one_error_line(
+        chaosctl(sock, "join", "--neighbor", node, "--", "true"), 2)
+    # A command that cannot start leaves the daemon serving, and a later join works.
     assert c.query(node, "status")["node"] == node

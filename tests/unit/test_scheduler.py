@@ -46,7 +46,7 @@ def test_stale_incarnation_news_is_ignored() -> None:
 def test_graceful_leave_is_not_a_failure() -> None:
     s = Scheduler("a", 1, None, FakeClock())
     s.observe_status(status("b", True))
-    assert s.observe_status(status("b", False, "left")) is None
+    assert s.observe_status(status("b", False, "left")) == "left"
     assert s.nodes["b"].state == "left"
     assert not [e for e in s.events if e.kind == "node-failed"]
 

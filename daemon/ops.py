@@ -1,0 +1,142 @@
+"""Control-socket actions: join, leave, link, and the worker's ops (docs/training-protocol.md).
+
+Reads live in :mod:`daemon.views`. Handlers validate their arguments (a bad one is a
+``usage`` error naming the argument), change the local state or queue a request to the
+scheduler, and answer at once, except ``link``, which waits for the scheduler's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from daemon.config import NAME_RE
+from daemon.errors import ControlError
+from daemon.node import NodeAgent
+
+REPLY_TIMEOUT_S = 5.0
+
+
+def _node_id(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ControlError(f"{what} must be a node id (A-Z a-z 0-9 _ . -, 1-64)")
+    return value
+
+
+def _int(args: dict[str, Any], key: str, default: int = 0) -> int:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ControlError(f"'{key}' must be a non-negative integer")
+    return value
+
+
+def join(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    neighbors = args.get("neighbors") or []
+    command = args.get("command") or []
+    if not isinstance(neighbors, list):
+        raise ControlError("'neighbors' must be a list of node ids")
+    nbrs = [_node_id(n, "each neighbor") for n in neighbors]
+    if agent.me in nbrs:
+        raise ControlError("a node cannot be its own neighbor")
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        raise ControlError("'command' must be a list of strings")
+    if agent.supervisor.running or agent.worker.attached:
+        raise ControlError("this node is already training; 'chaosctl leave' first",
+                           code="failed")
+    agent.worker.neighbors = nbrs
+    if command:
+        try:
+            agent.supervisor.start(command)
+        except RuntimeError as exc:
+            raise ControlError(str(exc), code="failed") from None
+        return {"node": agent.me, "state": "joining"}
+    # No command: a worker started by hand attaches with these neighbours.
+    return {"node": agent.me, "state": "standby"}
+
+
+async def leave(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
+    if agent.worker.attached:
+        agent.worker.leave_requested = True
+        return {"node": agent.me, "state": "leaving"}
+    if agent.supervisor.running:  # started but never attached: just stop it
+        await agent.supervisor.stop()
+        return {"node": agent.me, "state": "standby"}
+    raise ControlError("this node is not training", code="failed")
+
+
+async def link(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    action = args.get("action")
+    if action not in ("add", "del"):
+        raise ControlError("'action' must be add or del")
+    peer = _node_id(args.get("peer"), "'peer'")
+    if peer == agent.me:
+        raise ControlError("a node cannot link to itself")
+    if agent.election.leader is None:
+        raise ControlError("no scheduler is elected yet; try again in a few seconds",
+                           code="failed")
+    req_id = agent.request("link", peer=peer, action=action)
+    await agent.flush()
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while req_id not in agent.replies:
+        if time.monotonic() > deadline:
+            raise ControlError("the scheduler did not answer within 5 s", code="failed")
+        await asyncio.sleep(0.02)
+    error = agent.replies.pop(req_id)
+    if error:
+        raise ControlError(f"link {action} {peer}: {error}", code="failed")
+    return {"a": agent.me, "b": peer, "state": "up" if action == "add" else "down"}
+
+
+async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    port = _int(args, "port")
+    pid = _int(args, "pid")
+    host = args.get("host") or agent.cfg.advertise
+    if not isinstance(host, str) or not 0 < port < 65536 or not pid:
+        raise ControlError("worker.attach needs 'pid', 'host' and a 'port' in 1..65535")
+    w = agent.worker
+    if w.attached and w.pid != pid:
+        raise ControlError(f"another worker (pid {w.pid}) is attached", code="failed")
+    w.pid, w.data_addr, w.state = pid, f"{host}:{port}", "joining"
+    w.attached_at = w.last_poll = time.monotonic()
+    agent.request("join", addr=w.data_addr, neighbors=w.neighbors)
+    await agent.flush()
+    return {"node": agent.me, "cluster": agent.cfg.cluster, "secret": agent.cfg.data_key.hex(),
+            "incarnation": agent.incarnation}
+
+
+def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    w = agent.worker
+    if not w.attached:
+        raise ControlError("no worker is attached; call worker.attach first", code="failed")
+    w.step = agent.step = _int(args, "step", agent.step)
+    state = args.get("state", w.state)
+    if state in ("joining", "active", "leaving"):
+        w.state = state
+    w.last_poll = time.monotonic()
+    policy = agent.view.policy if agent.view is not None and agent.view.policy else None
+    return {"policy": policy, "commands": w.drain(), "leave": w.leave_requested}
+
+
+async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    kind = args.get("kind")
+    if kind not in ("link-failed", "round-aborted", "replicated", "stall"):
+        raise ControlError("'kind' must be link-failed, round-aborted, replicated or stall")
+    agent.request("report", **args)
+    await agent.flush()
+    return {}
+
+
+async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    step = _int(args, "step", agent.step)
+    agent.worker.state = "leaving"
+    agent.request("leave", step=step)
+    await agent.flush()
+    agent.worker.detach()
+    return {}
+
+
+HANDLERS = {
+    "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
+    "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
+}

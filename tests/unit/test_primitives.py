@@ -1,0 +1,130 @@
+"""The four primitives as scheduler state transitions, with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from daemon.clock import FakeClock
+from daemon.dataplane.policy import SyncPolicy
+from daemon.primitives import Negotiator
+from daemon.scheduler import Scheduler
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def make(steps: dict[str, int] | None = None) -> tuple[Negotiator, FakeClock]:
+    clock = FakeClock()
+    sched = Scheduler("s", 1, None, clock)
+    return Negotiator(sched, clock, lambda n: (steps or {}).get(n, 0)), clock
+
+
+def cmds(neg: Negotiator, op: str) -> list[tuple[str, dict[str, object]]]:
+    out = [(node, args) for node, o, args in neg.out if o == op]
+    return out
+
+
+def grow(neg: Negotiator, *nodes: str) -> None:
+    """Join nodes one by one, each completing its replication."""
+    for node in nodes:
+        neg.join(node, f"127.0.0.1:{1000 + len(neg.sched.nodes)}", [])
+        neg.replicated(node, {"kind": "replicated"})
+
+
+def test_first_node_bootstraps_alone() -> None:
+    neg, _ = make()
+    neg.join("a", "127.0.0.1:1", [])
+    assert neg.sched.nodes["a"].state == "active"
+    assert neg.sched.policy["members"] == ["a"] and neg.sched.policy["root"] == "a"
+    assert neg.sched.events[-1].kind == "scale-out" and neg.sched.events[-1].detail["bootstrap"]
+    assert not neg.out  # no one to connect to or copy from
+
+
+def test_scale_out_links_replicates_and_takes_effect_later() -> None:
+    neg, clock = make({"a": 40, "b": 41})
+    grow(neg, "a", "b")
+    neg.out.clear()
+    neg.join("c", "127.0.0.1:9", ["b", "zz"])  # an unknown wish is dropped
+    assert neg.sched.nodes["c"].state == "joining"
+    assert sorted(n for n, _ in cmds(neg, "connect")) == ["b", "c"]
+    policy = neg.sched.policy
+    assert policy["members"] == ["a", "b", "c"]
+    assert policy["effective_step"] == 41 + 2 + 1  # after the margin, one past the snapshot
+    SyncPolicy.from_dict(policy)  # a valid spanning tree
+    rep = cmds(neg, "replicate")
+    assert sorted(n for n, _ in rep) == ["b", "c"]
+    assert rep[0][1]["sources"] == {"b": neg.sched.nodes["b"].data_addr}
+    clock.advance(1.5)
+    neg.replicated("c", {"kind": "replicated", "bytes": 10})
+    ev = neg.sched.events[-1]
+    assert neg.sched.nodes["c"].state == "active"
+    assert ev.kind == "scale-out" and ev.delay_ms == pytest.approx(1500.0)
+    assert ev.detail["bytes"] == 10
+
+
+def test_graceful_leave_and_failure() -> None:
+    neg, _ = make({"a": 5, "b": 5, "c": 5})
+    grow(neg, "a", "b", "c")
+    neg.out.clear()
+    neg.leave("c", 7)
+    assert neg.sched.nodes["c"].state == "left"
+    assert neg.sched.policy["members"] == ["a", "b"] and neg.sched.policy["effective_step"] == 8
+    assert neg.sched.events[-1].kind == "scale-in"
+    assert all(n != "c" for n, _ in cmds(neg, "disconnect"))  # only survivors are told
+    version = neg.sched.policy_version
+    neg.sched.fail("b", "heartbeat", 2.0)
+    neg.gone("b", "failure")
+    assert neg.sched.policy["members"] == ["a"] and neg.sched.policy["effective_step"] == 0
+    assert neg.sched.policy_version == version + 1
+    assert neg.sched.events[-1].detail["reason"] == "failure"
+
+
+def test_link_add_del_and_errors() -> None:
+    neg, _ = make()
+    grow(neg, "a", "b", "c", "d")  # auto neighbours: the two lowest ids
+    assert sorted(neg.sched.nodes["d"].neighbors) == ["a", "b"]
+    assert neg.link("a", "a", up=True) == "a node cannot link to itself"
+    assert neg.link("a", "ghost", up=True) == "unknown node 'ghost'"
+    before = neg.sched.policy_version
+    assert neg.link("c", "d", up=True) is None
+    assert neg.sched.events[-1].kind == "connect-link"
+    assert neg.sched.policy_version == before + 1
+    assert sorted(neg.sched.nodes["c"].neighbors) == ["a", "b", "d"]
+    assert neg.link("c", "d", up=True) is None  # already there: no event
+    assert neg.sched.policy_version == before + 1
+    assert neg.link("a", "c", up=False, failed=True) is None
+    kinds = [e.kind for e in neg.sched.events][-2:]
+    assert kinds == ["link-failed", "disconnect-link"]
+    assert neg.sched.policy["effective_step"] == 0  # a failure: at once
+
+
+def test_partition_keeps_the_largest_part_and_a_link_reunites() -> None:
+    neg, _ = make()
+    grow(neg, "a", "b", "c")
+    neg.join("d", "127.0.0.1:4", ["a"])  # d hangs off a alone
+    neg.replicated("d", {"kind": "replicated"})
+    neg.link("a", "d", up=False)
+    assert neg.sched.events[-2].kind == "partition"
+    assert neg.sched.events[-2].detail["kept"] == ["a", "b", "c"]
+    assert neg.sched.nodes["d"].state == "standby"
+    assert neg.sched.policy["members"] == ["a", "b", "c"]
+    neg.out.clear()
+    neg.link("c", "d", up=True)  # the link back: d rejoins by scale-out
+    assert neg.sched.nodes["d"].state == "joining"
+    assert [n for n, _ in cmds(neg, "replicate")] == ["d", "c"]
+
+
+def test_stall_reports_attach_to_their_event() -> None:
+    neg, _ = make()
+    grow(neg, "a", "b")
+    neg.link("a", "b", up=False)
+    version = neg.sched.policy_version
+    neg.stall("a", {"policy_version": version, "ms": 0.4})
+    neg.stall("b", {"policy_version": version, "ms": 0.9})
+    assert neg.sched.events[-1].detail["stall_ms"] == 0.9
+
+
+def test_handle_rejects_malformed_requests() -> None:
+    neg, _ = make()
+    assert neg.handle("a", "join", {"addr": 3}) is not None
+    assert neg.handle("a", "link", {"peer": "b"}) is not None
+    assert neg.handle("a", "dance", {}) == "unknown request 'dance'"
