@@ -22,6 +22,9 @@ from daemon.config import DetectorConfig
 class _History:
     last: float
     intervals: deque[float] = field(default_factory=lambda: deque(maxlen=100))
+    # The last arrival was a stand-in (a node seen "up"), not a heartbeat: the gap to the
+    # first real one says nothing about the sender's rhythm.
+    seeded: bool = False
 
 
 def phi(elapsed: float, mean: float, std: float) -> float:
@@ -44,17 +47,24 @@ class PhiAccrualDetector:
         self._clock = clock
         self._nodes: dict[str, _History] = {}
 
-    def heartbeat(self, node: str) -> None:
-        """Record a heartbeat from ``node`` now."""
+    def heartbeat(self, node: str, *, seed: bool = False) -> None:
+        """Record a heartbeat from ``node`` now.
+
+        Args:
+            node: the sender.
+            seed: this is a sign of life, not a heartbeat (start the clock, learn nothing).
+        """
         now = self._clock.monotonic()
         hist = self._nodes.get(node)
         if hist is None:
-            hist = _History(last=now)
+            hist = _History(last=now, seeded=seed)
             # Seed with the nominal interval so the first verdicts are sane.
             hist.intervals.append(self._cfg.heartbeat_interval_s)
             self._nodes[node] = hist
             return
-        hist.intervals.append(now - hist.last)
+        if not hist.seeded and not seed:
+            hist.intervals.append(now - hist.last)
+        hist.seeded = seed
         hist.last = now
 
     def forget(self, node: str) -> None:
@@ -65,6 +75,7 @@ class PhiAccrualDetector:
         now = self._clock.monotonic()
         for hist in self._nodes.values():
             hist.last = now
+            hist.seeded = True
 
     def age(self, node: str) -> float | None:
         """Seconds since the last heartbeat of ``node``, or None if never heard."""

@@ -228,7 +228,7 @@ class NodeAgent:
             if node not in self.detector.known():
                 # "up" is a sign of life too: judge its silence from now on, as if it were a
                 # heartbeat, so a node that freezes before its first heartbeat is still caught.
-                self.detector.heartbeat(node)
+                self.detector.heartbeat(node, seed=True)
             if self.scheduler is not None:
                 self.scheduler.observe_status(st)
 
@@ -398,7 +398,7 @@ class NodeAgent:
             if node not in self.detector.known():
                 # Admitted (status "up") but not heard yet: start the clock now, so a node
                 # frozen before its first heartbeat is still caught by the detector.
-                self.detector.heartbeat(node)
+                self.detector.heartbeat(node, seed=True)
                 continue
             if node not in live:
                 st = self.presence.get(node)

@@ -82,3 +82,19 @@ def test_phi_is_finite_and_monotone(elapsed: float) -> None:
     value = phi(elapsed, 1.5, 0.1)
     assert math.isfinite(value) and value >= 0
     assert phi(elapsed + 0.1, 1.5, 0.1) >= value
+
+
+def test_a_seed_starts_the_clock_but_teaches_no_rhythm() -> None:
+    clock = FakeClock()
+    det = PhiAccrualDetector(DetectorConfig(), clock)
+    det.heartbeat("a", seed=True)  # seen "up"
+    clock.advance(0.05)
+    steady(det, clock, "a", 6, 0.5)  # the first real heartbeat 50 ms later
+    fresh_clock = FakeClock()
+    fresh = PhiAccrualDetector(DetectorConfig(), fresh_clock)
+    steady(fresh, fresh_clock, "a", 6, 0.5)
+    assert time_to_suspect(det, clock, "a") == pytest.approx(
+        time_to_suspect(fresh, fresh_clock, "a"), abs=0.02)
+    silent = PhiAccrualDetector(DetectorConfig(), clock)
+    silent.heartbeat("b", seed=True)
+    assert 1.5 < time_to_suspect(silent, clock, "b") < 3.0  # never heard: still caught
