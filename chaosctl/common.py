@@ -18,7 +18,9 @@ from chaosctl.client import DEFAULT_TIMEOUT_S, ControlClient, CtlUsageError
 # before anything is sent.
 NODE_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
-console = Console()
+# Piped output (logs, CI) gets a wide fixed width, not rich's 80 columns, so tables with an
+# event's details stay one row per event.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 @dataclass(frozen=True)
