@@ -66,6 +66,21 @@ class ElectionConfig:
 
 
 @dataclass(frozen=True)
+class ProbeConfig:
+    """Link monitoring (netprobe): RTT probes to overlay neighbours, bandwidth on demand and
+    periodically at a low duty cycle."""
+
+    enabled: bool = True
+    rtt_interval_s: float = 1.0
+    # A neighbour link is declared failed after this many missed probes in a row, i.e. within
+    # rtt_interval_s * fail_after + rtt_interval_s (4 s by default).
+    fail_after: int = 3
+    bandwidth_period_s: float = 60.0
+    iperf3: str = "iperf3"
+    bw_port: int = 0  # 0: pick a free port at start-up
+
+
+@dataclass(frozen=True)
 class Config:
     node_id: str = field(default_factory=socket.gethostname)
     cluster: str = "default"
@@ -79,6 +94,7 @@ class Config:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     election: ElectionConfig = field(default_factory=ElectionConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     @property
     def data_key(self) -> bytes:
@@ -101,6 +117,7 @@ _SECTIONS: dict[str, type] = {
     "mqtt": MqttConfig,
     "detector": DetectorConfig,
     "election": ElectionConfig,
+    "probe": ProbeConfig,
 }
 # Flags the CLI may override; the names match the TOML keys.
 OVERRIDABLE = ("node_id", "cluster", "broker", "socket", "advertise", "data_dir", "log_level")
@@ -186,6 +203,12 @@ def validate(cfg: Config) -> Config:
         _positive(f"detector.{key}", getattr(cfg.detector, key))
     if cfg.detector.acceptable_pause_s < 0:
         raise ConfigError("config: detector.acceptable_pause_s must be >= 0")
+    _positive("probe.rtt_interval_s", cfg.probe.rtt_interval_s)
+    _positive("probe.bandwidth_period_s", cfg.probe.bandwidth_period_s)
+    if not 1 <= cfg.probe.fail_after <= 100:
+        raise ConfigError(f"config: probe.fail_after must be 1..100, not {cfg.probe.fail_after}")
+    if not 0 <= cfg.probe.bw_port < 65536:
+        raise ConfigError(f"config: probe.bw_port {cfg.probe.bw_port} out of range")
     _positive("election.stagger_s", cfg.election.stagger_s)
     _positive("election.grace_s", cfg.election.grace_s)
     if not cfg.socket:

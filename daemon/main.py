@@ -24,6 +24,7 @@ from daemon.control import ControlServer, Handler
 from daemon.errors import ChaosError, ConfigError
 from daemon.node import NodeAgent
 from daemon.ops import HANDLERS as OPS
+from daemon.probes import LinkMonitor
 from daemon.systemd import Notifier
 from daemon.views import HANDLERS
 
@@ -75,6 +76,12 @@ class Daemon:
     async def startup(self) -> None:
         Path(self.cfg.data_dir).mkdir(parents=True, exist_ok=True)
         await self.control.start()
+        if self.cfg.probe.enabled:
+            agent = self.agent
+            monitor = LinkMonitor(self.cfg.probe, self.cfg.advertise,
+                                  lambda kind, args: agent.request("report", kind=kind, **args))
+            await monitor.start()
+            agent.monitor = monitor
         if self.cfg.broker == "embedded":
             self.broker = EmbeddedBroker(self.cfg.mqtt.embedded_bind, self.cfg.mqtt.embedded_port)
             await self.broker.start()
@@ -116,6 +123,8 @@ class Daemon:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.agent.leave(), timeout=SHUTDOWN_S)
         await self.agent.supervisor.stop()
+        if self.agent.monitor is not None:
+            await self.agent.monitor.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -88,6 +88,9 @@ class Status:
     incarnation: int
     addr: str = ""
     ts: float = 0.0
+    probe_port: int = 0   # UDP RTT responder
+    bw_port: int = 0      # bandwidth probe server
+    bw_kind: str = ""     # "iperf3" or "bulk": both ends must speak the same tool
 
 
 @dataclass(frozen=True)

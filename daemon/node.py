@@ -34,6 +34,7 @@ from daemon.messages import (
     encode,
 )
 from daemon.primitives import Negotiator
+from daemon.probes import LinkMonitor, PeerEndpoint
 from daemon.resources import sample
 from daemon.scheduler import Scheduler
 from daemon.worker import WorkerSession, WorkerSupervisor
@@ -61,6 +62,7 @@ class NodeAgent:
         self.election = Election(self.me, cfg.election, self.clock)
         self.scheduler: Scheduler | None = None
         self.negotiator: Negotiator | None = None
+        self.monitor: LinkMonitor | None = None  # set by the daemon once the probes listen
         self.worker = WorkerSession()
         self.supervisor = WorkerSupervisor(cfg.data_dir, {
             "CHAOS_SOCKET": cfg.socket, "CHAOS_NODE_ID": cfg.node_id,
@@ -104,8 +106,30 @@ class NodeAgent:
 
     # --- outgoing -----------------------------------------------------------------------
     def _status(self, online: bool, reason: str) -> Status:
+        mon = self.monitor
         return Status(node=self.me, online=online, reason=reason, incarnation=self.incarnation,
-                      addr=self.cfg.advertise, ts=self.clock.wall())
+                      addr=self.cfg.advertise, ts=self.clock.wall(),
+                      probe_port=mon.probe_port if mon else 0, bw_port=mon.bw_port if mon else 0,
+                      bw_kind=mon.bandwidth.kind if mon else "")
+
+    def endpoint(self, node: str) -> PeerEndpoint | None:
+        """Where ``node``'s probe servers listen, from its presence."""
+        st = self.presence.get(node)
+        if st is None or not st.online:
+            return None
+        return PeerEndpoint(st.addr, st.probe_port, st.bw_port, st.bw_kind)
+
+    def _sync_probes(self) -> None:
+        if self.monitor is None:
+            return
+        rec = self.view.nodes.get(self.me) if self.view is not None else None
+        peers = {}
+        for peer in rec.neighbors if rec is not None else []:
+            ep = self.endpoint(peer)
+            if ep is not None:
+                peers[peer] = ep
+        self.monitor.sync(peers)
+        self.monitor.tick()
 
     def _queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
         """Handlers are synchronous; they queue, and the tick publishes."""
@@ -366,6 +390,7 @@ class NodeAgent:
         elif self.bus.connected:
             self._decide(now)
         self._check_worker()
+        self._sync_probes()
         self._flush_negotiator()
         await self.flush()
         if self.scheduler is not None and self.bus.connected and (

@@ -99,7 +99,12 @@ async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
         raise ControlError(f"another worker (pid {w.pid}) is attached", code="failed")
     w.pid, w.data_addr, w.state = pid, f"{host}:{port}", "joining"
     w.attached_at = w.last_poll = time.monotonic()
-    agent.request("join", addr=w.data_addr, neighbors=w.neighbors)
+    rtts: dict[str, float] = {}
+    if agent.monitor is not None and not w.neighbors:
+        # The scheduler picks neighbours by RTT: measure to every live peer at once.
+        peers = {n: ep for n in agent.presence if (ep := agent.endpoint(n)) is not None}
+        rtts = await agent.monitor.rtts(peers)
+    agent.request("join", addr=w.data_addr, neighbors=w.neighbors, rtts=rtts)
     await agent.flush()
     return {"node": agent.me, "cluster": agent.cfg.cluster, "secret": agent.cfg.data_key.hex(),
             "incarnation": agent.incarnation}
@@ -136,7 +141,27 @@ async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]
     return {}
 
 
+async def probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    peer = _node_id(args.get("peer"), "'peer'")
+    if peer == agent.me:
+        raise ControlError("a node cannot probe itself")
+    if agent.monitor is None:
+        raise ControlError("probes are disabled on this node ([probe] enabled = false)",
+                           code="failed")
+    ep = agent.endpoint(peer)
+    if ep is None or not ep.probe_port:
+        raise ControlError(f"{peer} is not online or advertises no probe server",
+                           code="failed")
+    result = await agent.monitor.probe(peer, ep)
+    if result["rtt_ms"] is None and result["bandwidth_mbps"] is None:
+        raise ControlError(f"no answer from {peer}'s probes at {ep.host}", code="failed")
+    agent.request("report", kind="link-metrics", peer=peer, rtt_ms=result["rtt_ms"],
+                  bandwidth_mbps=result["bandwidth_mbps"])
+    return result
+
+
 HANDLERS = {
     "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
     "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
+    "probe": probe,
 }

@@ -123,7 +123,8 @@ class Negotiator:
         return policy
 
     # --- primitives -----------------------------------------------------------------------
-    def join(self, node: str, data_addr: str, wanted: list[str]) -> None:
+    def join(self, node: str, data_addr: str, wanted: list[str],
+             rtts: dict[str, Any] | None = None) -> None:
         """Scale-out: admit ``node``; the first member bootstraps the cluster."""
         rec = self.sched.nodes.get(node)
         if rec is None:
@@ -139,9 +140,14 @@ class Negotiator:
                               policy_version=policy.get("version"))
             return
         self._joins[node] = self.clock.monotonic()
-        # Self-loops and strangers are dropped; without a valid wish, the lowest ids.
-        # TODO(issue 5): rank by measured RTT once netprobe feeds the scheduler.
-        chosen = [n for n in wanted if n in members] or members[:AUTO_NEIGHBORS]
+        # Self-loops and strangers are dropped; without a valid wish, the nearest members by
+        # the RTTs the joining node measured (unmeasured ones last), ties by id.
+        def distance(m: str) -> tuple[float, str]:
+            rtt = (rtts or {}).get(m)
+            return (float(rtt) if isinstance(rtt, (int, float)) else float("inf"), m)
+
+        chosen = [n for n in wanted if n in members] or sorted(members, key=distance)[
+            :AUTO_NEIGHBORS]
         self._drop_links(node)
         for peer in chosen:
             self._add_link(node, peer)
@@ -225,6 +231,18 @@ class Negotiator:
                           policy_version=self.sched.policy_version)
         return None
 
+    def metrics(self, node: str, peer: str, args: dict[str, Any]) -> None:
+        """A probe's measurement of a link; no new policy, it shows in the next snapshot."""
+        lk = self._link(node, peer)
+        if lk is None:
+            return
+        rtt, bw = args.get("rtt_ms"), args.get("bandwidth_mbps")
+        new = replace(lk, measured_at=self.clock.wall(),
+                      rtt_ms=float(rtt) if isinstance(rtt, (int, float)) else lk.rtt_ms,
+                      bandwidth_mbps=float(bw) if isinstance(bw, (int, float))
+                      else lk.bandwidth_mbps)
+        self.sched.links[self.sched.links.index(lk)] = new
+
     def handle(self, node: str, op: str, args: dict[str, Any]) -> str | None:
         """Dispatch one request from ``node``; returns an error line for the requester."""
         if op == "join":
@@ -232,7 +250,8 @@ class Negotiator:
             wanted = args.get("neighbors") or []
             if not isinstance(addr, str) or not isinstance(wanted, list):
                 return "join needs 'addr' and a list of 'neighbors'"
-            self.join(node, addr, [str(n) for n in wanted])
+            rtts = args.get("rtts") if isinstance(args.get("rtts"), dict) else {}
+            self.join(node, addr, [str(n) for n in wanted], rtts)
         elif op == "leave":
             self.leave(node, int(args.get("step") or 0))
         elif op == "link":
@@ -248,6 +267,8 @@ class Negotiator:
                 return self.link(node, args["peer"], up=False, failed=True)
             elif kind == "stall":
                 self.stall(node, args)
+            elif kind == "link-metrics" and isinstance(args.get("peer"), str):
+                self.metrics(node, args["peer"], args)
             else:
                 log.info("report from %s: %s", node, args)
         elif op == "worker-exit":

@@ -98,14 +98,6 @@ def ping(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
             "term": el.term, "scheduler": el.leader, "counters": dict(agent.counters)}
 
 
-def not_yet(op: str) -> Any:
-    def handler(_agent: NodeAgent, _args: dict[str, Any]) -> Any:
-        raise ControlError(f"'{op}' needs training support, which this chaosd build does not "
-                           "have yet", code="failed")
-    return handler
-
-
 HANDLERS = {
     "status": status, "nodes": nodes, "links": links, "events": events, "ping": ping,
-    "probe": not_yet("probe"),
 }

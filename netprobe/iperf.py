@@ -22,6 +22,7 @@ from typing import Any
 
 from netprobe.errors import IperfBusy, IperfError, IperfMissing, ProbeTimeout
 from netprobe.iperf_server import IperfServer
+from netprobe.procs import die_with_parent
 from netprobe.results import BandwidthResult
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ async def _run_client(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,  # a Ctrl-C on the terminal is the daemon's to handle, not ours
+
+        preexec_fn=die_with_parent,
     )
     try:
         out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from netprobe.errors import IperfError, IperfMissing
+from netprobe.procs import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ class IperfServer:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
         self._proc = proc
         assert proc.stdout is not None
