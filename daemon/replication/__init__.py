@@ -10,6 +10,7 @@
 | brute force and MILP optima (small instances)    | :mod:`daemon.replication.exact`          |
 | re-planning a failed neighbour's bytes           | :mod:`daemon.replication.replan`         |
 | the planner registry                             | :mod:`daemon.replication.planner`        |
+| the data plane: serve, fetch, strategies (I/O)   | :mod:`daemon.replication.transfer`       |
 
 ``state`` imports torch; the planner modules need only numpy (scipy for ``milp``).
 """
@@ -23,19 +24,41 @@ from daemon.replication.errors import (
 from daemon.replication.model import Neighbor, PlanInput, ReplicationPlan, check_cover
 from daemon.replication.planner import PLANNERS, make_plan
 from daemon.replication.replan import replan_remaining
+from daemon.replication.transfer import (
+    STRATEGIES,
+    FetchOptions,
+    FetchResult,
+    Snapshot,
+    TransferError,
+    VersionMismatchError,
+    fetch,
+    fetch_manifest,
+    run_strategy,
+    serve,
+)
 from daemon.replication.waterfill import lower_bound
 
 __all__ = [
     "PLANNERS",
+    "STRATEGIES",
     "CorruptStateError",
+    "FetchOptions",
+    "FetchResult",
     "ManifestError",
     "Neighbor",
     "PlanError",
     "PlanInput",
     "ReplicationError",
     "ReplicationPlan",
+    "Snapshot",
+    "TransferError",
+    "VersionMismatchError",
     "check_cover",
+    "fetch",
+    "fetch_manifest",
     "lower_bound",
     "make_plan",
     "replan_remaining",
+    "run_strategy",
+    "serve",
 ]
