@@ -21,6 +21,7 @@ from daemon.config import Config
 from daemon.detector import PhiAccrualDetector
 from daemon.election import Action, Election, better
 from daemon.errors import MessageError
+from daemon.leader import SchedulerRole
 from daemon.messages import (
     ClusterState,
     Command,
@@ -33,7 +34,6 @@ from daemon.messages import (
     decode,
     encode,
 )
-from daemon.primitives import Negotiator
 from daemon.probes import LinkMonitor, PeerEndpoint
 from daemon.resources import sample
 from daemon.scheduler import Scheduler
@@ -46,6 +46,7 @@ SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, 
 # not followed by the loss of our own connection within this window is a real crash.
 WILL_CONFIRM_S = 0.5
 EVENTS_KEEP = 1000
+POLICIES_KEEP = 16
 
 
 class NodeAgent:
@@ -60,21 +61,20 @@ class NodeAgent:
         self.incarnation = time.time_ns() // 1000
         self.detector = PhiAccrualDetector(cfg.detector, self.clock)
         self.election = Election(self.me, cfg.election, self.clock)
-        self.scheduler: Scheduler | None = None
-        self.negotiator: Negotiator | None = None
+        self.role: SchedulerRole | None = None  # only while elected, for that term
         self.monitor: LinkMonitor | None = None  # set by the daemon once the probes listen
         self.worker = WorkerSession()
         self.supervisor = WorkerSupervisor(cfg.data_dir, {
             "CHAOS_SOCKET": cfg.socket, "CHAOS_NODE_ID": cfg.node_id,
             "CHAOS_CLUSTER": cfg.cluster})
         self.supervisor.on_exit.append(self._worker_exited)
-        self._cmd_seq = 0
         self._req_seq = 0
         self.replies: dict[str, str | None] = {}  # req_id -> error (None: ok)
         self.view: ClusterState | None = None
         self.presence: dict[str, Status] = {}
         self.beats: dict[str, Heartbeat] = {}
         self.events: dict[tuple[int, float], Event] = {}
+        self.policies: dict[int, dict[str, Any]] = {}  # version -> policy, the last few
         self.counters: Counter[str] = Counter()
         self.state = "standby"
         self.step = 0
@@ -92,6 +92,7 @@ class NodeAgent:
         # Last heartbeat per node; unlike the detector's history it survives a last will,
         # so failure events can say how long the node had been silent.
         self.last_heard: dict[str, float] = {}
+        self._step_rates: dict[str, tuple[float, float]] = {}  # node -> (steps/s, when)
         topics = self.topics
         self.bus = Bus(
             cfg,
@@ -105,6 +106,14 @@ class NodeAgent:
         )
 
     # --- outgoing -----------------------------------------------------------------------
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """The scheduler's state while elected, else None."""
+        return self.role.sched if self.role is not None else None
+
+    def own_status(self) -> Status:
+        return self._status(True, "up")
+
     def _status(self, online: bool, reason: str) -> Status:
         mon = self.monitor
         return Status(node=self.me, online=online, reason=reason, incarnation=self.incarnation,
@@ -131,13 +140,13 @@ class NodeAgent:
         self.monitor.sync(peers)
         self.monitor.tick()
 
-    def _queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+    def queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
         """Handlers are synchronous; they queue, and the tick publishes."""
         self._pending.append(Outgoing(topic, payload, qos, retain))
 
     def _queue_claim(self) -> None:
         claim = LeaderClaim(id=self.me, term=self.election.term, ts=self.clock.wall())
-        self._queue(self.topics.leader, encode(claim), retain=True)
+        self.queue(self.topics.leader, encode(claim), retain=True)
 
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -170,9 +179,9 @@ class NodeAgent:
         await self.bus.publish(self.topics.status(self.me), encode(self._status(True, "up")),
                                qos=1, retain=True)
         await self.heartbeat()
-        if self.scheduler is not None:
+        if self.role is not None:
             self._queue_claim()
-            self.scheduler.dirty = True
+            self.role.sched.dirty = True
 
     def on_disconnect(self) -> None:
         self.election.disconnected()
@@ -208,12 +217,20 @@ class NodeAgent:
             raise MessageError(f"heartbeat for {hb.node!r} on the topic of {node!r}")
         if node == self.me:
             return
+        now = self.clock.monotonic()
         self.detector.heartbeat(node)
-        self.last_heard[node] = self.clock.monotonic()
+        prev = self.beats.get(node)
+        if prev is not None and node in self.last_heard and now > self.last_heard[node]:
+            inst = max(0, hb.step - prev.step) / (now - self.last_heard[node])
+            old_rate = self._step_rates.get(node, (inst, now))[0]
+            self._step_rates[node] = (0.7 * old_rate + 0.3 * inst, now)
+        else:
+            self._step_rates[node] = (0.0, now)
+        self.last_heard[node] = now
         self.beats[node] = hb
-        if self.scheduler is not None:
+        if self.role is not None:
             st = self.presence.get(node)
-            self.scheduler.observe_heartbeat(hb, st.addr if st else "")
+            self.role.on_heartbeat(hb, st.addr if st else "")
 
     def _on_status(self, node: str, st: Status) -> None:
         if st.node != node:
@@ -225,7 +242,7 @@ class NodeAgent:
                 self.should_exit = True
             elif not st.online and st.incarnation == self.incarnation and self.bus.connected:
                 # The broker gave up on us once (keepalive) but we are here: say so again.
-                self._queue(self.topics.status(self.me), encode(self._status(True, "up")),
+                self.queue(self.topics.status(self.me), encode(self._status(True, "up")),
                             retain=True)
             return
         prev = self.presence.get(node)
@@ -242,19 +259,16 @@ class NodeAgent:
         if not st.online:
             if node == self.election.leader:
                 self.election.leader_lost()
-            verdict = self.scheduler.observe_status(st) if self.scheduler else None
-            if verdict == "lost":
-                self._fail(node, "last-will")
-            elif verdict == "left" and self.negotiator is not None:
-                self.negotiator.gone(node, "daemon-left")
+            if self.role is not None:
+                self.role.on_status(st)
             self.detector.forget(node)
-        else:
-            if node not in self.detector.known():
-                # "up" is a sign of life too: judge its silence from now on, as if it were a
-                # heartbeat, so a node that freezes before its first heartbeat is still caught.
-                self.detector.heartbeat(node, seed=True)
-            if self.scheduler is not None:
-                self.scheduler.observe_status(st)
+            return
+        if node not in self.detector.known():
+            # "up" is a sign of life too: judge its silence from now on, as if it were a
+            # heartbeat, so a node that freezes before its first heartbeat is still caught.
+            self.detector.heartbeat(node, seed=True)
+        if self.role is not None:
+            self.role.on_status(st)
 
     def _on_claim(self, claim: LeaderClaim) -> None:
         verdict = self.election.on_claim(claim.id, claim.term)
@@ -262,8 +276,7 @@ class NodeAgent:
             self._queue_claim()
         elif verdict.action is Action.STEP_DOWN:
             log.warning("stepping down: %s holds term %d", claim.id, claim.term)
-            self.scheduler = None
-            self.negotiator = None
+            self.role = None
         if verdict.action in (Action.FOLLOW, Action.STEP_DOWN):
             log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
 
@@ -284,33 +297,15 @@ class NodeAgent:
             self.worker.push(cmd.op, cmd.args)
 
     def _on_request(self, req: Request) -> None:
-        if self.negotiator is None:
-            return
-        self.counters["requests"] += 1
-        log.info("request %s from %s", req.op, req.node)
-        error = self.negotiator.handle(req.node, req.op, req.args)
-        self.command(req.node, "reply", req_id=req.req_id, error=error)
-        self._flush_negotiator()
-
-    def command(self, node: str, op: str, **args: Any) -> None:
-        """Queue a term-stamped command to ``node`` (the scheduler's only way to act)."""
-        self._cmd_seq += 1
-        cmd = Command(term=self.election.term, leader=self.me, seq=self._cmd_seq, op=op,
-                      args=args)
-        self._queue(self.topics.cmd(node), encode(cmd))
-
-    def _flush_negotiator(self) -> None:
-        if self.negotiator is None:
-            return
-        out, self.negotiator.out = self.negotiator.out, []
-        for node, op, args in out:
-            self.command(node, op, **args)
+        if self.role is not None:
+            self.counters["requests"] += 1
+            self.role.on_request(req)
 
     def request(self, op: str, **args: Any) -> str:
         """Queue a request to the scheduler; returns its id (a reply may come back)."""
         self._req_seq += 1
         req_id = f"{self.me}-{self.incarnation}-{self._req_seq}"
-        self._queue(self.topics.req, encode(Request(node=self.me, req_id=req_id, op=op,
+        self.queue(self.topics.req, encode(Request(node=self.me, req_id=req_id, op=op,
                                                     args=args)))
         return req_id
 
@@ -335,10 +330,10 @@ class NodeAgent:
     def _on_state(self, st: ClusterState) -> None:
         claim = (st.term, st.leader)
         accepted = (self.election.term, self.election.leader or "")
-        if self.scheduler is not None:
-            if claim != (self.scheduler.term, self.me):
+        if self.role is not None:
+            if claim != (self.role.term, self.me):
                 # Someone else's snapshot overwrote the retained topic: repair it.
-                self.scheduler.dirty = True
+                self.role.sched.dirty = True
             return
         if better(accepted, claim) and self.election.leader is not None:
             self.counters["stale_states"] += 1
@@ -348,6 +343,15 @@ class NodeAgent:
             return
         self.view = st
         self._merge_events(st.events)
+        self._merge_policies(st)
+
+    def _merge_policies(self, st: ClusterState) -> None:
+        for pol in [*st.policies, st.policy]:
+            version = pol.get("version") if isinstance(pol, dict) else None
+            if isinstance(version, int):
+                self.policies.setdefault(version, pol)
+        for version in sorted(self.policies)[:-POLICIES_KEEP]:
+            del self.policies[version]
 
     def _merge_events(self, events: list[Event]) -> None:
         for ev in events:
@@ -358,11 +362,16 @@ class NodeAgent:
 
     # --- decisions ----------------------------------------------------------------------
     def step_of(self, node: str) -> int:
-        """The last committed training step ``node`` told us (heartbeats carry it)."""
+        """``node``'s training step now: its last heartbeat's step tag, plus the steps it
+        has likely made since at its recent rate (a heartbeat is up to 0.5 s old, and a
+        policy must not take effect at a step the cluster has already passed)."""
         if node == self.me:
             return self.step
         hb = self.beats.get(node)
-        return hb.step if hb else 0
+        if hb is None:
+            return 0
+        rate, heard = self._step_rates.get(node, (0.0, self.clock.monotonic()))
+        return hb.step + int(rate * (self.clock.monotonic() - heard) + 0.999)
 
     def silence(self, node: str) -> float | None:
         """Seconds since ``node``'s last heartbeat: an upper bound on a detection delay."""
@@ -391,14 +400,15 @@ class NodeAgent:
             self._decide(now)
         self._check_worker()
         self._sync_probes()
-        self._flush_negotiator()
+        if self.role is not None:
+            self.role.flush()
         await self.flush()
-        if self.scheduler is not None and self.bus.connected and (
-                self.scheduler.dirty or now - self._last_publish > REPUBLISH_S):
-            self.scheduler.prune()
-            snap = self.scheduler.snapshot()
+        if self.role is not None and self.bus.connected and (
+                self.role.sched.dirty or now - self._last_publish > REPUBLISH_S):
+            snap = self.role.snapshot()
             self.view = snap
             self._merge_events(snap.events)
+            self._merge_policies(snap)
             self._last_publish = now
             await self.bus.publish(self.topics.state, encode(snap), qos=1, retain=True,
                                    reliable=True)
@@ -413,44 +423,7 @@ class NodeAgent:
         live = self.live_peers()
         verdict = self.election.tick(live)
         if verdict.action is Action.CLAIM:
-            self._become_leader()
-        sched = self.scheduler
-        if sched is None:
-            return
-        for node in sched.live():
-            if node == self.me:
-                continue
-            if node not in self.detector.known():
-                # Admitted (status "up") but not heard yet: start the clock now, so a node
-                # frozen before its first heartbeat is still caught by the detector.
-                self.detector.heartbeat(node, seed=True)
-                continue
-            if node not in live:
-                st = self.presence.get(node)
-                if st is not None and not st.online:
-                    self._fail(node, "last-will")
-                elif node in self.detector.known():
-                    self._fail(node, "heartbeat")
-
-    def _fail(self, node: str, reason: str) -> None:
-        if self.scheduler is None:
-            return
-        self.scheduler.fail(node, reason, self.silence(node))
-        if self.negotiator is not None:
-            self.negotiator.gone(node, "failure")
-            self._flush_negotiator()
-
-    def _become_leader(self) -> None:
-        prev = self._last_leader
-        silence = self.silence(prev) if prev else None
-        sched = Scheduler(self.me, self.election.term, self.view, self.clock)
-        self.scheduler = sched
-        self.negotiator = Negotiator(sched, self.clock, self.step_of)
-        sched.observe_status(self._status(True, "up"))
-        for st in self.presence.values():
-            sched.observe_status(st)
-        log.warning("elected scheduler, term %d (previous: %s)", self.election.term, prev)
-        sched.record("scheduler-elected", node=self.me, term_previous=self.view.term
-                     if self.view else 0, previous=prev,
-                     delay_ms=None if silence is None else silence * 1000.0)
-        self._queue_claim()
+            self.role = SchedulerRole(self, self._last_leader)
+            self._queue_claim()
+        if self.role is not None:
+            self.role.judge(live)
