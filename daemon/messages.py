@@ -172,6 +172,9 @@ class ClusterState:
     step: int = 0
     events: list[Event] = field(default_factory=list)
     policy: dict[str, Any] = field(default_factory=dict)  # see docs/training-protocol.md
+    # The last few policies, oldest first: two published within one snapshot interval must
+    # both reach the workers, since each governs its own range of rounds.
+    policies: list[dict[str, Any]] = field(default_factory=list)
 
 
 Message = Heartbeat | Status | LeaderClaim | Request | Command | ClusterState

@@ -119,8 +119,13 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     if state in ("joining", "active", "leaving"):
         w.state = state
     w.last_poll = time.monotonic()
+    known = args.get("policy_version", -1)
+    if isinstance(known, bool) or not isinstance(known, int):
+        raise ControlError("'policy_version' must be an integer")
     policy = agent.view.policy if agent.view is not None and agent.view.policy else None
-    return {"policy": policy, "commands": w.drain(), "leave": w.leave_requested}
+    newer = [agent.policies[v] for v in sorted(agent.policies) if v > known]
+    return {"policy": policy, "policies": newer, "commands": w.drain(),
+            "leave": w.leave_requested}
 
 
 async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ class Negotiator:
         self.step_of = step_of
         self.out: list[tuple[str, str, dict[str, Any]]] = []  # (node, op, args)
         self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
+        self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
@@ -90,9 +91,24 @@ class Negotiator:
 
     # --- policy ---------------------------------------------------------------------------
     def publish_policy(self, effective_step: int) -> dict[str, Any]:
-        """Compute the next sync policy over the members' up links; handle a partition."""
+        """Publish the next sync policy, effective at ``effective_step``.
+
+        A joining node must not become a member before the step its replica is taken for,
+        or the others would wait for a node that has no state yet. So a policy that takes
+        effect earlier leaves it out, and a second one adds it back at its own step.
+        """
+        early = [n for n, s in self._join_steps.items()
+                 if n in self.sched.nodes and self.sched.nodes[n].state == "joining"
+                 and s > effective_step]
+        if not early:
+            return self._publish(effective_step, exclude=())
+        self._publish(effective_step, exclude=early)
+        return self._publish(max(self._join_steps[n] for n in early), exclude=())
+
+    def _publish(self, effective_step: int, exclude: tuple[str, ...] | list[str]
+                 ) -> dict[str, Any]:
         self._set_neighbors()
-        members = self.members()
+        members = [m for m in self.members() if m not in exclude]
         if not members:
             self.sched.policy = {}
             self.sched.dirty = True
@@ -119,6 +135,7 @@ class Negotiator:
         policy["effective_step"] = effective_step
         self.sched.policy_version = pol.version
         self.sched.policy = policy
+        self.sched.policies.append(policy)
         self.sched.dirty = True
         return policy
 
@@ -153,6 +170,7 @@ class Negotiator:
             self._add_link(node, peer)
         version_step = self.max_step() + STEP_MARGIN
         self.sched.set_node(node, state="joining")
+        self._join_steps[node] = version_step + 1
         policy = self.publish_policy(effective_step=version_step + 1)
         sources = {p: self.sched.nodes[p].data_addr for p in chosen[:1]}
         args = {"version_step": version_step, "new": node, "sources": sources,
@@ -163,13 +181,16 @@ class Negotiator:
     def replicated(self, node: str, report: dict[str, Any]) -> None:
         """The new node restored the state: scale-out is done."""
         started = self._joins.pop(node, None)
+        self._join_steps.pop(node, None)
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
             return
         self.sched.set_node(node, state="active")
         delay = None if started is None else (self.clock.monotonic() - started) * 1000.0
+        # The worker's own transfer time is a detail; delay_ms is request-to-applied.
+        detail = {("transfer_ms" if k == "delay_ms" else k): v for k, v in report.items()
+                  if k not in ("kind", "node", "peer", "term", "ts", "seq")}
         self.sched.record("scale-out", node=node, delay_ms=delay,
-                          policy_version=self.sched.policy_version,
-                          **{k: v for k, v in report.items() if k != "kind"})
+                          **{"policy_version": self.sched.policy_version, **detail})
 
     def leave(self, node: str, step: int) -> None:
         """Graceful scale-in after ``step``'s all-reduce."""
@@ -178,6 +199,7 @@ class Negotiator:
             return
         t0 = self.clock.monotonic()
         self._joins.pop(node, None)
+        self._join_steps.pop(node, None)
         self.sched.set_node(node, state="left")  # first, so only survivors are told
         self._drop_links(node)
         policy = self.publish_policy(effective_step=step + 1)
@@ -189,6 +211,7 @@ class Negotiator:
         """Scale-in on failure: a new policy at once; rounds in flight are rerun."""
         was_member = node in self.sched.policy.get("members", []) or node in self._joins
         self._joins.pop(node, None)
+        self._join_steps.pop(node, None)
         self._drop_links(node)
         if not was_member:
             return
@@ -217,7 +240,7 @@ class Negotiator:
                 for n in idle:
                     self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n])
             else:
-                self.publish_policy(effective_step=self.max_step() + 1)
+                self.publish_policy(effective_step=self.max_step() + STEP_MARGIN)
             kind = "connect-link"
         else:
             if self._link(a, b) is None:
@@ -225,7 +248,7 @@ class Negotiator:
             self._drop_links(a, b)
             if failed:
                 self.sched.record("link-failed", node=a, peer=b)
-            self.publish_policy(effective_step=0 if failed else self.max_step() + 1)
+            self.publish_policy(effective_step=0 if failed else self.max_step() + STEP_MARGIN)
             kind = "disconnect-link"
         self.sched.record(kind, node=a, peer=b, delay_ms=(self.clock.monotonic() - t0) * 1000,
                           policy_version=self.sched.policy_version)

@@ -18,6 +18,7 @@ from daemon.messages import ClusterState, Event, Heartbeat, LinkRecord, NodeReco
 
 log = logging.getLogger("chaosd.scheduler")
 EVENT_KEEP = 100          # events carried in the retained snapshot
+POLICIES_KEEP = 8         # policies carried in the retained snapshot
 FORGET_AFTER_S = 600.0    # failed/left nodes drop out of the snapshot after this long
 LIVE_STATES = ("standby", "joining", "active", "leaving")
 
@@ -33,6 +34,8 @@ class Scheduler:
         self.links: list[LinkRecord] = list(base.links) if base else []
         self.policy_version = base.policy_version if base else 0
         self.policy: dict[str, Any] = dict(base.policy) if base else {}
+        self.policies: deque[dict[str, Any]] = deque(base.policies if base else (),
+                                                     maxlen=POLICIES_KEEP)
         self.step = base.step if base else 0
         self.version = base.version if base else 0
         self.events: deque[Event] = deque(base.events if base else (), maxlen=EVENT_KEEP)
@@ -119,4 +122,5 @@ class Scheduler:
         return ClusterState(term=self.term, leader=self.me, version=self.version,
                             nodes=dict(self.nodes), links=list(self.links),
                             policy_version=self.policy_version, step=self.step,
-                            events=list(self.events), policy=dict(self.policy))
+                            events=list(self.events), policy=dict(self.policy),
+                            policies=list(self.policies))

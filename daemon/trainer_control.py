@@ -52,7 +52,9 @@ class DaemonClient:
         self._buf = b""
         self._lock = threading.Lock()
 
-    def call(self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+    def call(
+        self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> Any:
         """Send one request and return its ``data``.
 
         Raises:

@@ -71,6 +71,11 @@ class PolicyBook:
         return pub
 
     @property
+    def newest_version(self) -> int:
+        """The newest known policy version (-1 before the first)."""
+        return max(self._by_version, default=-1)
+
+    @property
     def newest(self) -> Published | None:
         """The newest policy, effective or not."""
         return self._by_version[max(self._by_version)] if self._by_version else None

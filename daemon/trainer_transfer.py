@@ -94,7 +94,8 @@ class StateTransfer:
         state = self._snapshots.get(peer)
         return state is not None and state.manifest.version == step
 
-    def _send(self, peer: str, kind: Kind, aux: int, payload: bytes | memoryview, dl: float) -> None:
+    def _send(self, peer: str, kind: Kind, aux: int, payload: bytes | memoryview, dl: float
+              ) -> None:  # fmt: skip
         self.links.send(peer, FrameHeader(kind, 0, 0, aux, 0, len(payload)), payload, dl)
 
     # -- new-node side ---------------------------------------------------------------------
@@ -151,9 +152,9 @@ class StateTransfer:
             if h.kind in (Kind.STATE_MANIFEST, Kind.STATE_END) and h.length <= MAX_MANIFEST:
                 f._manifest_buf = bytearray(h.length)
                 return memoryview(f._manifest_buf)
-            if h.kind is Kind.STATE_DATA and f.buffer is not None:
-                if h.aux + h.length <= len(f.buffer):
-                    return memoryview(f.buffer)[h.aux : h.aux + h.length]
+            if (h.kind is Kind.STATE_DATA and f.buffer is not None
+                    and h.aux + h.length <= len(f.buffer)):  # fmt: skip
+                return memoryview(f.buffer)[h.aux : h.aux + h.length]
             f.error, f.done = f"unexpected {h.kind.name} frame", True
             self._cond.notify_all()
             return None

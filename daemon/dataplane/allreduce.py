@@ -1,17 +1,38 @@
-"""Synchronous, chunked and pipelined tree all-reduce over PeerLinks.
+"""Synchronous, chunked, pipelined tree all-reduce with an atomic commit over PeerLinks.
 
-Each node scales its gradient by its local sample count; partial sums flow towards the root
-chunk by chunk (a node forwards chunk i as soon as all its children delivered chunk i), the
-root divides each chunk by the global sample count and immediately broadcasts it back down,
-and every node forwards broadcast chunks to its children as they arrive. Only the root computes
-the final values, so every node ends with bit-identical results.
+**Data flow.** Each node scales its gradient by its local sample count; partial sums flow
+towards the root chunk by chunk, the root divides each chunk by the global sample count and
+broadcasts it back down, and every node forwards broadcast chunks to its children as they
+arrive. Only the root computes the final values, so every holder has bit-identical results.
 
-Every frame is tagged ``(policy_version, step)``. Frames with an older tag are drained and
-dropped; frames with a newer tag are held (their reader waits, which back-pressures the sender
-through TCP) until this node starts that round, and a newer policy version aborts the current
-round. A timeout, a lost link, a protocol violation or a neighbour's ABORT aborts the round;
-the abort is forwarded to the other tree neighbours so nobody waits for a dead round, and the
-caller gets :class:`RoundAborted`.
+**Commit.** Holding the result is not enough to apply it: a node whose subtree holds the whole
+result sends ``ACK`` to its parent (a leaf as soon as it holds it; an inner node once every
+child acked too). The root, holding every ACK, *commits* and sends ``COMMIT`` down; a node
+applies the result (``allreduce`` returns) only on ``COMMIT``. A node that aborts while holding
+the result but before ``COMMIT`` is *uncertain*: ``RoundAborted.result`` carries the result.
+
+**Epochs and agreement.** Rounds are tagged ``(policy version, attempt, step)``; an abort
+makes the caller rerun the step in a newer epoch (a newer policy version, else the same
+version with ``attempt + 1``). Every epoch opens with :meth:`AllReducer.agree`: each member
+reports its last committed step ``c`` and whether it is uncertain about round ``c + 1``; the
+root decides (``agree.decide``) and the members that are one step behind apply their held
+result. Frames of an older epoch are dropped; frames of a newer epoch abort the current phase.
+
+**Why every survivor ends bit-identical at the same step.** (1) The root commits round
+``(e, s)`` only after every member of epoch ``e`` held its result (ACKs are transitive). (2) So
+if any survivor committed ``s``, every member of ``e`` holds that result or committed it; a
+member in between is uncertain, and the next agreement makes it apply the result it holds.
+(3) If no survivor committed ``s``, the agreement sees everyone at ``s - 1`` and they all
+drop what they hold, consistently (what a dead node applied does not matter). (4) A round
+``s + 1`` can never commit while some member is still at ``s - 1``: that member is not in the
+round, so the root lacks its ACK. Hence committed steps differ by at most one, the agreement
+always closes the gap, and a phase that aborts on some node never completes anywhere without
+it except by a newer epoch, which starts with an agreement. Nodes outside the newest policy
+must be re-replicated before they take part again (the Trainer enforces this).
+
+A timeout, a lost link, a protocol violation or a neighbour's ABORT aborts the phase; the
+abort is forwarded to the other tree neighbours so nobody waits for a dead round, and the
+caller gets :class:`RoundAborted`. A node that has committed never reports an abort.
 """
 
 from __future__ import annotations
@@ -27,22 +48,25 @@ from typing import Any
 
 import numpy as np
 
+from daemon.dataplane.agree import Agreement, Decision, Summary, decide
 from daemon.dataplane.errors import DataPlaneError, PeerGone, RoundAborted
-from daemon.dataplane.frames import MAX_PAYLOAD, FrameHeader, Kind
+from daemon.dataplane.frames import MAX_PAYLOAD, FrameHeader, Kind, phase_flags
 from daemon.dataplane.links import PeerLinks
 from daemon.dataplane.policy import SyncPolicy
-from daemon.dataplane.rounds import MAX_REASON, Round, as_flat_float32
+from daemon.dataplane.rounds import MAX_REASON, Phase, Round, Tag, as_flat_float32
 
 log = logging.getLogger("chaos.dataplane.allreduce")
-#: Test seam: called as ``hook(event, chunk)`` after each chunk is sent ("reduce"/"bcast").
+#: Test seam: ``hook(event, index)`` after each send: "reduce"/"bcast" (chunk), "ack",
+#: "commit" (child index), "agree-up", "agree-down" (child index).
 FaultHook = Callable[[str, int], None]
-_KINDS = (Kind.COUNT, Kind.TOTAL, Kind.REDUCE, Kind.BCAST, Kind.ABORT)
+_KINDS = (Kind.COUNT, Kind.TOTAL, Kind.REDUCE, Kind.BCAST, Kind.ABORT, Kind.ACK, Kind.COMMIT,
+          Kind.AGREE_UP, Kind.AGREE_DOWN)  # fmt: skip
 _ABORT_SEND_S = 2.0
 
 
 @dataclass(frozen=True)
 class ReduceResult:
-    """Outcome of a successful round.
+    """Outcome of a committed round.
 
     Attributes:
         values: The global average, same type as the input (numpy array or torch tensor).
@@ -58,7 +82,7 @@ class ReduceResult:
 
 
 class AllReducer:
-    """Runs all-reduce rounds for one node over its PeerLinks.
+    """Runs all-reduce rounds and agreements for one node over its PeerLinks.
 
     Args:
         links: This node's started PeerLinks.
@@ -81,12 +105,24 @@ class AllReducer:
             raise ValueError("chunk_bytes must be a multiple of 4 in (0, MAX_PAYLOAD]; ring >= 1")
         self.links, self.node_id = links, links.me.node_id
         self.chunk_elems, self.ring, self.timeout = chunk_bytes // 4, ring, timeout
-        self._hook = fault_hook
+        self.fault_hook = fault_hook
         self._cond = threading.Condition()
-        self._round: Round | None = None
-        self._floor: tuple[int, int] = (-1, -1)  # tag of the last round started here
+        self._phase: Phase | None = None
+        self._floor: Tag = (-1, -1, -1)  # tag of the last phase started here
+        self._seen: dict[int, int] = {}  # policy version -> newest attempt seen on the wire
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
+
+    def newest_epoch(self) -> tuple[int, int]:
+        """The newest ``(policy_version, attempt)`` seen on the wire or started here."""
+        with self._cond:
+            seen = max(self._seen.items(), default=(-1, -1))
+            return max(seen, (self._floor[0], self._floor[1]))
+
+    def newest_attempt(self, version: int) -> int:
+        """The newest attempt of ``version`` a neighbour has sent (-1 if none)."""
+        with self._cond:
+            return self._seen.get(version, -1)
 
     def allreduce(
         self,
@@ -95,76 +131,139 @@ class AllReducer:
         *,
         step: int,
         policy: SyncPolicy,
+        attempt: int = 0,
         timeout: float | None = None,
     ) -> ReduceResult:
-        """Average ``grad`` over the policy's members, weighted by sample counts.
+        """Average ``grad`` over the policy's members, weighted by sample counts; commit.
 
         Args:
             grad: Flat float32 buffer (numpy array or CPU torch tensor); it is not modified,
                 so an aborted step can be rerun with the same input.
             samples: Samples this node's gradient was computed from (>= 0).
             step: Global training step.
-            policy: The sync policy; ``(policy.version, step)`` must be newer than the tag
-                of every round run before on this node.
+            policy: The sync policy.
+            attempt: Rerun counter within ``policy.version``; ``(version, attempt, step)``
+                must be newer than the tag of every phase run before on this node.
             timeout: Seconds before the round aborts (default: the constructor's).
 
         Returns:
-            The averaged values (a new buffer) and the global sample count.
+            The averaged values (a new buffer) and the global sample count; the round has
+            committed, so the caller must apply it.
 
         Raises:
-            RoundAborted: Timeout, lost link, version mismatch or a neighbour's abort.
-            DataPlaneError: Bad arguments, or a tag that is not newer than the last round's.
+            RoundAborted: Timeout, lost link, newer epoch or a neighbour's abort; ``result``
+                is set when this node is uncertain (see the module docstring).
+            DataPlaneError: Bad arguments, or a tag that is not newer than the last phase's.
         """
         inp, to_torch = as_flat_float32(grad)
         if samples < 0 or step < 0:
             raise DataPlaneError("samples and step must be >= 0")
-        tag = (policy.version, step)
         out = np.empty_like(inp)
-        rnd = Round(
-            tag,
-            policy.parent(self.node_id),
-            policy.children(self.node_id),
-            out,
-            self.chunk_elems,
-            self.ring,
-            self._cond,
-        )
+        rnd = Round((policy.version, attempt, step), policy.parent(self.node_id),
+                    policy.children(self.node_id), out, self.chunk_elems, self.ring, self._cond)
+        self._execute(rnd, functools.partial(self._run_round, rnd, inp, samples), timeout)
+        if rnd.aborted:
+            held = None
+            if rnd.complete:
+                held = to_torch(out) if to_torch else out
+            raise RoundAborted(step, policy.version, rnd.abort_reason or "", rnd.abort_peer, held)
+        assert rnd.total is not None
+        return ReduceResult(to_torch(out) if to_torch else out, rnd.total, step, policy.version)
+
+    def agree(
+        self,
+        *,
+        policy: SyncPolicy,
+        committed: int,
+        holds: bool,
+        attempt: int = 0,
+        timeout: float | None = None,
+    ) -> Decision:
+        """Open the epoch ``(policy.version, attempt)``: agree on the last committed step.
+
+        Args:
+            policy: The epoch's sync policy.
+            committed: This node's last committed step.
+            holds: Whether this node holds the uncommitted result of round ``committed + 1``.
+            attempt: The epoch's attempt.
+            timeout: Seconds before the agreement aborts.
+
+        Returns:
+            The decision; apply the held result if ``decision.step == committed + 1``, drop
+            it if ``decision.step == committed``.
+
+        Raises:
+            RoundAborted: As for :meth:`allreduce` (``step`` is ``committed``).
+        """
+        ag = Agreement((policy.version, attempt, -1), policy.parent(self.node_id),
+                       policy.children(self.node_id), self._cond)
+        own = Summary.of(committed, holds)
+        self._execute(ag, functools.partial(self._run_agreement, ag, own), timeout)
+        if ag.aborted or ag.decision is None:
+            raise RoundAborted(committed, policy.version, ag.abort_reason or "", ag.abort_peer)
+        return ag.decision
+
+    # -- phase lifecycle -------------------------------------------------------------------
+    def _execute(self, ph: Phase, body: Callable[[float], None], timeout: float | None) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
         with self._cond:
-            if self._round is not None:
-                raise DataPlaneError("another all-reduce round is running on this node")
-            if tag <= self._floor:
+            if self._phase is not None:
+                raise DataPlaneError("another all-reduce phase is running on this node")
+            if ph.tag <= self._floor:
                 raise DataPlaneError(
-                    f"round tag (v{tag[0]}, step {tag[1]}) is not newer than the last one "
-                    f"(v{self._floor[0]}, step {self._floor[1]}); rerun under a new policy version"
+                    f"tag {ph.tag} is not newer than the last one {self._floor}; "
+                    "rerun under a newer policy version or attempt"
                 )
-            self._round, self._floor = rnd, tag
-            self._cond.notify_all()  # wake readers holding frames of this round
+            self._phase, self._floor = ph, ph.tag
+            self._cond.notify_all()  # wake readers holding frames of this phase
         try:
-            self._run(rnd, inp, samples, deadline)
+            self._await_links(ph, deadline)
+            body(deadline)
         except PeerGone as exc:
             with self._cond:
-                rnd.abort(f"link to {exc.peer_id} lost: {exc.reason}", exc.peer_id)
+                ph.abort(f"link to {exc.peer_id} lost: {exc.reason}", exc.peer_id)
         finally:
             with self._cond:
-                self._round = None
+                self._phase = None
                 self._cond.notify_all()
-        if rnd.abort_reason is not None:
-            self._propagate_abort(rnd)
-            log.warning("round v%d step %d aborted: %s", tag[0], step, rnd.abort_reason)
-            raise RoundAborted(step, policy.version, rnd.abort_reason, rnd.abort_peer)
-        assert rnd.total is not None
-        values = to_torch(out) if to_torch else out
-        return ReduceResult(values, rnd.total, step, policy.version)
+        if ph.aborted:
+            self._propagate_abort(ph)
+            log.warning("phase %s aborted: %s", ph.tag, ph.abort_reason)
 
-    # -- round thread ----------------------------------------------------------------------
-    def _run(self, r: Round, inp: np.ndarray, samples: int, deadline: float) -> None:
-        missing = [p for p in r.neighbours if self.links.state(p) != "up"]
+    def _await_links(self, ph: Phase, deadline: float) -> None:
+        missing = [p for p in ph.neighbours if self.links.state(p) != "up"]
         for peer in missing:
             if self.links.state(peer) == "down":
                 raise PeerGone(peer, "link is down")
         if missing and not self.links.wait_connected(missing, deadline - time.monotonic()):
             raise PeerGone(missing[0], "no link at round start")
+
+    # -- agreement -------------------------------------------------------------------------
+    def _run_agreement(self, ag: Agreement, own: Summary, deadline: float) -> None:
+        if not self._wait(ag, deadline, ag.children_reported):
+            return
+        summary = own
+        for c in ag.children:
+            child = ag.child_summary[c]
+            assert child is not None
+            summary = summary.merge(child)
+        if ag.parent is not None:
+            self._send(ag, ag.parent, Kind.AGREE_UP, 0, summary.pack(), deadline)
+            self._fire("agree-up", 0)
+            if not self._wait(ag, deadline, lambda: ag.decision is not None):
+                return
+        else:
+            ag.decision = decide(summary)
+        assert ag.decision is not None
+        with self._cond:
+            ag.done = True  # the decision is known here; a child that misses it re-agrees
+        for i, c in enumerate(ag.children):
+            with contextlib.suppress(PeerGone):
+                self._send(ag, c, Kind.AGREE_DOWN, 0, ag.decision.pack(), deadline)
+            self._fire("agree-down", i)
+
+    # -- round -----------------------------------------------------------------------------
+    def _run_round(self, r: Round, inp: np.ndarray, samples: int, deadline: float) -> None:
         if not self._wait(r, deadline, lambda: all(s.count is not None for s in r.child.values())):
             return
         subtree = samples + sum(s.count or 0 for s in r.child.values())
@@ -185,6 +284,8 @@ class AllReducer:
                 up_to = min((s.received for s in r.child.values()), default=r.nchunks)
                 down_to = red if r.parent is None else r.bcast_received
                 total = r.total
+                if r.parent is not None and r.bcast_received == r.nchunks and total is not None:
+                    r.complete = True  # we hold the whole result: uncertain from here on
             if total is not None and not total_sent:
                 for c in r.children:
                     self._send(r, c, Kind.TOTAL, 0, total.to_bytes(8, "big"), deadline)
@@ -206,7 +307,25 @@ class AllReducer:
                 fwd += 1
                 self._fire("bcast", fwd - 1)
             if red == fwd == r.nchunks and total_sent:
+                break
+        self._commit(r, deadline)
+
+    def _commit(self, r: Round, deadline: float) -> None:
+        with self._cond:
+            r.complete = True
+        if not self._wait(r, deadline, r.all_acked):
+            return
+        if r.parent is not None:
+            self._send(r, r.parent, Kind.ACK, 0, b"", deadline)
+            self._fire("ack", 0)
+            if not self._wait(r, deadline, lambda: r.commit_received):
                 return
+        with self._cond:
+            r.done = True  # committed: nothing after this point can turn into an abort
+        for i, c in enumerate(r.children):
+            with contextlib.suppress(PeerGone):  # that child is uncertain and will re-agree
+                self._send(r, c, Kind.COMMIT, 0, b"", deadline)
+            self._fire("commit", i)
 
     def _progress(self, r: Round, red: int, fwd: int, total_sent: bool) -> bool:
         """Whether the round thread has work (called with the condition held)."""
@@ -230,62 +349,62 @@ class AllReducer:
         if r.parent is None:
             np.divide(acc, np.float32(max(r.total or 0, 1)), out=acc)
 
-    def _wait(self, r: Round, deadline: float, ready: Callable[[], bool]) -> bool:
+    # -- helpers ---------------------------------------------------------------------------
+    def _wait(self, ph: Phase, deadline: float, ready: Callable[[], bool]) -> bool:
         with self._cond:
-            return self._wait_locked(r, deadline, ready)
+            return self._wait_locked(ph, deadline, ready)
 
-    def _wait_locked(self, r: Round, deadline: float, ready: Callable[[], bool]) -> bool:
-        """Wait for ``ready()``; False (with the round aborted) on abort or timeout."""
-        while not r.aborted and not ready():
+    def _wait_locked(self, ph: Phase, deadline: float, ready: Callable[[], bool]) -> bool:
+        """Wait for ``ready()``; False (with the phase aborted) on abort or timeout."""
+        while not ph.aborted and not ready():
             left = deadline - time.monotonic()
             if left <= 0:
-                r.abort(f"timed out after waiting for neighbours {list(r.neighbours)}")
+                ph.abort(f"timed out after waiting for neighbours {list(ph.neighbours)}")
                 break
             self._cond.wait(min(left, 0.5))
-        return not r.aborted
+        return not ph.aborted
 
     def _send(
-        self,
-        r: Round,
-        peer: str,
-        kind: Kind,
-        chunk: int,
-        payload: bytes | memoryview,
+        self, ph: Phase, peer: str, kind: Kind, chunk: int, payload: bytes | memoryview,
         deadline: float,
-    ) -> None:
-        aux = r.out.size if kind in (Kind.REDUCE, Kind.BCAST) else 0
-        header = FrameHeader(kind, r.step, r.version, aux, chunk, len(payload))
+    ) -> None:  # fmt: skip
+        aux = ph.out.size if isinstance(ph, Round) and kind in (Kind.REDUCE, Kind.BCAST) else 0
+        flags = phase_flags(ph.attempt, agreement=isinstance(ph, Agreement))
+        header = FrameHeader(kind, max(ph.step, 0), ph.version, aux, chunk, len(payload), flags)
         self.links.send(peer, header, payload, deadline)
 
-    def _fire(self, event: str, chunk: int) -> None:
-        if self._hook is not None:
-            self._hook(event, chunk)
+    def _fire(self, event: str, index: int) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(event, index)
 
-    def _propagate_abort(self, r: Round) -> None:
-        reason = (r.abort_reason or "aborted").encode()[:MAX_REASON]
+    def _propagate_abort(self, ph: Phase) -> None:
+        reason = (ph.abort_reason or "aborted").encode()[:MAX_REASON]
         deadline = time.monotonic() + _ABORT_SEND_S
-        for peer in r.neighbours:
-            if r.abort_from_frame and peer == r.abort_peer:
+        for peer in ph.neighbours:
+            if ph.abort_from_frame and peer == ph.abort_peer:
                 continue
             with contextlib.suppress(PeerGone):  # that neighbour then sees the link drop
-                self._send(r, peer, Kind.ABORT, 0, reason, deadline)
+                self._send(ph, peer, Kind.ABORT, 0, reason, deadline)
 
     # -- FrameHandler (reader threads) -----------------------------------------------------
     def buffer_for(
         self, peer: str, header: FrameHeader, is_open: Callable[[], bool]
     ) -> memoryview | None:
-        """Route a frame by its tag: stale -> drop, current -> round, newer -> hold."""
-        tag = header.tag
+        """Route a frame by its tag: stale -> drop, current -> phase, newer -> hold."""
+        tag = header.round_tag
         with self._cond:
+            version, attempt = header.epoch
+            if attempt > self._seen.get(version, -1):
+                self._seen[version] = attempt
             while True:
-                r = self._round
-                current = r.tag if r is not None else self._floor
-                if tag < current or (tag == current and r is None):
+                ph = self._phase
+                current = ph.tag if ph is not None else self._floor
+                if tag < current or (tag == current and ph is None):
                     return None
-                if r is not None and tag == current:
-                    return r.claim(peer, header, is_open)
-                if r is not None and header.policy_version > r.version and not r.aborted:
-                    r.abort(f"policy version mismatch: {peer} is at v{header.policy_version}", peer)
+                if ph is not None and tag == current:
+                    return ph.claim(peer, header, is_open)
+                if ph is not None and header.epoch > ph.epoch and not ph.aborted:
+                    ph.abort(f"policy version mismatch: {peer} is at epoch {header.epoch}", peer)
                 if not is_open():
                     return None
                 self._cond.wait(0.25)
@@ -293,12 +412,12 @@ class AllReducer:
     def on_frame(self, peer: str, header: FrameHeader, payload: memoryview) -> None:
         """Account for a delivered payload."""
         with self._cond:
-            r = self._round
-            if r is not None and header.tag == r.tag:
-                r.delivered(peer, header, payload)
+            ph = self._phase
+            if ph is not None and header.round_tag == ph.tag:
+                ph.delivered(peer, header, payload)
 
     def _on_down(self, peer: str, reason: str) -> None:
         with self._cond:
-            r = self._round
-            if r is not None and peer in r.neighbours:
-                r.abort(f"link to {peer} lost: {reason}", peer)
+            ph = self._phase
+            if ph is not None and peer in ph.neighbours:
+                ph.abort(f"link to {peer} lost: {reason}", peer)

@@ -7,6 +7,8 @@ state and log lines (see ``links.py``).
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DataPlaneError(Exception):
     """Base class of every error raised by ``daemon.dataplane``."""
@@ -48,10 +50,18 @@ class RoundAborted(DataPlaneError):
         policy_version: Sync policy version of the aborted round.
         reason: Human-readable cause (timeout, lost link, version mismatch, peer abort).
         peer_id: The peer involved, if the abort is attributable to one.
+        result: The complete result when this node held it but missed the COMMIT (it is
+            *uncertain*: the round may have committed elsewhere). Keep it for the agreement
+            that opens the next epoch; never apply it before that agreement says so.
     """
 
     def __init__(
-        self, step: int, policy_version: int, reason: str, peer_id: str | None = None
+        self,
+        step: int,
+        policy_version: int,
+        reason: str,
+        peer_id: str | None = None,
+        result: Any = None,
     ) -> None:
         super().__init__(
             f"all-reduce of step {step} under policy v{policy_version} aborted: {reason}; "
@@ -61,3 +71,4 @@ class RoundAborted(DataPlaneError):
         self.policy_version = policy_version
         self.reason = reason
         self.peer_id = peer_id
+        self.result = result

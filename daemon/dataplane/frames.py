@@ -5,7 +5,9 @@ A frame is a fixed 40-byte big-endian header followed by ``length`` payload byte
     magic  4s  b"CHDP"
     version B   FORMAT_VERSION
     kind    B   Kind
-    flags   H   reserved, 0
+    flags   H   bits 0-14: the attempt (rerun counter within a policy version; a round's
+                epoch is ``(policy, attempt)``); bit 15: the frame belongs to the
+                agreement phase that opens an epoch, not to a step's round
     step    Q   training step the frame belongs to
     policy  Q   sync-policy version the frame belongs to
     aux     Q   kind-specific: element count of the reduced buffer (REDUCE/BCAST),
@@ -36,6 +38,9 @@ MAX_PAYLOAD = 16 << 20
 MAX_FRAME = HEADER_SIZE + MAX_PAYLOAD
 #: Before authentication only tiny frames are accepted, so garbage cannot make us allocate.
 MAX_HANDSHAKE_PAYLOAD = 1024
+#: ``flags`` bit marking agreement-phase frames; the other bits hold the attempt.
+AGREEMENT_FLAG = 1 << 15
+MAX_ATTEMPT = AGREEMENT_FLAG - 1
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 
@@ -50,6 +55,14 @@ class Kind(enum.IntEnum):
     REDUCE = 18  # child -> parent: partial sum of one chunk
     BCAST = 19  # parent -> child: final averaged values of one chunk
     ABORT = 20  # any tree neighbour: the round is aborted (payload: UTF-8 reason)
+    ACK = 21  # child -> parent: my whole subtree holds the complete result
+    COMMIT = 22  # parent -> child: the root saw every ACK; apply the result
+    AGREE_UP = 23  # child -> parent: subtree summary of committed steps (agreement)
+    AGREE_DOWN = 24  # parent -> child: the agreed committed step
+    STATE_REQ = 32  # new node -> source: send me the state snapshot of a step
+    STATE_MANIFEST = 33  # source -> new node: the snapshot's manifest (JSON)
+    STATE_DATA = 34  # source -> new node: bytes of the snapshot at offset ``aux``
+    STATE_END = 35  # source -> new node: done (payload empty) or refused (UTF-8 reason)
 
 
 _KINDS = frozenset(int(k) for k in Kind)
@@ -68,9 +81,32 @@ class FrameHeader:
     flags: int = 0
 
     @property
+    def attempt(self) -> int:
+        """Rerun counter within the policy version."""
+        return self.flags & MAX_ATTEMPT
+
+    @property
+    def epoch(self) -> tuple[int, int]:
+        """``(policy_version, attempt)``: rounds of a newer epoch supersede older ones."""
+        return (self.policy_version, self.attempt)
+
+    @property
     def tag(self) -> tuple[int, int]:
-        """Round tag, ordered by policy version first, then step."""
+        """``(policy_version, step)``, the tag of the first protocol version."""
         return (self.policy_version, self.step)
+
+    @property
+    def round_tag(self) -> tuple[int, int, int]:
+        """Policy version, attempt, step; the agreement phase of an epoch has step -1."""
+        step = -1 if self.flags & AGREEMENT_FLAG else self.step
+        return (self.policy_version, self.attempt, step)
+
+
+def phase_flags(attempt: int, agreement: bool) -> int:
+    """The ``flags`` field of a frame of this attempt and phase."""
+    if not 0 <= attempt <= MAX_ATTEMPT:
+        raise FrameError(f"attempt {attempt} out of range (0..{MAX_ATTEMPT})")
+    return attempt | (AGREEMENT_FLAG if agreement else 0)
 
 
 def encode_header(header: FrameHeader) -> bytes:

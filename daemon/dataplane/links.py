@@ -105,6 +105,20 @@ class PeerLinks:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def set_identity(self, node_id: str, cluster: str, secret: bytes) -> None:
+        """Set who we are, for a listener started before the credentials were known.
+
+        A worker must advertise its listening address to learn its id and the cluster secret;
+        no handshake can succeed before this call, because nobody else knows the placeholder.
+
+        Raises:
+            DataPlaneError: A link is already up.
+        """
+        with self._lock:
+            if self._links:
+                raise DataPlaneError("cannot change identity while links are up")
+            self.me = auth.Identity(node_id, cluster, secret, self.me.incarnation)
+
     # -- neighbours ------------------------------------------------------------------------
     def allow(self, *peers: str) -> None:
         """Let these peers connect to us (they must also pass ``is_member``)."""

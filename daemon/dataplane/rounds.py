@@ -1,9 +1,9 @@
-"""State of one all-reduce round, shared by the round thread and the link reader threads.
+"""State of one phase (an all-reduce round or an agreement), shared with the reader threads.
 
 Every method here runs with the owning AllReducer's condition variable held. Reader threads
-call ``claim`` (where does this payload go?) and ``delivered``; the round thread reads the
-counters, reduces chunks, and frees ring slots. Any inconsistency aborts the round instead of
-ever writing a byte to the wrong place.
+call ``claim`` (where does this payload go?) and ``delivered``; the phase's own thread reads
+the counters, reduces chunks, and frees ring slots. Any inconsistency aborts the phase instead
+of ever writing a byte to the wrong place.
 """
 
 from __future__ import annotations
@@ -20,6 +20,105 @@ from daemon.dataplane.errors import DataPlaneError
 from daemon.dataplane.frames import FrameHeader, Kind
 
 MAX_REASON = 1024  # bytes of an ABORT frame's reason text
+Tag = tuple[int, int, int]  # (policy_version, attempt, step); step -1 is the agreement phase
+
+
+class Phase:
+    """What an all-reduce round and an agreement share: the tree position, abort, ABORT frames.
+
+    Args:
+        tag: ``(policy_version, attempt, step)``.
+        parent: Parent in the tree (None at the root).
+        children: Children, in a fixed order.
+        cond: The AllReducer's condition variable.
+    """
+
+    def __init__(
+        self, tag: Tag, parent: str | None, children: tuple[str, ...], cond: threading.Condition
+    ) -> None:
+        self.tag = tag
+        self.parent, self.children = parent, children
+        self.cond = cond
+        self.done = False  # set once the outcome is final here; later aborts are ignored
+        self.abort_reason: str | None = None
+        self.abort_peer: str | None = None
+        self.abort_from_frame = False
+
+    @property
+    def version(self) -> int:
+        """Sync-policy version."""
+        return self.tag[0]
+
+    @property
+    def attempt(self) -> int:
+        """Rerun counter within the policy version."""
+        return self.tag[1]
+
+    @property
+    def step(self) -> int:
+        """Training step (-1 for an agreement)."""
+        return self.tag[2]
+
+    @property
+    def epoch(self) -> tuple[int, int]:
+        """``(policy_version, attempt)``."""
+        return self.tag[0], self.tag[1]
+
+    @property
+    def neighbours(self) -> tuple[str, ...]:
+        """Parent and children."""
+        return (*((self.parent,) if self.parent else ()), *self.children)
+
+    @property
+    def aborted(self) -> bool:
+        """Whether the phase has been aborted."""
+        return self.abort_reason is not None
+
+    def abort(self, reason: str, peer: str | None = None, from_frame: bool = False) -> None:
+        """Mark the phase aborted (first reason wins; no-op once done) and wake everyone."""
+        if self.abort_reason is None and not self.done:
+            self.abort_reason, self.abort_peer, self.abort_from_frame = reason, peer, from_frame
+        self.cond.notify_all()
+
+    def claim(self, peer: str, h: FrameHeader, is_open: Callable[[], bool]) -> memoryview | None:
+        """Destination of a frame carrying this phase's tag, or None to discard it."""
+        if self.aborted or self.done:
+            return None
+        if h.kind is Kind.ABORT:
+            if peer in self.neighbours and h.length <= MAX_REASON:
+                return memoryview(bytearray(h.length))
+            return self.violation(peer, h, "unexpected ABORT")
+        return self.claim_own(peer, h, is_open)
+
+    def delivered(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
+        """Account for a payload that has landed where ``claim`` said."""
+        if h.kind is Kind.ABORT:
+            text = bytes(payload).decode("utf-8", "replace")
+            self.abort(f"{peer} aborted the round: {text}", peer, from_frame=True)
+        else:
+            self.delivered_own(peer, h, payload)
+        self.cond.notify_all()
+
+    def claim_own(
+        self, peer: str, h: FrameHeader, is_open: Callable[[], bool]
+    ) -> memoryview | None:
+        """Subclass part of :meth:`claim`."""
+        raise NotImplementedError
+
+    def delivered_own(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
+        """Subclass part of :meth:`delivered`."""
+        raise NotImplementedError
+
+    def sized(self, peer: str, h: FrameHeader, view: memoryview, want: int) -> memoryview | None:
+        """``view`` if the payload has exactly ``want`` bytes, else a protocol violation."""
+        if h.length != want:
+            return self.violation(peer, h, f"payload of {h.length} bytes, expected {want}")
+        return view
+
+    def violation(self, peer: str, h: FrameHeader, what: str) -> memoryview | None:
+        """Abort on a frame that does not fit, keeping the link (the payload is discarded)."""
+        self.abort(f"protocol violation by {peer}: {what} ({h.kind.name} chunk {h.chunk})", peer)
+        return None
 
 
 @dataclass
@@ -31,20 +130,22 @@ class ChildState:
         count: Samples in the child's subtree, once its COUNT frame arrived.
         received: Chunks fully received.
         consumed: Chunks already added into the output (their slots are free again).
+        acked: Whether the child's whole subtree holds the complete result.
     """
 
     slots: np.ndarray
     count: int | None = None
     received: int = 0
     consumed: int = 0
+    acked: bool = False
     scratch: bytearray = field(default_factory=lambda: bytearray(8))
 
 
-class Round:
-    """One round of reduce-then-broadcast on this node.
+class Round(Phase):
+    """One round of reduce, broadcast, then commit on this node.
 
     Args:
-        tag: ``(policy_version, step)``.
+        tag: ``(policy_version, attempt, step)``.
         parent: Parent in the tree (None at the root).
         children: Children, in the fixed order their sums are added.
         out: Output buffer (float32, 1-D); also the accumulator on the way up.
@@ -55,7 +156,7 @@ class Round:
 
     def __init__(
         self,
-        tag: tuple[int, int],
+        tag: Tag,
         parent: str | None,
         children: tuple[str, ...],
         out: np.ndarray,
@@ -63,77 +164,50 @@ class Round:
         ring: int,
         cond: threading.Condition,
     ) -> None:
-        self.tag = tag
-        self.parent, self.children = parent, children
+        super().__init__(tag, parent, children, cond)
         self.out = out
         self.out_bytes = out.data.cast("B")
         self.chunk_elems = chunk_elems
         self.nchunks = math.ceil(out.size / chunk_elems)
         self.ring = ring
-        self.cond = cond
         self.child = {
             c: ChildState(np.empty((ring, chunk_elems), dtype=np.float32)) for c in children
         }
         self.total: int | None = None
         self.total_buf = bytearray(8)
         self.bcast_received = 0
-        self.abort_reason: str | None = None
-        self.abort_peer: str | None = None
-        self.abort_from_frame = False
-
-    @property
-    def step(self) -> int:
-        """Training step."""
-        return self.tag[1]
-
-    @property
-    def version(self) -> int:
-        """Sync-policy version."""
-        return self.tag[0]
-
-    @property
-    def neighbours(self) -> tuple[str, ...]:
-        """Parent and children."""
-        return (*((self.parent,) if self.parent else ()), *self.children)
-
-    @property
-    def aborted(self) -> bool:
-        """Whether the round has been aborted."""
-        return self.abort_reason is not None
+        self.complete = False  # this node holds the whole result (it may still be uncommitted)
+        self.commit_received = False
 
     def bounds(self, chunk: int) -> tuple[int, int]:
         """Element range ``[lo, hi)`` of a chunk."""
         lo = chunk * self.chunk_elems
         return lo, min(lo + self.chunk_elems, self.out.size)
 
-    def abort(self, reason: str, peer: str | None = None, from_frame: bool = False) -> None:
-        """Mark the round aborted (first reason wins) and wake everyone."""
-        if self.abort_reason is None:
-            self.abort_reason, self.abort_peer, self.abort_from_frame = reason, peer, from_frame
-        self.cond.notify_all()
+    def all_acked(self) -> bool:
+        """Whether every child reported that its subtree holds the result."""
+        return all(s.acked for s in self.child.values())
 
-    # -- reader-thread side ----------------------------------------------------------------
-    def claim(self, peer: str, h: FrameHeader, is_open: Callable[[], bool]) -> memoryview | None:
-        """Destination of a frame carrying this round's tag, or None to discard it."""
-        if self.aborted:
-            return None
-        if h.kind is Kind.ABORT:
-            if peer in self.neighbours and h.length <= MAX_REASON:
-                return memoryview(bytearray(h.length))
-            return self._violation(peer, h, "unexpected ABORT")
+    def claim_own(
+        self, peer: str, h: FrameHeader, is_open: Callable[[], bool]
+    ) -> memoryview | None:
         if peer == self.parent and h.kind is Kind.TOTAL and self.total is None:
-            return self._sized(peer, h, memoryview(self.total_buf), 8)
+            return self.sized(peer, h, memoryview(self.total_buf), 8)
         if peer == self.parent and h.kind is Kind.BCAST and self.total is not None:
             if h.chunk != self.bcast_received or h.aux != self.out.size:
-                return self._violation(peer, h, "out-of-order chunk or buffer size mismatch")
+                return self.violation(peer, h, "out-of-order chunk or buffer size mismatch")
             lo, hi = self.bounds(h.chunk)
-            return self._sized(peer, h, self.out_bytes[lo * 4 : hi * 4], (hi - lo) * 4)
+            return self.sized(peer, h, self.out_bytes[lo * 4 : hi * 4], (hi - lo) * 4)
+        if peer == self.parent and h.kind is Kind.COMMIT and self.complete:
+            return self.sized(peer, h, memoryview(bytearray(0)), 0)
         state = self.child.get(peer)
+        if state is not None and h.kind is Kind.ACK and state.received == self.nchunks:
+            return self.sized(peer, h, memoryview(bytearray(0)), 0)
         if state is not None and h.kind is Kind.COUNT and state.count is None:
-            return self._sized(peer, h, memoryview(state.scratch), 8)
+            return self.sized(peer, h, memoryview(state.scratch), 8)
         if state is not None and h.kind is Kind.REDUCE and state.count is not None:
             if h.chunk != state.received or h.aux != self.out.size:
-                return self._violation(peer, h, "out-of-order chunk or buffer size mismatch")
+                return self.violation(peer, h, "out-of-order chunk or buffer size mismatch")
             # Back-pressure: wait for the round thread to free this ring slot.
             while state.received - state.consumed >= self.ring:
                 if self.aborted or not is_open():
@@ -141,34 +215,22 @@ class Round:
                 self.cond.wait(0.25)
             lo, hi = self.bounds(h.chunk)
             slot = state.slots[h.chunk % self.ring, : hi - lo]
-            return self._sized(peer, h, slot.data.cast("B"), (hi - lo) * 4)
-        return self._violation(peer, h, "frame does not fit this node's role in the tree")
+            return self.sized(peer, h, slot.data.cast("B"), (hi - lo) * 4)
+        return self.violation(peer, h, "frame does not fit this node's role in the tree")
 
-    def delivered(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
-        """Account for a payload that has landed where ``claim`` said."""
-        if h.kind is Kind.ABORT:
-            text = bytes(payload).decode("utf-8", "replace")
-            self.abort(f"{peer} aborted the round: {text}", peer, from_frame=True)
-        elif h.kind is Kind.TOTAL:
+    def delivered_own(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
+        if h.kind is Kind.TOTAL:
             self.total = int.from_bytes(self.total_buf, "big")
         elif h.kind is Kind.BCAST:
             self.bcast_received += 1
+        elif h.kind is Kind.COMMIT:
+            self.commit_received = True
+        elif h.kind is Kind.ACK:
+            self.child[peer].acked = True
         elif h.kind is Kind.COUNT:
             self.child[peer].count = int.from_bytes(self.child[peer].scratch, "big")
         elif h.kind is Kind.REDUCE:
             self.child[peer].received += 1
-        self.cond.notify_all()
-
-    def _sized(self, peer: str, h: FrameHeader, view: memoryview, want: int) -> memoryview | None:
-        if h.length != want:
-            return self._violation(peer, h, f"payload of {h.length} bytes, expected {want}")
-        return view
-
-    def _violation(self, peer: str, h: FrameHeader, what: str) -> memoryview | None:
-        # A consistent stream from a misconfigured peer: abort, but keep the link (the
-        # payload is discarded, so the framing stays intact).
-        self.abort(f"protocol violation by {peer}: {what} ({h.kind.name} chunk {h.chunk})", peer)
-        return None
 
 
 def as_flat_float32(buf: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any] | None]:

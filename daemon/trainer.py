@@ -1,0 +1,301 @@
+"""The Trainer API (DESIGN.md, from section V-B of "Learning in Chaos").
+
+    trainer = Trainer(model, optimizer)      # attach to chaosd, join (scale-out)
+    while trainer.step < total_steps:
+        loss = ...; loss.backward()
+        trainer.update()                     # all-reduce, commit, optimizer.step()
+        trainer.check_state_replication()    # serve a snapshot if a plan names this node
+        if capture_exit_event():
+            trainer.request_node_exit()
+            break
+
+``trainer.step`` is the number of committed updates, the same on every member; round ``s``
+(the one ``update()`` runs when ``step == s - 1``) produces state ``s``. In the protocol's
+words, ``step`` is the *last committed step*. The data plane's commit protocol
+(``daemon.dataplane.allreduce``) keeps every member bit-identical; this module drives it:
+pick the policy, open each epoch with an agreement, rerun aborted rounds in a newer epoch,
+bounded by ``timeout``, and account the stall.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from daemon.dataplane import AllReducer, RoundAborted
+from daemon.dataplane.tensors import flatten_grads, unflatten_into
+from daemon.replication.state import StateSpace, state_digest
+from daemon.trainer_control import StateDiverged, TrainerError
+from daemon.trainer_policy import Published
+from daemon.trainer_session import EXIT_EVENT, Session, install_signal_handlers
+from daemon.trainer_transfer import TransferFailed
+
+__all__ = ["StateDiverged", "Trainer", "TrainerError", "capture_exit_event"]
+log = logging.getLogger("chaos.trainer")
+POLL_S = 0.02
+RERUN_WAIT_S = 1.0  # after an abort, wait this long for a newer policy before retrying as is
+
+
+def capture_exit_event() -> bool:
+    """True after SIGINT/SIGTERM in this process or a leave requested through chaosd."""
+    return EXIT_EVENT.is_set()
+
+
+class Trainer:
+    """Synchronous data-parallel training on the Chaos overlay.
+
+    Args:
+        model: The model; every node builds it the same way.
+        optimizer: Its optimizer.
+        samples_per_step: Samples behind one local gradient (weights the global average);
+            ``update(samples=...)`` overrides it per step. Default 1: nodes weigh equally.
+        socket: chaosd's control socket (default ``$CHAOS_SOCKET``).
+        timeout: Seconds one ``update()`` may spend on reruns before it raises.
+        join_timeout: Seconds the constructor may wait to become a member.
+        chunk_bytes: All-reduce pipeline chunk size.
+
+    Raises:
+        TrainerError: chaosd is unreachable, or joining did not finish in time.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        samples_per_step: int | None = None,
+        socket: str | os.PathLike[str] | None = None,
+        timeout: float = 120.0,
+        join_timeout: float = 300.0,
+        chunk_bytes: int = 1 << 20,
+    ) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.samples_per_step = samples_per_step or 1
+        self.timeout, self.join_timeout = timeout, join_timeout
+        self.step = 0
+        self.runtime: dict[str, Any] = {}  # user state replicated with the model (JSON types)
+        self.stalls: list[tuple[int, float, int]] = []  # (step, stall ms, reruns)
+        self._params = [p for p in model.parameters()]
+        self._pending: Any = None  # uncertain result of round step + 1
+        self._agreed: tuple[int, int] | None = None
+        self._attempt: dict[int, int] = {}
+        self._state = "joining"
+        self._was_member = False
+        self._version = 0  # policy version of the last committed round
+        install_signal_handlers()
+        self._s = Session(socket, call_timeout=10.0)
+        try:
+            self._s.attach()
+            self.node_id = self._s.node_id
+            self.reducer = AllReducer(self._s.links, chunk_bytes=chunk_bytes, timeout=timeout / 4)
+            self._join(time.monotonic() + join_timeout)
+        except BaseException:
+            self._s.close()
+            raise
+
+    # -- public API ------------------------------------------------------------------------
+    def update(self, samples: int | None = None) -> None:
+        """All-reduce the gradients, commit, ``optimizer.step()``, then zero the gradients.
+
+        Raises:
+            TrainerError: No round committed within ``timeout`` (the message says why).
+            StateDiverged: This node cannot be reconciled; exit non-zero and rejoin.
+        """
+        t0 = time.monotonic()
+        n = self.samples_per_step if samples is None else samples
+        flat = flatten_grads(self._params)
+        self._poll()
+        deadline = t0 + self.timeout
+        reruns, spent, reason = 0, 0.0, ""
+        while True:
+            pub = self._policy(deadline)
+            epoch = (pub.version, self._attempt.get(pub.version, 0))
+            try:
+                if epoch != self._agreed and self._agree(pub, epoch[1]):
+                    self._version = pub.version
+                    break  # the agreement committed the result we held for this round
+                t1 = time.monotonic()
+                res = self.reducer.allreduce(flat, n, step=self.step + 1, policy=pub.policy,
+                                             attempt=epoch[1])  # fmt: skip
+                spent = time.monotonic() - t1
+                self._version = pub.version
+                self._apply(res.values)
+                break
+            except RoundAborted as exc:
+                reruns, reason = reruns + 1, exc.reason
+                if exc.result is not None:
+                    self._pending = exc.result
+                self._s.report("round-aborted", step=self.step + 1, reason=exc.reason[:200])
+                self._next_epoch(pub, deadline, exc)
+        self._account(t0, spent, reruns, reason)
+
+    def check_state_replication(self) -> None:
+        """Serve a snapshot if a ``replicate`` command names this node as a source."""
+        self._poll()
+
+    def request_node_exit(self) -> None:
+        """Leave gracefully after the current step (scale-in), then close the links."""
+        try:
+            self._s.client.call("worker.leave", {"step": self.step})
+            self._state = "leaving"
+            deadline = time.monotonic() + 5.0
+            # Stay reachable until the policy without us is out, so nobody sees a dead link.
+            while time.monotonic() < deadline:
+                self._poll()
+                newest = self._s.book.newest
+                if newest is not None and self.node_id not in newest.policy.members:
+                    break
+                time.sleep(POLL_S)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close links and the control connection (idempotent)."""
+        self._s.close()
+
+    def state_digest(self) -> str:
+        """SHA-256 of parameters and optimizer state (equal on every member at a step)."""
+        return state_digest(self.model, self.optimizer)
+
+    def _poll(self) -> None:
+        """Poll the daemon. Every poll happens at a step boundary, so a snapshot that a new
+        replicate command asks for can be taken right here (waiting for the next commit
+        could deadlock: that round may need the very node that waits for this snapshot)."""
+        self._s.poll(self.step, self._state)
+        self._serve_due()
+
+    # -- joining ---------------------------------------------------------------------------
+    def _join(self, deadline: float) -> None:
+        """Block until this node is a member: bootstrap alone, or restore a replicated state."""
+        while True:
+            self._poll()
+            mine = [r for r in self._s.replications if r.new == self.node_id]
+            if mine:
+                self._s.replications = [r for r in self._s.replications if r not in mine]
+                if self._fetch(mine[-1], deadline):
+                    break
+            newest = self._s.book.newest
+            if (newest is not None and newest.policy.members == (self.node_id,)
+                    and not self._was_member):  # fmt: skip
+                log.info("%s bootstraps the cluster from its own model", self.node_id)
+                break
+            if time.monotonic() > deadline:
+                raise TrainerError(
+                    f"{self.node_id} did not become a member within {self.join_timeout:g}s: "
+                    "no replicate command arrived; check `chaosctl nodes` and the scheduler"
+                )
+            time.sleep(POLL_S)
+        self._state, self._pending, self._agreed = "active", None, None
+        self._was_member = True  # from now on only a fresh replica may let us back in
+
+    def _fetch(self, rep: Any, deadline: float) -> bool:
+        t0 = time.monotonic()
+        for source, addr in sorted(rep.sources.items()):
+            self._s.dial_now(source, addr)
+            try:
+                space = self._s.transfer.fetch(source, rep.version_step,
+                                               max(1.0, deadline - time.monotonic()))  # fmt: skip
+                runtime = StateSpace.restore(self.model, self.optimizer, space.manifest,
+                                             space.buffer)  # fmt: skip
+            except (TransferFailed, TrainerError) as exc:
+                log.warning("state from %s failed: %s", source, exc)
+                continue
+            self.step = int(runtime.pop("step"))
+            self.runtime = dict(runtime.get("user", {}))
+            self._s.report("replicated", version=self.step, bytes=len(space.buffer),
+                           delay_ms=(time.monotonic() - t0) * 1e3, sources=[source])  # fmt: skip
+            return True
+        return False
+
+    # -- rounds ----------------------------------------------------------------------------
+    def _policy(self, deadline: float) -> Published:
+        """The policy of round ``step + 1``; rejoins if this node was dropped from it."""
+        while True:
+            pub = self._s.book.for_round(self.step + 1)
+            if pub is not None and self.node_id in pub.policy.members:
+                return pub
+            if pub is not None and self._s.book.newest is pub:
+                # Dropped (declared failed, or on the losing side of a partition): our state
+                # may be stale, so only a fresh replica lets us back in.
+                log.warning("%s is not in policy v%d; waiting to rejoin", self.node_id, pub.version)
+                self._state = "joining"
+                self._join(time.monotonic() + self.join_timeout)
+                continue
+            if time.monotonic() > deadline:
+                raise TrainerError(f"no sync policy for step {self.step + 1} arrived in time")
+            time.sleep(POLL_S)
+            self._poll()
+
+    def _agree(self, pub: Published, attempt: int) -> bool:
+        """Open the epoch; True if it committed the held result of round ``step + 1``."""
+        dec = self.reducer.agree(policy=pub.policy, committed=self.step,
+                                 holds=self._pending is not None, attempt=attempt)  # fmt: skip
+        self._agreed = (pub.version, attempt)
+        if not dec.consistent or dec.step not in (self.step, self.step + 1):
+            raise StateDiverged(f"{self.node_id} is at step {self.step} but the cluster agreed "
+                                f"on {dec.step}; restart the worker to rejoin")  # fmt: skip
+        if dec.step == self.step + 1:
+            if self._pending is None:
+                raise StateDiverged(f"{self.node_id} lacks the result of step {dec.step}")
+            self._apply(self._pending)
+            return True
+        self._pending = None  # nobody alive applied it: everyone reruns the step
+        return False
+
+    def _next_epoch(self, pub: Published, deadline: float, exc: RoundAborted) -> None:
+        """After an abort: wait (bounded) for a newer policy, else rerun with a newer attempt."""
+        self._s.redial()
+        wait_until = min(deadline, time.monotonic() + RERUN_WAIT_S)
+        while self._s.book.for_round(self.step + 1) is pub:
+            # A newer version on the wire means its policy is on its way to us too.
+            if self.reducer.newest_epoch()[0] <= pub.version and time.monotonic() >= wait_until:
+                # Join the newest attempt a neighbour started, else open the next one; taking
+                # the larger of the two never leapfrogs, so the members converge.
+                own = self._attempt.get(pub.version, 0)
+                self._attempt[pub.version] = max(own + 1, self.reducer.newest_attempt(pub.version))
+                return
+            if time.monotonic() > deadline:
+                raise TrainerError(f"step {self.step + 1} could not complete within "
+                                   f"{self.timeout:g}s; last abort: {exc.reason}")  # fmt: skip
+            time.sleep(POLL_S)
+            self._poll()
+
+    def _apply(self, values: Any) -> None:
+        unflatten_into(values, self._params)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self._pending = None
+        self._serve_due()
+
+    def _serve_due(self) -> None:
+        """Snapshot at the exact boundary a replicate command names, and offer it."""
+        keep = []
+        for rep in self._s.replications:
+            if rep.new == self.node_id:
+                keep.append(rep)  # ours to fetch (a rejoin); handled by _join
+                continue
+            if self.node_id not in rep.sources:
+                continue
+            if rep.version_step > self.step:
+                keep.append(rep)
+            elif rep.version_step == self.step:
+                runtime = {"step": self.step, "user": self.runtime}
+                self._s.transfer.offer(rep.new, StateSpace.capture(self.model, self.optimizer,
+                                                                   runtime))  # fmt: skip
+            else:
+                log.warning("replicate for %s names step %d, already past (at %d)",
+                            rep.new, rep.version_step, self.step)  # fmt: skip
+        self._s.replications = keep
+
+    def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
+        stall_ms = max(0.0, (time.monotonic() - t0 - spent)) * 1e3
+        self.stalls.append((self.step, stall_ms, reruns))
+        del self.stalls[:-10_000]
+        if reruns or stall_ms > 1.0:
+            self._s.report("stall", step=self.step, ms=round(stall_ms, 3), reruns=reruns,
+                           policy_version=self._version, reason=reason[:200])  # fmt: skip

@@ -1,0 +1,126 @@
+"""A fake chaosd + scheduler in the test process: the seam the Trainer talks to.
+
+Each node gets its own control socket; all of them share one scheduler state that follows
+docs/training-protocol.md (bootstrap, scale-out with one source and a step margin, graceful
+leave, failure at once), with a chain topology over the sorted members. Tests drive failures
+(:meth:`FakeCluster.fail`) and read what workers reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socketserver
+import threading
+from pathlib import Path
+from typing import Any
+
+from daemon.dataplane import spanning_tree
+
+SECRET = "ab" * 16
+MARGIN = 2
+
+
+class FakeCluster:
+    """Shared scheduler state behind every node's fake control socket."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.lock = threading.Lock()
+        self.version = 0
+        self.policy: dict[str, Any] | None = None
+        self.members: list[str] = []
+        self.addrs: dict[str, str] = {}
+        self.steps: dict[str, int] = {}
+        self.commands: dict[str, list[dict[str, Any]]] = {}
+        self.leave: set[str] = set()
+        self.reports: list[tuple[str, dict[str, Any]]] = []
+        self.servers: list[socketserver.UnixStreamServer] = []
+
+    def socket_for(self, node: str) -> str:
+        """Start (once) the control socket of ``node`` and return its path."""
+        path = str(self.workdir / f"{node}.sock")
+        cluster = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for line in self.rfile:
+                    req = json.loads(line)
+                    data = cluster.op(node, req["op"], req.get("args") or {})
+                    self.wfile.write(json.dumps({"v": 1, "ok": True, "data": data}).encode()
+                                     + b"\n")
+
+        srv = socketserver.ThreadingUnixStreamServer(path, Handler)
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        self.servers.append(srv)
+        return path
+
+    def close(self) -> None:
+        for srv in self.servers:
+            srv.shutdown()
+            srv.server_close()
+
+    # -- the scheduler ---------------------------------------------------------------------
+    def _publish(self, effective: int) -> None:
+        self.version += 1
+        members = sorted(self.members)
+        chain = {(a, b): 1.0 for a, b in itertools.pairwise(members)}
+        tree = spanning_tree(members, chain)
+        pol = tree.policy(self.version).to_dict()
+        pol["addrs"] = {m: self.addrs[m] for m in members}
+        pol["effective_step"] = effective
+        self.policy = pol
+
+    def _cmd(self, node: str, op: str, **args: Any) -> None:
+        self.commands.setdefault(node, []).append({"op": op, "args": args})
+
+    def op(self, node: str, op: str, args: dict[str, Any]) -> Any:
+        with self.lock:
+            if op == "worker.attach":
+                self.addrs[node] = f"127.0.0.1:{args['port']}"
+                self.steps[node] = 0
+                if not self.members:
+                    self.members = [node]
+                    self._publish(0)
+                else:
+                    source = sorted(self.members)[0]
+                    t = max(self.steps[m] for m in self.members) + MARGIN
+                    self.members.append(node)
+                    self._publish(t + 1)
+                    rep = {"version_step": t, "new": node,
+                           "sources": {source: self.addrs[source]}}
+                    for target in (node, source):
+                        self._cmd(target, "replicate", **rep)
+                return {"node": node, "cluster": "fake", "secret": SECRET, "incarnation": "x"}
+            if op == "worker.poll":
+                self.steps[node] = int(args.get("step", 0))
+                return {"policy": self.policy, "commands": self.commands.pop(node, []),
+                        "leave": node in self.leave}
+            if op == "worker.report":
+                self.reports.append((node, dict(args)))
+                return {}
+            if op == "worker.leave":
+                if node in self.members:
+                    self.members.remove(node)
+                    self._publish(int(args["step"]) + 1)
+                return {}
+        raise AssertionError(f"unexpected op {op}")
+
+    def fail(self, node: str) -> None:
+        """The scheduler detected ``node``'s failure: a policy without it, effective at once."""
+        with self.lock:
+            if node in self.members:
+                self.members.remove(node)
+                self._publish(0)
+
+    def member_count(self) -> int:
+        with self.lock:
+            return len(self.members)
+
+
+def worker_env(path: str, node: str) -> dict[str, str]:
+    """Environment of a worker process attached to the fake."""
+    return {**os.environ, "CHAOS_SOCKET": path, "CHAOS_NODE_ID": node,
+            "CHAOS_DATA_BIND": "127.0.0.1", "PYTHONUNBUFFERED": "1"}

@@ -1,0 +1,87 @@
+"""Consistent rounds under fault injection, with real worker processes and a fake daemon.
+
+Four Trainer processes train a small model on a chain (root n1). One or two of them SIGKILL
+themselves at a chosen data-plane event (reduce, broadcast, ack, commit, agreement); the test
+plays the failure detector (it tells the fake scheduler once the process is gone). Every
+survivor must finish, at the same final step, with bit-identical parameters and optimizer
+state at every step they both committed, and the loss must fall.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training._fake import FakeCluster, worker_env
+
+pytestmark = pytest.mark.timeout(120)
+IDS = ["n0", "n1", "n2", "n3"]
+STEPS = 20
+WORKER = str(Path(__file__).with_name("_worker.py"))
+
+
+def _run(tmp_path: Path, procs: list[subprocess.Popen[bytes]], faults: dict[str, str]) -> None:
+    fake = FakeCluster(tmp_path)
+    mine: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for node in IDS:
+            argv = [sys.executable, WORKER, "--steps", str(STEPS), "--wait-members", "4",
+                    "--out", str(tmp_path / f"{node}.jsonl")]
+            if node in faults:
+                argv += ["--fault", faults[node]]
+            log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
+            p = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node),
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(p)
+            mine[node] = p
+            time.sleep(0.3)  # join one by one, as boxes do
+        deadline = time.monotonic() + 90
+        failed: set[str] = set()
+        while any(p.poll() is None for p in mine.values()):
+            assert time.monotonic() < deadline, "workers did not finish"
+            for node, p in mine.items():
+                if p.poll() is not None and p.returncode != 0 and node not in failed:
+                    failed.add(node)
+                    fake.fail(node)  # the failure detector's verdict
+            time.sleep(0.05)
+    finally:
+        fake.close()
+    survivors = [n for n in IDS if n not in faults]
+    for node in IDS:
+        rc = mine[node].returncode
+        assert (rc == -9) if node in faults else (rc == 0), (node, rc,
+                                                            (tmp_path / f"{node}.log").read_text())
+    rows = {n: [json.loads(x) for x in (tmp_path / f"{n}.jsonl").read_text().splitlines()]
+            for n in survivors}
+    by_step: dict[int, set[str]] = {}
+    for node in survivors:
+        assert rows[node][-1]["step"] == STEPS
+        for r in rows[node]:
+            by_step.setdefault(r["step"], set()).add(r["digest"])
+    diverged = {s: d for s, d in by_step.items() if len(d) > 1}
+    assert not diverged, f"survivors differ at steps {sorted(diverged)}"
+    losses = [r["loss"] for r in rows[survivors[0]]]
+    assert sum(losses[-5:]) < sum(losses[:5])
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        {"n3": "reduce:1:5"},  # a leaf dies mid-reduce: nobody holds a result
+        {"n1": "bcast:1:5"},  # the root dies mid-broadcast: some hold part of it
+        {"n1": "bcast:2:5"},  # the root sent every chunk: all hold it, none committed
+        {"n3": "ack:0:5"},  # a leaf acks, then dies: the round commits without it
+        {"n1": "commit:0:5"},  # the root commits to n0 only: n2 and n3 are uncertain
+        {"n1": "commit:0:5", "n2": "agree-down:0:5"},  # then the new root dies mid-agreement
+    ],
+    ids=["reduce", "bcast-partial", "bcast-all", "ack", "commit", "commit-then-agree"],
+)
+def test_survivors_stay_bit_identical(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]], faults: dict[str, str]
+) -> None:
+    _run(tmp_path, procs, faults)
