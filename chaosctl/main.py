@@ -1,7 +1,7 @@
 """``chaosctl``: the command-line client of the local chaosd.
 
 Commands are defined in :mod:`chaosctl.read`, :mod:`chaosctl.actions`, :mod:`chaosctl.demo` and
-:mod:`chaosctl.placeholders`; this module assembles them and owns the error boundary: every
+:mod:`chaosctl.testbed_cli`; this module assembles them and owns the error boundary: every
 failure ends as one line on stderr and an exit code (0 ok, 1 failed, 2 usage, 3 unreachable).
 """
 
@@ -24,7 +24,7 @@ from chaosctl import actions, demo, read
 from chaosctl.bench import bench_app
 from chaosctl.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT_S, SOCKET_ENV, CtlError
 from chaosctl.common import CliState
-from chaosctl.placeholders import testbed_app
+from chaosctl.testbed_cli import testbed_app
 
 EXIT_INTERRUPTED = 130
 
