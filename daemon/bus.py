@@ -22,6 +22,8 @@ from daemon.config import Config
 log = logging.getLogger("chaosd.bus")
 OUTBOX_LIMIT = 1000
 CALL_TIMEOUT_S = 5.0
+QOS0_TIMEOUT_S = 0.25
+PUBLISH_TIMEOUT_S = 1.0  # a QoS 1 message that times out is queued again, never lost
 
 
 @dataclass(frozen=True)
@@ -136,8 +138,11 @@ class Bus:
             else:
                 self.dropped += 1
             return False
+        # A QoS 0 message (a heartbeat) is stale within a second; waiting longer on a dead
+        # connection would only delay the next one and make a live node look silent.
+        timeout = PUBLISH_TIMEOUT_S if qos else QOS0_TIMEOUT_S
         try:
-            await client.publish(topic, payload, qos=qos, retain=retain, timeout=CALL_TIMEOUT_S)
+            await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout)
             return True
         except aiomqtt.MqttError as exc:
             log.debug("publish to %s failed: %s", topic, exc)

@@ -27,7 +27,7 @@ class SchedulerRole:
         self.agent = agent
         self.term = agent.election.term
         self.sched = Scheduler(agent.me, self.term, agent.view, agent.clock)
-        self.neg = Negotiator(self.sched, agent.clock, agent.step_of)
+        self.neg = Negotiator(self.sched, agent.clock, agent.step_of, agent.daemon_alive)
         self._cmd_seq = 0
         self.sched.observe_status(agent.own_status())
         for st in agent.presence.values():

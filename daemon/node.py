@@ -263,10 +263,10 @@ class NodeAgent:
                 self.role.on_status(st)
             self.detector.forget(node)
             return
-        if node not in self.detector.known():
-            # "up" is a sign of life too: judge its silence from now on, as if it were a
-            # heartbeat, so a node that freezes before its first heartbeat is still caught.
-            self.detector.heartbeat(node, seed=True)
+        # "up" is a sign of life too: judge its silence from now on. This catches a node that
+        # freezes before its first heartbeat, and it keeps a node that comes back (thawed,
+        # reconnected) from being judged by the silence it has just ended.
+        self.detector.heartbeat(node, seed=True)
         if self.role is not None:
             self.role.on_status(st)
 
@@ -373,6 +373,14 @@ class NodeAgent:
         rate, heard = self._step_rates.get(node, (0.0, self.clock.monotonic()))
         return hb.step + int(rate * (self.clock.monotonic() - heard) + 0.999)
 
+    def daemon_alive(self, node: str) -> bool:
+        """Up as far as we know: no last will pending or applied, and heard recently."""
+        if node == self.me:
+            return True
+        st = self.presence.get(node)
+        return (node not in self._wills and (st is None or st.online)
+                and self.detector.is_alive(node))
+
     def silence(self, node: str) -> float | None:
         """Seconds since ``node``'s last heartbeat: an upper bound on a detection delay."""
         heard = self.last_heard.get(node)
@@ -412,6 +420,9 @@ class NodeAgent:
             self._last_publish = now
             await self.bus.publish(self.topics.state, encode(snap), qos=1, retain=True,
                                    reliable=True)
+        # The pause check measures from here: time spent awaiting the broker above is ours,
+        # not a sign that the process was frozen.
+        self._last_tick = self.clock.monotonic()
 
     def _decide(self, now: float) -> None:
         for node, (will, heard) in list(self._wills.items()):

@@ -33,10 +33,12 @@ def link_key(a: str, b: str) -> tuple[str, str]:
 class Negotiator:
     """Applies primitives to the scheduler's state and queues worker commands."""
 
-    def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int]) -> None:
+    def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int],
+                 alive: Callable[[str], bool] = lambda _node: True) -> None:
         self.sched = sched
         self.clock = clock
         self.step_of = step_of
+        self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
         self.out: list[tuple[str, str, dict[str, Any]]] = []  # (node, op, args)
         self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
         self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
@@ -287,6 +289,12 @@ class Negotiator:
             if kind == "replicated":
                 self.replicated(node, args)
             elif kind == "link-failed" and isinstance(args.get("peer"), str):
+                if not self.alive(args["peer"]):
+                    # The peer itself is going (its last will is being confirmed): that is
+                    # a node failure, handled as one, not a cut link or a partition.
+                    log.info("link %s-%s failed with its peer; awaiting the node failure",
+                             node, args["peer"])
+                    return None
                 return self.link(node, args["peer"], up=False, failed=True)
             elif kind == "stall":
                 self.stall(node, args)

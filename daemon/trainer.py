@@ -221,8 +221,10 @@ class Trainer:
             if pub is not None and self._s.book.newest is pub:
                 # Dropped (declared failed, or on the losing side of a partition): our state
                 # may be stale, so only a fresh replica lets us back in.
-                log.warning("%s is not in policy v%d; waiting to rejoin", self.node_id, pub.version)
+                log.warning("%s is not in policy v%d; asking to rejoin", self.node_id,
+                            pub.version)
                 self._state = "joining"
+                self._s.attach()  # a fresh join request: the scheduler sends a replicate
                 self._join(time.monotonic() + self.join_timeout)
                 continue
             if time.monotonic() > deadline:
@@ -283,13 +285,16 @@ class Trainer:
                 continue
             if rep.version_step > self.step:
                 keep.append(rep)
-            elif rep.version_step == self.step:
-                runtime = {"step": self.step, "user": self.runtime}
-                self._s.transfer.offer(rep.new, StateSpace.capture(self.model, self.optimizer,
-                                                                   runtime))  # fmt: skip
-            else:
-                log.warning("replicate for %s names step %d, already past (at %d)",
-                            rep.new, rep.version_step, self.step)  # fmt: skip
+                continue
+            if rep.version_step < self.step:
+                # The command came late: every member ran the rounds since under the old
+                # policy (rounds are synchronous), so the new one takes effect for all of
+                # them at our next round, and the new node must start from our step now.
+                log.info("replicate for %s names step %d; serving step %d", rep.new,
+                         rep.version_step, self.step)
+            runtime = {"step": self.step, "user": self.runtime}
+            self._s.transfer.offer(rep.new, StateSpace.capture(self.model, self.optimizer,
+                                                               runtime))  # fmt: skip
         self._s.replications = keep
 
     def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:

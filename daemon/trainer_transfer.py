@@ -73,7 +73,7 @@ class StateTransfer:
             state = self._snapshots.get(peer)
         deadline = time.monotonic() + 600.0
         try:
-            if state is None or state.manifest.version != step:
+            if state is None or state.manifest.version < step:
                 have = None if state is None else state.manifest.version
                 reason = f"no snapshot of step {step} for {peer} (have {have})".encode()
                 self._send(peer, Kind.STATE_END, 0, reason, deadline)
@@ -92,7 +92,8 @@ class StateTransfer:
 
     def _has(self, peer: str, step: int) -> bool:
         state = self._snapshots.get(peer)
-        return state is not None and state.manifest.version == step
+        # A later step than asked is fine: a late command is served from where we are.
+        return state is not None and state.manifest.version >= step
 
     def _send(self, peer: str, kind: Kind, aux: int, payload: bytes | memoryview, dl: float
               ) -> None:  # fmt: skip
@@ -100,7 +101,7 @@ class StateTransfer:
 
     # -- new-node side ---------------------------------------------------------------------
     def fetch(self, source: str, step: int, timeout: float) -> StateSpace:
-        """Fetch the snapshot of ``step`` from ``source`` (the link must be up).
+        """Fetch a snapshot of ``step`` or later from ``source`` (the link must be up).
 
         Raises:
             TransferFailed: The source refused, the link dropped, or the deadline passed.

@@ -95,7 +95,10 @@ def ping(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
             "uptime_s": round(agent.clock.monotonic() - agent.started, 3),
             "connected": agent.bus.connected, "queued": agent.bus.queued,
             "leader": el.is_leader and agent.scheduler is not None,
-            "term": el.term, "scheduler": el.leader, "counters": dict(agent.counters)}
+            "term": el.term, "scheduler": el.leader, "counters": dict(agent.counters),
+            "worker": {"pid": agent.worker.pid or agent.supervisor.pid,
+                       "data_addr": agent.worker.data_addr, "step": agent.worker.step,
+                       "restarts": agent.supervisor.restarts}}
 
 
 HANDLERS = {
