@@ -296,6 +296,10 @@ class Negotiator:
                              node, args["peer"])
                     return None
                 return self.link(node, args["peer"], up=False, failed=True)
+            elif kind == "link-recovered" and isinstance(args.get("peer"), str):
+                peer = args["peer"]
+                if self.alive(peer) and peer in self.sched.nodes:
+                    return self.link(node, peer, up=True)
             elif kind == "stall":
                 self.stall(node, args)
             elif kind == "link-metrics" and isinstance(args.get("peer"), str):

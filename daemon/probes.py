@@ -74,6 +74,9 @@ class LinkMonitor:
         self.periodic = PeriodicBandwidthProbe(self.bandwidth, period_s=cfg.bandwidth_period_s,
                                                on_result=self._on_bandwidth)
         self._peers: dict[str, PeerEndpoint] = {}
+        # Links whose probes failed: the scheduler drops them from the overlay, but we keep
+        # probing so that a healed link is reported and connected again.
+        self._failed: dict[str, PeerEndpoint] = {}
         self._last_rtt_report = 0.0
 
     @property
@@ -99,7 +102,8 @@ class LinkMonitor:
                     await asyncio.wait_for(part.stop(), timeout=5)
 
     def sync(self, peers: dict[str, PeerEndpoint]) -> None:
-        """Probe exactly these neighbour links (called when the overlay changes)."""
+        """Probe these neighbour links, and the failed ones (called when the overlay changes)."""
+        peers = {**self._failed, **peers}
         for peer in set(self._peers) - set(peers):
             self.prober.remove_peer(peer)
             self.periodic.remove_link(peer)
@@ -123,10 +127,15 @@ class LinkMonitor:
                                              "rtt_ms": round(stats.rtt_ewma_s * 1000, 3)})
 
     def _on_fail(self, stats: Any) -> None:
+        ep = self._peers.get(stats.peer)
+        if ep is not None:
+            self._failed[stats.peer] = ep
         self.report("link-failed", {"peer": stats.peer, "reason": "probe"})
 
     def _on_recover(self, stats: Any) -> None:
         log.info("link to %s answers probes again", stats.peer)
+        if self._failed.pop(stats.peer, None) is not None:
+            self.report("link-recovered", {"peer": stats.peer})
 
     def _on_bandwidth(self, peer: str, result: BandwidthResult) -> None:
         self.report("link-metrics", {"peer": peer, "bandwidth_mbps": round(result.mbps, 3)})
