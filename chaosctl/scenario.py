@@ -183,7 +183,14 @@ class Runner:
 
     def _command(self, node: str) -> list[str]:
         out = str(self.out / f"{node}.jsonl")
-        return [a.replace("{out}", out).replace("{node}", node) for a in self.sc.command]
+        argv = []
+        for i, arg in enumerate(self.sc.command):
+            if i == 0 and arg in ("python", "python3"):
+                arg = sys.executable  # the interpreter chaosctl runs on, with chaos installed
+            elif not arg.startswith("-") and Path(arg).exists():
+                arg = str(Path(arg).resolve())  # the daemon's working directory differs
+            argv.append(arg.replace("{out}", out).replace("{node}", node))
+        return argv
 
     def _member(self, tb: Testbed, node: str) -> bool:
         rows = tb.query(tb.nodes[0], "nodes") or []
