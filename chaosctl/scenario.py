@@ -174,8 +174,10 @@ def check(records: dict[str, list[dict[str, Any]]]) -> list[str]:
 class Runner:
     """Runs one scenario on a fresh testbed in ``directory``."""
 
-    def __init__(self, sc: Scenario, directory: Path, say: Callable[[str], None]) -> None:
+    def __init__(self, sc: Scenario, directory: Path, say: Callable[[str], None],
+                 run_id: str | None = None) -> None:
         self.sc = sc
+        self.run_id = run_id
         self.dir = directory
         self.out = directory / "records"
         self.say = say
@@ -239,7 +241,10 @@ class Runner:
                      topology=str(spec.get("topology", "random")),
                      bw=parse_bw(str(spec.get("bw", "100-1000"))),
                      seed=int(spec.get("seed", 0)),
-                     redraw_period_s=float(spec.get("redraw_period_s", 0))) as tb:
+                     redraw_period_s=float(spec.get("redraw_period_s", 0)),
+                     run_id=self.run_id) as tb:
+            self.say("building the testbed")
+            tb.up(wait_s=60.0)
             self.say(f"testbed up: {len(tb.nodes)} nodes, links {tb.links}")
             for node in self.sc.start:
                 tb.join(node, self._command(node))
