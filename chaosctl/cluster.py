@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from chaosctl.client import CtlError, call_once
+from chaosctl.polling import wait_for
 
 T = TypeVar("T")
 READY_RE = re.compile(rb"^ready (\d+)\s*$", re.MULTILINE)
@@ -277,14 +278,7 @@ class LocalCluster:
     @staticmethod
     def wait(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
         """Poll ``pred`` until it returns something truthy, or raise :class:`ClusterError`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = pred()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise ClusterError(f"timed out after {timeout:g}s waiting for {what}")
-            time.sleep(every)
+        return wait_for(pred, timeout, what, every, ClusterError)
 
     def close(self, grace: float = TERM_GRACE_S) -> None:
         """Stop every child: SIGTERM to each group, wait up to ``grace``, then SIGKILL.

@@ -19,7 +19,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +28,7 @@ from chaosctl import testbed_net as net
 from chaosctl import testbed_procs as procs
 from chaosctl import testbed_topo as topo
 from chaosctl.client import SOCKET_ENV, CtlError, call_once
+from chaosctl.polling import wait_for
 from chaosctl.testbed_state import (
     LinkRecord,
     NodeRecord,
@@ -297,14 +297,7 @@ class Testbed:
     @staticmethod
     def wait(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.1) -> T:
         """Poll ``pred`` until it returns something truthy, or raise :class:`TestbedError`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = pred()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise TestbedError(f"timed out after {timeout:g}s waiting for {what}")
-            time.sleep(every)
+        return wait_for(pred, timeout, what, every, TestbedError)
 
     def _node(self, node: str) -> NodeRecord:
         try:
