@@ -50,3 +50,41 @@ def control(
         table.add_row(str(r["nodes"]), r["metric"], str(r["n"]),
                       *(f"{r[k]:.3f}" for k in ("p50", "p95", "max")))
     console.print(table)
+
+
+@bench_app.command("scaleout")
+def scaleout(
+    sizes: Annotated[str, typer.Option(help="Cluster sizes N (N -> N+1), comma-separated.")]
+    = "6,7,8,9,10,11",
+    models: Annotated[str, typer.Option(help="Models (paper_models.json) or synth-MIB.")]
+    = "resnet101,alexnet,vgg11",
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Testbeds per size.")] = 2,
+    bw: Annotated[str, typer.Option(help="Link bandwidth range, Mbit/s.")] = "100-1000",
+    degree: Annotated[int, typer.Option(min=1, max=10, help="The new node's neighbours.")] = 3,
+    iperf_seconds: Annotated[float, typer.Option(min=1.0, help="iperf3 test per link.")] = 2.0,
+    checkpoints: Annotated[int, typer.Option(min=1, help="Stop-resume checkpoints written.")]
+    = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the testbeds and states.")] = 1,
+    out: Annotated[Path, typer.Option(help="Where results go.")]
+    = Path("bench/results/scaleout-testbed"),
+) -> None:
+    """Scale-out delay and cluster idle time of the four strategies on the netns testbed."""
+    from chaosctl import bench_scaleout, bench_scaleout_report
+    from chaosctl.testbed_topo import PlanError, parse_bw
+
+    try:
+        rates = parse_bw(bw)
+    except PlanError as exc:
+        raise CtlUsageError(str(exc)) from None
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if not names:
+        raise CtlUsageError("--models needs at least one model")
+    doc = bench_scaleout.run(_sizes(sizes), names, repeats, rates, out,
+                             lambda line: console.print(f"[dim]{line}[/]"), degree=degree,
+                             iperf_s=iperf_seconds, checkpoints=checkpoints, seed=seed)
+    table = Table(title="Scale-out on the netns testbed (medians; s, idle in node-s)")
+    for col in bench_scaleout_report.COLUMNS:
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for row in doc["rows"]:
+        table.add_row(*bench_scaleout_report.cells(row))
+    console.print(table)
