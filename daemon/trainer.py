@@ -28,6 +28,8 @@ import torch
 
 from daemon.dataplane import AllReducer, RoundAborted
 from daemon.dataplane.tensors import flatten_grads, unflatten_into
+from daemon.errors import ChaosError
+from daemon.replication.manifest import Manifest
 from daemon.replication.state import StateSpace, state_digest
 from daemon.trainer_control import StateDiverged, TrainerError
 from daemon.trainer_policy import Published
@@ -37,7 +39,33 @@ from daemon.trainer_transfer import TransferFailed
 __all__ = ["StateDiverged", "Trainer", "TrainerError", "capture_exit_event"]
 log = logging.getLogger("chaos.trainer")
 POLL_S = 0.02
+FETCH_RETRY_S = 0.5  # pause before fetching a replicated state again
+LEAVE_LINGER_S = 0.5  # after worker.leave, before closing the links
 RERUN_WAIT_S = 1.0  # after an abort, wait this long for a newer policy before retrying as is
+
+
+class _WithHeld(torch.nn.Module):
+    """The model plus a held (uncertain) round result, captured and restored as one state.
+
+    A source that is uncertain about round ``step + 1`` when it must serve its snapshot gives
+    the new node that result too, so both enter the next agreement in the same position.
+    """
+
+    NAME = "model/held"  # the buffer's manifest entry
+    held: torch.Tensor
+
+    def __init__(self, model: torch.nn.Module, held: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("held", held.detach().clone())
+
+    @classmethod
+    def for_manifest(cls, model: torch.nn.Module, manifest: Manifest) -> _WithHeld | None:
+        """A wrapper to restore into if the snapshot carries a held result, else None."""
+        for e in manifest.entries:
+            if e.name == cls.NAME:
+                return cls(model, torch.zeros(e.shape, dtype=getattr(torch, e.dtype)))
+        return None
 
 
 def capture_exit_event() -> bool:
@@ -131,6 +159,8 @@ class Trainer:
                     self._pending = exc.result
                 self._s.report("round-aborted", step=self.step + 1, reason=exc.reason[:200])
                 self._next_epoch(pub, deadline, exc)
+        # Every member of the epoch that committed has its state: it needs no offer any more.
+        self._s.transfer.withdraw(pub.policy.members)
         self._account(t0, spent, reruns, reason)
 
     def check_state_replication(self) -> None:
@@ -138,17 +168,21 @@ class Trainer:
         self._poll()
 
     def request_node_exit(self) -> None:
-        """Leave gracefully after the current step (scale-in), then close the links."""
+        """Leave gracefully after the current step (scale-in), then close the links.
+
+        chaosd detaches the worker when it takes ``worker.leave`` (polling after it failed, so
+        the worker exited non-zero and was restarted: the node rejoined right after leaving).
+        We linger briefly, so that the scheduler takes the leave before any neighbour reports
+        the closing link, and so that neighbours that already have the policy without us drop
+        their links first; then we close, which frees a neighbour still waiting for us in a
+        round under the old policy (it reruns that step under the new one).
+        """
         try:
+            self._s.flush_reports()
             self._s.client.call("worker.leave", {"step": self.step})
             self._state = "leaving"
-            deadline = time.monotonic() + 5.0
-            # Stay reachable until the policy without us is out, so nobody sees a dead link.
-            while time.monotonic() < deadline:
-                self._poll()
-                newest = self._s.book.newest
-                if newest is not None and self.node_id not in newest.policy.members:
-                    break
+            deadline = time.monotonic() + LEAVE_LINGER_S
+            while self._s.links.connected() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
         finally:
             self.close()
@@ -166,22 +200,31 @@ class Trainer:
         replicate command asks for can be taken right here (waiting for the next commit
         could deadlock: that round may need the very node that waits for this snapshot)."""
         self._s.poll(self.step, self._state)
+        self._s.settle(self._s.book.for_round(self.step + 1))
         self._serve_due()
 
     # -- joining ---------------------------------------------------------------------------
     def _join(self, deadline: float) -> None:
         """Block until this node is a member: bootstrap alone, or restore a replicated state."""
+        rep = None  # the newest replicate command for us; kept until a fetch succeeds
         while True:
             self._poll()
             mine = [r for r in self._s.replications if r.new == self.node_id]
             if mine:
                 self._s.replications = [r for r in self._s.replications if r not in mine]
-                if self._fetch(mine[-1], deadline):
+                rep = mine[-1]
+            if rep is not None:
+                # A failed fetch is retried (the source keeps its offer): a dial race that
+                # replaced the link used to lose the only command, and the join hung.
+                if self._fetch(rep, deadline):
+                    self._await_policy(rep, deadline)
                     break
+                time.sleep(FETCH_RETRY_S)
             newest = self._s.book.newest
             if (newest is not None and newest.policy.members == (self.node_id,)
                     and not self._was_member):  # fmt: skip
                 log.info("%s bootstraps the cluster from its own model", self.node_id)
+                self._pending = None
                 break
             if time.monotonic() > deadline:
                 raise TrainerError(
@@ -189,8 +232,24 @@ class Trainer:
                     "no replicate command arrived; check `chaosctl nodes` and the scheduler"
                 )
             time.sleep(POLL_S)
-        self._state, self._pending, self._agreed = "active", None, None
+        self._state, self._agreed = "active", None  # _pending: what the snapshot held
         self._was_member = True  # from now on only a fresh replica may let us back in
+
+    def _await_policy(self, rep: Any, deadline: float) -> None:
+        """Wait until we know the policy that makes us a member: the command that brought the
+        state may have outrun it (another MQTT topic), and without it the first round would
+        find us in no policy and ask to join once more."""
+        while True:
+            newest = self._s.book.newest
+            if newest is not None and (newest.version >= rep.policy_version if
+                                       rep.policy_version >= 0 else
+                                       self.node_id in newest.policy.members):  # fmt: skip
+                return
+            if time.monotonic() > deadline:
+                raise TrainerError(f"{self.node_id} restored step {self.step}, but the policy "
+                                   f"v{rep.policy_version} that adds it never arrived")
+            time.sleep(POLL_S)
+            self._poll()
 
     def _fetch(self, rep: Any, deadline: float) -> bool:
         t0 = time.monotonic()
@@ -199,12 +258,14 @@ class Trainer:
             try:
                 space = self._s.transfer.fetch(source, rep.version_step,
                                                max(1.0, deadline - time.monotonic()))  # fmt: skip
-                runtime = StateSpace.restore(self.model, self.optimizer, space.manifest,
-                                             space.buffer)  # fmt: skip
-            except (TransferFailed, TrainerError) as exc:
+                held = _WithHeld.for_manifest(self.model, space.manifest)
+                runtime = StateSpace.restore(self.model if held is None else held, self.optimizer,
+                                             space.manifest, space.buffer)  # fmt: skip
+            except (TransferFailed, ChaosError) as exc:
                 log.warning("state from %s failed: %s", source, exc)
                 continue
             self.step = int(runtime.pop("step"))
+            self._pending = held.held.clone() if held is not None else None
             self.runtime = dict(runtime.get("user", {}))
             self._s.report("replicated", version=self.step, bytes=len(space.buffer),
                            delay_ms=(time.monotonic() - t0) * 1e3, sources=[source])  # fmt: skip
@@ -218,9 +279,12 @@ class Trainer:
             pub = self._s.book.for_round(self.step + 1)
             if pub is not None and self.node_id in pub.policy.members:
                 return pub
-            if pub is not None and self._s.book.newest is pub:
+            newest = self._s.book.newest
+            if pub is not None and newest is not None and self.node_id not in newest.policy.members:
                 # Dropped (declared failed, or on the losing side of a partition): our state
-                # may be stale, so only a fresh replica lets us back in.
+                # may be stale, so only a fresh replica lets us back in. (A newer policy that
+                # leaves us out too, say one for a later scale-out, changes nothing: our step
+                # cannot reach it without us in the rounds before.)
                 log.warning("%s is not in policy v%d; asking to rejoin", self.node_id,
                             pub.version)
                 self._state = "joining"
@@ -233,20 +297,29 @@ class Trainer:
             self._poll()
 
     def _agree(self, pub: Published, attempt: int) -> bool:
-        """Open the epoch; True if it committed the held result of round ``step + 1``."""
+        """Open the epoch; True if it committed the held result of round ``step + 1``.
+
+        The decision is the newest committed step among the members. A member at it goes on;
+        one a step behind applies the result it holds. A member that cannot reach it (further
+        behind, or one behind without the result) is stale: only it raises StateDiverged and
+        is re-replicated; the others keep their state (they are at the agreed step), and
+        their next round reruns once the scheduler has dropped the stale member.
+        """
         dec = self.reducer.agree(policy=pub.policy, committed=self.step,
                                  holds=self._pending is not None, attempt=attempt)  # fmt: skip
         self._agreed = (pub.version, attempt)
-        if not dec.consistent or dec.step not in (self.step, self.step + 1):
-            raise StateDiverged(f"{self.node_id} is at step {self.step} but the cluster agreed "
-                                f"on {dec.step}; restart the worker to rejoin")  # fmt: skip
-        if dec.step == self.step + 1:
-            if self._pending is None:
-                raise StateDiverged(f"{self.node_id} lacks the result of step {dec.step}")
+        if dec.step == self.step + 1 and self._pending is not None:
             self._apply(self._pending)
             return True
-        self._pending = None  # nobody alive applied it: everyone reruns the step
-        return False
+        if dec.step == self.step:
+            self._pending = None  # nobody alive applied it: everyone reruns the step
+            return False
+        if dec.step > self.step:
+            lacks = " and lacks the result of the next one" if dec.step == self.step + 1 else ""
+            raise StateDiverged(f"{self.node_id} is at step {self.step}{lacks} but the cluster "
+                                f"agreed on step {dec.step}; restart the worker to rejoin")
+        raise StateDiverged(f"{self.node_id} is at step {self.step}, ahead of the step the "
+                            f"cluster agreed on ({dec.step}); restart the worker to rejoin")
 
     def _next_epoch(self, pub: Published, deadline: float, exc: RoundAborted) -> None:
         """After an abort: wait (bounded) for a newer policy, else rerun with a newer attempt."""
@@ -275,26 +348,45 @@ class Trainer:
         self._serve_due()
 
     def _serve_due(self) -> None:
-        """Snapshot at the exact boundary a replicate command names, and offer it."""
+        """Snapshot at the boundary where the new node becomes a member, and offer it.
+
+        The snapshot's step must be the last step the cluster commits without the new node:
+        the new node's first round is the one after it. Two things decide that boundary, and
+        both must hold here: (1) we committed ``version_step`` (or more, if the command came
+        late), and (2) the policy that adds the new node governs our next round. Without (2),
+        a command that outran its policy (they travel on different MQTT topics) made us serve
+        step ``t`` and then commit ``t + 1, t + 2, ...`` with the old members, and the new
+        node's first agreement found it steps behind everyone (``StateDiverged`` on every node).
+        Once (2) holds, no round without the new node can commit any more: we are a member of
+        every such round and run the next one under the new policy.
+        """
         keep = []
+        nxt = self._s.book.for_round(self.step + 1)
         for rep in self._s.replications:
             if rep.new == self.node_id:
                 keep.append(rep)  # ours to fetch (a rejoin); handled by _join
                 continue
             if self.node_id not in rep.sources:
                 continue
-            if rep.version_step > self.step:
+            if (rep.version_step > self.step or nxt is None or nxt.version < rep.policy_version
+                    or rep.new not in nxt.policy.members):  # fmt: skip
                 keep.append(rep)
                 continue
             if rep.version_step < self.step:
-                # The command came late: every member ran the rounds since under the old
-                # policy (rounds are synchronous), so the new one takes effect for all of
-                # them at our next round, and the new node must start from our step now.
+                # The command or its policy came late: every member ran the rounds since
+                # under the old policy (rounds are synchronous), so the new one takes effect
+                # for all of them at our next round, and the new node starts from our step.
                 log.info("replicate for %s names step %d; serving step %d", rep.new,
                          rep.version_step, self.step)
-            runtime = {"step": self.step, "user": self.runtime}
-            self._s.transfer.offer(rep.new, StateSpace.capture(self.model, self.optimizer,
-                                                               runtime))  # fmt: skip
+            runtime: dict[str, Any] = {"step": self.step, "user": self.runtime}
+            model: torch.nn.Module = self.model
+            if self._pending is not None:
+                # We are uncertain about round step + 1 (held, not committed): so is the new
+                # node, with the same held result, and the first agreement settles it for
+                # both exactly as for us.
+                model = _WithHeld(self.model, self._pending)
+                runtime["held"] = True
+            self._s.transfer.offer(rep.new, StateSpace.capture(model, self.optimizer, runtime))
         self._s.replications = keep
 
     def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:

@@ -37,11 +37,13 @@ class Replicate:
         version_step: The step whose state is replicated.
         new: The joining node.
         sources: Source node -> its data-plane address.
+        policy_version: The policy that makes ``new`` a member (-1 if the command lacks it).
     """
 
     version_step: int
     new: str
     sources: Mapping[str, str]
+    policy_version: int = -1
 
 
 def install_signal_handlers() -> None:
@@ -86,6 +88,7 @@ class Session:
         self._wanted: dict[str, tuple[str, int]] = {}  # peers we keep linked, and their address
         self._dialing: set[str] = set()
         self._quiet_down: set[str] = set()  # peers we disconnected on purpose
+        self._closing: set[str] = set()  # peers to disconnect once no round needs them
         self._closed = threading.Event()
         self.links.add_down_listener(self._on_down)
 
@@ -134,6 +137,8 @@ class Session:
         with self._lock:
             reports, self._reports = self._reports, []
         for rep in reports:
+            if rep.get("kind") == "link-failed" and self.links.state(str(rep["peer"])) == "up":
+                continue  # a duplicate connection was dropped; the link itself is up
             try:
                 self.client.call("worker.report", rep)
             except TrainerError as exc:
@@ -153,23 +158,42 @@ class Session:
             if op == "connect":
                 self.want(str(args["peer"]), str(args["addr"]))
             elif op == "disconnect":
-                peer = str(args["peer"])
-                self._wanted.pop(peer, None)
-                self._quiet_down.add(peer)
-                self.links.disconnect(peer, reason="disconnect-link")
+                # Closed at the step boundary where no governing policy needs it any more
+                # (settle): the policy without the link takes effect at a later step, and
+                # closing at once left the rounds before it without a tree edge, aborting
+                # and rerunning the same step under the same policy for ever.
+                self._closing.add(str(args["peer"]))
             elif op == "replicate":
                 sources = {str(k): str(v) for k, v in dict(args["sources"]).items()}
-                rep = Replicate(int(args["version_step"]), str(args["new"]), sources)
+                version = args.get("policy_version")
+                rep = Replicate(int(args["version_step"]), str(args["new"]), sources,
+                                version if isinstance(version, int) else -1)  # fmt: skip
                 if rep.new != self.node_id:
                     self.links.allow(rep.new)  # the new node may dial us for the state
+                # A newer command for the same node supersedes the older ones.
+                self.replications = [r for r in self.replications if r.new != rep.new]
                 self.replications.append(rep)
             else:
                 log.warning("ignoring unknown worker command %r", op)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignoring malformed worker command %r: %r", op, exc)
 
+    def settle(self, governing: Published | None) -> None:
+        """Close the links we were told to drop once ``governing`` (the policy of our next
+        round) no longer has them as tree edges."""
+        for peer in list(self._closing):
+            p = governing.policy if governing is not None else None
+            if p is not None and self.node_id in p.members and (
+                    peer == p.parent(self.node_id) or peer in p.children(self.node_id)):
+                continue
+            self._closing.discard(peer)
+            self._wanted.pop(peer, None)
+            self._quiet_down.add(peer)
+            self.links.disconnect(peer, reason="disconnect-link")
+
     def want(self, peer: str, addr: str) -> None:
         """Keep a link to ``peer``; the lower id dials, the other end accepts."""
+        self._closing.discard(peer)
         self._quiet_down.discard(peer)
         self.links.allow(peer)
         self._wanted[peer] = parse_addr(addr)
@@ -231,6 +255,6 @@ class Session:
         )
 
     def _on_down(self, peer: str, reason: str) -> None:
-        if peer in self._quiet_down or self._closed.is_set():
-            return
+        if peer in self._quiet_down or self._closed.is_set() or self.links.state(peer) == "up":
+            return  # on purpose, or one of two connections (both ends dialled) was dropped
         self.report("link-failed", peer=peer, reason=reason[:200])

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from daemon.dataplane import PeerGone, PeerLinks
 from daemon.dataplane.frames import FrameHeader, Kind
@@ -54,6 +54,7 @@ class StateTransfer:
         self.links = links
         self._cond = threading.Condition()
         self._snapshots: dict[str, StateSpace] = {}  # new node -> snapshot it may fetch
+        self._serving: dict[str, threading.Lock] = {}  # new node -> held while streaming
         self._fetch: _Fetch | None = None
         self._threads: list[threading.Thread] = []
         links.register_handler(_KINDS, self)
@@ -66,7 +67,17 @@ class StateTransfer:
             self._snapshots[new_node] = state
             self._cond.notify_all()
 
+    def withdraw(self, nodes: Iterable[str]) -> None:
+        """Drop the offers to ``nodes`` (they have their state: they are in our rounds)."""
+        with self._cond:
+            for node in nodes:
+                self._snapshots.pop(node, None)
+
     def _serve(self, peer: str, step: int) -> None:
+        with self._serving.setdefault(peer, threading.Lock()):  # one stream at a time
+            self._serve_one(peer, step)
+
+    def _serve_one(self, peer: str, step: int) -> None:
         # The request may come before this node has committed that step: wait for the offer.
         with self._cond:
             self._cond.wait_for(lambda: self._has(peer, step), OFFER_WAIT_S)
@@ -86,9 +97,8 @@ class StateTransfer:
             log.info("served the state of step %d to %s (%d bytes)", step, peer, len(view))
         except PeerGone as exc:
             log.warning("serving the state to %s failed: %s", peer, exc.reason)
-        finally:
-            with self._cond:
-                self._snapshots.pop(peer, None)
+        # The offer stays until withdrawn: sent is not received (the link may be replaced
+        # by the one we dialled at the same time), and the new node then fetches again.
 
     def _has(self, peer: str, step: int) -> bool:
         state = self._snapshots.get(peer)

@@ -64,8 +64,10 @@ class Decision:
     Attributes:
         step: The agreed last committed step: every member must be at it before the epoch's
             rounds. A member one behind that holds round ``step``'s result applies it.
-        consistent: False if some member cannot reach ``step`` (impossible under the commit
-            protocol; such a member must be re-replicated).
+        consistent: False if some member cannot reach ``step`` (further behind, or one
+            behind without the result). The commit protocol rules this out among members that
+            trained together; it means a member entered with a state from the wrong step. That
+            member alone is stale and must be re-replicated; the others are at ``step``.
     """
 
     step: int

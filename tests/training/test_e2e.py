@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ class Run:
     def __init__(self, c: LocalCluster, out: Path) -> None:
         self.c = c
         self.out = out
+        self.pids: dict[str, int] = {}  # the last worker pid each daemon reported
 
     def join(self, node: str, steps: int = 100000, neighbors: list[str] | None = None) -> None:
         argv = [sys.executable, str(WORKER), "--out", str(self.out / f"{node}.jsonl"),
@@ -70,11 +70,17 @@ class Run:
 
     def worker_pid(self, node: str) -> int:
         info = self.c.query(node, "ping") or {}
-        return int((info.get("worker") or {}).get("pid") or 0)
+        pid = int((info.get("worker") or {}).get("pid") or 0)
+        if pid:
+            self.pids[node] = pid
+        return pid
 
     def signal_node(self, node: str, sig: int) -> None:
-        """Signal the node's daemon and its worker (each runs in its own process group)."""
-        pid = self.worker_pid(node)
+        """Signal the node's daemon and its worker (each runs in its own process group).
+
+        A stopped daemon cannot say who its worker is, so SIGCONT goes to the pid it reported
+        before (without this the worker stayed stopped for the rest of the test)."""
+        pid = self.worker_pid(node) or (self.pids.get(node, 0) if sig == signal.SIGCONT else 0)
         self.c.kill(node, sig)
         if pid:
             with contextlib.suppress(ProcessLookupError):
@@ -195,8 +201,11 @@ def _kill_link(r: Run, a: str, b: str) -> int:
 def test_links_added_removed_and_failed_mid_allreduce(run: Any) -> None:
     r = run(4)
     n1, n2, n3, n4 = r.c.node_ids
-    for node in r.c.node_ids:
-        r.join(node)
+    # Fixed neighbours, so the link added below is new (with neighbours chosen by RTT, node-4
+    # was sometimes already linked to node-3, and adding it recorded no event), and the graph
+    # stays connected when the node-2 -- node-3 link fails at the end.
+    for node, nbrs in ((n1, []), (n2, [n1]), (n3, [n1, n2]), (n4, [n1, n2])):
+        r.join(node, neighbors=nbrs)
         r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
     r.advance(r.c.node_ids, 20)
     ok = call_once(r.c.socket_of(n3), "link", {"action": "add", "peer": n4}, timeout=10)
