@@ -10,6 +10,8 @@ measured delays, and always tears every process down.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import tempfile
@@ -24,8 +26,10 @@ import typer
 from rich.table import Table
 
 from chaosctl import views
+from chaosctl.client import CtlUsageError
 from chaosctl.cluster import ClusterError, LocalCluster
 from chaosctl.common import console
+from chaosctl.demo_train import TrainingAct, losses
 from chaosctl.demo_view import DemoView
 
 T = TypeVar("T")
@@ -58,9 +62,11 @@ class Cast:
 class Script:
     """The demo's steps, over a started :class:`LocalCluster`."""
 
-    def __init__(self, cluster: LocalCluster, view: DemoView) -> None:
+    def __init__(self, cluster: LocalCluster, view: DemoView, train: bool = True) -> None:
         self.cluster = cluster
         self.view = view
+        self.train = train
+        self.survivors: list[str] = []
         self.killed: set[str] = set()
         self.timings = Timings()
 
@@ -192,11 +198,19 @@ class Script:
         view.narrate(f"{leader} is back as {self.state_of(leader)} and follows {new_id} "
                      f"(term {new_term}) after {self.timings.seconds['restart']:.1f}s",
                      style="green")
+        if self.train:
+            live = [i for i in ids if i not in self.killed]
+            self.survivors = TrainingAct(self).run(live)
         if duration > 0:
             view.narrate(f"letting the cluster run for {duration:g}s")
             self.pause(duration)
         view.snapshot()
         return Cast(observer, victim, leader, new_id)
+
+    def kill_worker(self, pid: int) -> None:
+        """kill -9 a training worker's process group (it runs in its own session)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 def _find(events: list[dict[str, Any]], kind: str, node: str) -> Any:
@@ -236,7 +250,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 def demo(
     nodes: Annotated[
         int, typer.Option("--nodes", min=3, max=16, help="How many chaosd nodes to start.")
-    ] = 3,
+    ] = 5,
     duration: Annotated[float, typer.Option(
         "--duration", min=0.0, metavar="SECONDS",
         help="How long to keep the cluster running after the script.",
@@ -247,19 +261,26 @@ def demo(
     no_live: Annotated[
         bool, typer.Option("--no-live", help="Plain lines instead of a live view (CI, pipes).")
     ] = False,
+    train: Annotated[bool, typer.Option(
+        "--train/--no-train", help="Also train a real model through joins, link changes, a "
+        "leave and a kill (needs at least 5 nodes).")] = True,
 ) -> None:
-    """Start a local cluster (embedded broker + N chaosd) and show failures and failover."""
+    """Start a local cluster (embedded broker + N chaosd): failures and failover, then a real
+    model training while nodes join, leave, fail and links change."""
+    if train and nodes < 5:
+        raise CtlUsageError("the training act needs --nodes 5 or more (or --no-train)")
     workdir = Path(tempfile.mkdtemp(prefix="chaos-demo-"))
     live = not no_live and console.is_terminal
     view = DemoView(console, f"chaosctl demo: {nodes} nodes, cluster 'demo', dir {workdir}", live)
     cluster = LocalCluster(workdir, nodes)
-    script = Script(cluster, view)
+    script = Script(cluster, view, train=train)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with view:
             cast = script.run(duration)
             events = views.expect_rows(
                 cluster.query(cast.observer, "events", timeout=5.0) or [], "events")
+            trained = {n: losses(workdir, n) for n in script.survivors}
     except ClusterError as exc:
         keep_dir = True
         raise ClusterError(f"demo failed: {exc} (logs kept in {workdir})") from None
@@ -270,5 +291,9 @@ def demo(
             shutil.rmtree(workdir, ignore_errors=True)
     console.print(views.events_table(events, title=f"events seen by {cast.observer}"))
     console.print(summary(events, script.timings, cast))
+    for node, seen in trained.items():
+        if len(seen) >= 2:
+            console.print(f"{node}: loss {seen[0][1]:.3f} at step {seen[0][0]} -> "
+                          f"{seen[-1][1]:.3f} at step {seen[-1][0]} (accuracy {seen[-1][2]:.3f})")
     console.print("demo finished; every process is stopped"
                   + (f"; logs kept in {workdir}" if keep_dir else ""), style="green")
