@@ -52,6 +52,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--events", type=int, default=50)
     ap.add_argument("--out", default="")
+    ap.add_argument("--link-events", type=int, default=50)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp), args.nodes) as cluster:
         cluster.start()
@@ -63,26 +64,45 @@ def main() -> int:
                 "--sleep", "0.01", "--out", str(out))
             time.sleep(0.5)
         a, b = ids[0], ids[-1]
-        for _ in range(args.events):
+        for _ in range(args.link_events):
             ctl(cluster, a, "link", "add", b)
             time.sleep(0.3)
             ctl(cluster, a, "link", "del", b)
             time.sleep(0.3)
+        def worker_gone(node: str) -> bool:
+            info = cluster.query(node, "ping") or {}
+            return not (info.get("worker") or {}).get("pid")
+
+        def active(node: str) -> bool:
+            rows = cluster.query(a, "nodes") or []
+            return any(r["id"] == node and r["state"] == "active" for r in rows)
+
         for i in range(args.events):
             node = ids[1 + i % (len(ids) - 1)]
             ctl(cluster, node, "leave")
-            time.sleep(0.5)
+            cluster.wait(lambda node=node: worker_gone(node), 60, f"{node}'s worker to leave")
             ctl(cluster, node, "join", "--", sys.executable, str(WORKER), "--steps", "100000",
                 "--sleep", "0.01", "--out", str(Path(tmp) / f"{node}.jsonl"))
-            time.sleep(1.0)
-        events = json.loads(ctl(cluster, a, "events", "--json").stdout or "[]")
+            cluster.wait(lambda node=node: active(node), 90, f"{node} to rejoin")
+            print(f"scale-in {i + 1}/{args.events}", file=sys.stderr, flush=True)
+        time.sleep(2.0)  # the last stall reports reach the scheduler
+        events = json.loads(ctl(cluster, a, "events", "--json", "--limit", "1000").stdout
+                            or "[]")
     result: dict[str, dict[str, float]] = {}
     for kind in ("scale-in", "connect-link", "disconnect-link"):
-        stalls = [float(e["stall_ms"]) for e in events
-                  if e.get("kind") == kind and e.get("stall_ms") is not None]
-        if stalls:
-            result[kind] = {"n": len(stalls), "p50_ms": statistics.median(stalls),
-                            "p99_ms": percentile(stalls, 99)}
+        rows = [e for e in events if e.get("kind") == kind]
+        # Workers report a stall only when it exceeds 1 ms or forced a rerun; an event with
+        # no report stalled no worker by more than 1 ms. Both views are printed.
+        reported = [float(e["stall_ms"]) for e in rows if e.get("stall_ms") is not None]
+        bounded = reported + [1.0] * (len(rows) - len(reported))
+        if rows:
+            result[kind] = {
+                "events": len(rows), "reported": len(reported),
+                "p50_ms_upper": statistics.median(bounded),
+                "p99_ms_upper": percentile(bounded, 99),
+                "p50_ms_reported": statistics.median(reported) if reported else 0.0,
+                "p99_ms_reported": percentile(reported, 99) if reported else 0.0,
+            }
     print(json.dumps(result, indent=2))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))

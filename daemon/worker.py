@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from netprobe.procs import die_with_parent
+
 log = logging.getLogger("chaosd.worker")
 RESTART_MIN_S = 1.0
 RESTART_MAX_S = 30.0
@@ -99,7 +101,9 @@ class WorkerSupervisor:
         try:
             return await asyncio.create_subprocess_exec(
                 *self._argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                env={**os.environ, **self._env}, start_new_session=True)
+                env={**os.environ, **self._env}, start_new_session=True,
+                # A daemon killed (or stopped hard) must not leave its worker training alone.
+                preexec_fn=die_with_parent)
         finally:
             out.close()
 
