@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from netprobe.procs import die_with_parent
+from netprobe.procs import kill_with_parent
 
 log = logging.getLogger("chaosd.worker")
 RESTART_MIN_S = 1.0
@@ -102,8 +102,9 @@ class WorkerSupervisor:
             return await asyncio.create_subprocess_exec(
                 *self._argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
                 env={**os.environ, **self._env}, start_new_session=True,
-                # A daemon killed (or stopped hard) must not leave its worker training alone.
-                preexec_fn=die_with_parent)
+                # A daemon killed (or stopped hard) must not leave its worker training alone;
+                # SIGKILL, because the worker turns SIGTERM into a graceful leave via chaosd.
+                preexec_fn=kill_with_parent)
         finally:
             out.close()
 
