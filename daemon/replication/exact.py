@@ -89,7 +89,12 @@ def milp_assign(
     n, k = len(neighbors), len(shard_sizes)
     nx = n * k
     nvar = nx + n + 1
-    scale = max(nb.finish_s(sum(shard_sizes)) for nb in neighbors)  # keep coefficients ~1
+    # Scale by an upper bound on the optimum (everything from the best single neighbour), so
+    # theta is ~1 and HiGHS's absolute tolerances (~1e-7) cannot hide a real difference. A
+    # neighbour that cannot start before that bound is useless: fix it to 0 rather than
+    # feed the solver a huge coefficient.
+    scale = min(nb.finish_s(sum(shard_sizes)) for nb in neighbors)
+    useless = [nb.ready_s > scale for nb in neighbors]
     cost = np.zeros(nvar)
     cost[-1] = 1.0
     rows = lil_matrix((k + nx + n, nvar))
@@ -110,7 +115,7 @@ def milp_assign(
     for u, nb in enumerate(neighbors):  # finish time of u <= theta
         for j, size in enumerate(shard_sizes):
             rows[r, u * k + j] = nb.t_trans_s_per_byte * size / scale
-        rows[r, nx + u] = nb.ready_s / scale
+        rows[r, nx + u] = min(nb.ready_s / scale, 2.0)
         rows[r, -1] = -1.0
         lo.append(-np.inf)
         hi.append(0.0)
@@ -119,12 +124,16 @@ def milp_assign(
     integrality[-1] = 0
     upper = np.ones(nvar)
     upper[-1] = np.inf
+    for u in range(n):
+        if useless[u]:
+            upper[u * k : (u + 1) * k] = 0.0
+            upper[nx + u] = 0.0
     res = milp(
         cost,
         constraints=LinearConstraint(rows.tocsr(), lo, hi),
         integrality=integrality,
         bounds=Bounds(np.zeros(nvar), upper),
-        options={"time_limit": time_limit_s},
+        options={"time_limit": time_limit_s, "mip_rel_gap": 1e-9},
     )
     if res.x is None:
         raise PlanError(f"MILP found no solution: {res.message}")
