@@ -161,7 +161,11 @@ def test_graham_bound_does_not_hold_for_heterogeneous_links() -> None:
 # CI found this one: a neighbour that is busy for a second used to set the MILP's scale, so
 # the two useful links' microsecond difference fell inside the solver's tolerance.
 @example(
-    [Neighbor("n0", 0.0, 4.4188e-07), Neighbor("n1", 0.0, 1.7047e-07), Neighbor("n2", 0.0, 1e-9, 1.0)],
+    [
+        Neighbor("n0", 0.0, 4.4188e-07),
+        Neighbor("n1", 0.0, 1.7047e-07),
+        Neighbor("n2", 0.0, 1e-9, 1.0),
+    ],
     [1],
 )
 def test_milp_agrees_with_brute_force(nbs: list[Neighbor], shards: list[int]) -> None:
