@@ -110,6 +110,7 @@ class LocalCluster:
     cluster: str = "demo"
     port: int = 0
     broker_kind: str = "embedded"  # "embedded" (python -m daemon.broker) or "mosquitto"
+    config: str = ""  # chaosd.toml text every node loads (flags still win)
     broker: Child | None = None
     nodes: dict[str, Child] = field(default_factory=dict)
 
@@ -195,8 +196,13 @@ class LocalCluster:
 
     def node_argv(self, node_id: str) -> list[str]:
         """The ``chaosd`` command line of ``node_id``."""
+        extra: list[str] = []
+        if self.config:
+            conf = self.workdir / "chaosd.toml"
+            conf.write_text(self.config)
+            extra = ["--config", str(conf)]
         return [
-            *chaosd_command(),
+            *chaosd_command(), *extra,
             "--node-id", node_id,
             "--cluster", self.cluster,
             "--broker", f"mqtt://127.0.0.1:{self.port}",

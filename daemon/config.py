@@ -80,6 +80,26 @@ class ProbeConfig:
     bw_port: int = 0  # 0: pick a free port at start-up
 
 
+#: Strategies a training cluster can use; the other two of DESIGN.md are bench baselines.
+TRAINING_STRATEGIES = ("chaos", "single")
+BENCH_ONLY_STRATEGIES = ("multi-source", "stop-resume")
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """Scale-out state replication. ``strategy`` is the cluster's: the elected scheduler puts
+    its own in every ``replicate`` command, so give every node the same. The rest are this
+    node's own limits."""
+
+    strategy: str = "chaos"  # chaos: planned split over all neighbours; single: EDL+
+    # What this node sends to one joining node, in Mbit/s; 0 leaves it uncapped. A box on a
+    # thin uplink keeps room for its own all-reduce while it serves.
+    serve_mbps: float = 0.0
+    # A joining node measures its source links (iperf3, all at once) before planning when its
+    # model holds at least this many MiB; below, probing would cost more than a bad split.
+    probe_min_mib: float = 16.0
+
+
 @dataclass(frozen=True)
 class Config:
     node_id: str = field(default_factory=socket.gethostname)
@@ -95,6 +115,7 @@ class Config:
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     election: ElectionConfig = field(default_factory=ElectionConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
 
     @property
     def data_key(self) -> bytes:
@@ -118,6 +139,7 @@ _SECTIONS: dict[str, type] = {
     "detector": DetectorConfig,
     "election": ElectionConfig,
     "probe": ProbeConfig,
+    "replication": ReplicationConfig,
 }
 # Flags the CLI may override; the names match the TOML keys.
 OVERRIDABLE = ("node_id", "cluster", "broker", "socket", "advertise", "data_dir", "log_level")
@@ -209,6 +231,16 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config: probe.fail_after must be 1..100, not {cfg.probe.fail_after}")
     if not 0 <= cfg.probe.bw_port < 65536:
         raise ConfigError(f"config: probe.bw_port {cfg.probe.bw_port} out of range")
+    rep = cfg.replication
+    if rep.strategy in BENCH_ONLY_STRATEGIES:
+        raise ConfigError(f"config: replication.strategy {rep.strategy!r} is a baseline of "
+                          "`chaosctl bench scaleout`, not for training; use chaos or single")
+    if rep.strategy not in TRAINING_STRATEGIES:
+        raise ConfigError(f"config: replication.strategy must be chaos or single, "
+                          f"not {rep.strategy!r}")
+    for key in ("serve_mbps", "probe_min_mib"):
+        if getattr(rep, key) < 0:
+            raise ConfigError(f"config: replication.{key} must be >= 0")
     _positive("election.stagger_s", cfg.election.stagger_s)
     _positive("election.grace_s", cfg.election.grace_s)
     if not cfg.socket:

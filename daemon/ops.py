@@ -16,6 +16,7 @@ from daemon.errors import ControlError
 from daemon.node import NodeAgent
 
 REPLY_TIMEOUT_S = 5.0
+MAX_PROBE_PEERS = 64
 
 
 def _node_id(value: Any, what: str) -> str:
@@ -106,8 +107,10 @@ async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
         rtts = await agent.monitor.rtts(peers)
     agent.request("join", addr=w.data_addr, neighbors=w.neighbors, rtts=rtts)
     await agent.flush()
+    rep = agent.cfg.replication
     return {"node": agent.me, "cluster": agent.cfg.cluster, "secret": agent.cfg.data_key.hex(),
-            "incarnation": agent.incarnation}
+            "incarnation": agent.incarnation,
+            "replication": {"serve_mbps": rep.serve_mbps, "probe_min_mib": rep.probe_min_mib}}
 
 
 def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
@@ -146,10 +149,9 @@ async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]
     return {}
 
 
-async def probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
-    peer = _node_id(args.get("peer"), "'peer'")
-    if peer == agent.me:
-        raise ControlError("a node cannot probe itself")
+async def _probe_one(agent: NodeAgent, peer: str, nbytes: int | None = None,
+                     reverse: bool = False) -> dict[str, Any]:
+    """A fresh RTT and bandwidth measurement of the path to ``peer``, told to the scheduler."""
     if agent.monitor is None:
         raise ControlError("probes are disabled on this node ([probe] enabled = false)",
                            code="failed")
@@ -157,7 +159,7 @@ async def probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     if ep is None or not ep.probe_port:
         raise ControlError(f"{peer} is not online or advertises no probe server",
                            code="failed")
-    result = await agent.monitor.probe(peer, ep)
+    result = await agent.monitor.probe(peer, ep, nbytes=nbytes, reverse=reverse)
     if result["rtt_ms"] is None and result["bandwidth_mbps"] is None:
         raise ControlError(f"no answer from {peer}'s probes at {ep.host}", code="failed")
     agent.request("report", kind="link-metrics", peer=peer, rtt_ms=result["rtt_ms"],
@@ -165,8 +167,32 @@ async def probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+async def probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    peer = _node_id(args.get("peer"), "'peer'")
+    if peer == agent.me:
+        raise ControlError("a node cannot probe itself")
+    return await _probe_one(agent, peer)
+
+
+async def worker_probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    """Measure the links to a joining node's sources, all at once (they will be loaded at
+    once by the parallel fetch, so a joint measurement is the one the planner needs)."""
+    peers = args.get("peers")
+    if not isinstance(peers, list) or not peers or len(peers) > MAX_PROBE_PEERS:
+        raise ControlError(f"'peers' must be a list of 1..{MAX_PROBE_PEERS} node ids")
+    ids = [_node_id(p, "each peer") for p in peers]
+    nbytes = _int(args, "bytes") or None
+    # reverse: the state flows from each source to us.
+    results = await asyncio.gather(*(_probe_one(agent, p, nbytes, reverse=True) for p in ids),
+                                   return_exceptions=True)
+    out: dict[str, Any] = {}
+    for peer, res in zip(ids, results, strict=True):
+        out[peer] = res if isinstance(res, dict) else {"error": str(res)}
+    return out
+
+
 HANDLERS = {
     "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
     "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
-    "probe": probe,
+    "probe": probe, "worker.probe": worker_probe,
 }

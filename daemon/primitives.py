@@ -34,8 +34,10 @@ class Negotiator:
     """Applies primitives to the scheduler's state and queues worker commands."""
 
     def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int],
-                 alive: Callable[[str], bool] = lambda _node: True) -> None:
+                 alive: Callable[[str], bool] = lambda _node: True,
+                 strategy: str = "chaos") -> None:
         self.sched = sched
+        self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
         self.clock = clock
         self.step_of = step_of
         self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
@@ -174,9 +176,12 @@ class Negotiator:
         self.sched.set_node(node, state="joining")
         self._join_steps[node] = version_step + 1
         policy = self.publish_policy(effective_step=version_step + 1)
-        sources = {p: self.sched.nodes[p].data_addr for p in chosen[:1]}
+        # Every neighbour snapshots and serves; the new node plans who sends which bytes.
+        sources = {p: self.sched.nodes[p].data_addr for p in chosen}
+        estimates = {p: {"rtt_ms": (rtts or {}).get(p), "bandwidth_mbps": None} for p in chosen}
         args = {"version_step": version_step, "new": node, "sources": sources,
-                "neighbors": chosen, "policy_version": policy.get("version")}
+                "neighbors": chosen, "policy_version": policy.get("version"),
+                "strategy": self.strategy, "links": estimates}
         for target in [node, *sources]:
             self._cmd(target, "replicate", **args)
 

@@ -158,16 +158,19 @@ class LinkMonitor:
             await one.stop()
         return out
 
-    async def probe(self, peer: str, ep: PeerEndpoint) -> dict[str, Any]:
-        """A fresh measurement of the path to ``peer``: RTT, then a 1 s bandwidth test."""
+    async def probe(self, peer: str, ep: PeerEndpoint, nbytes: int | None = None,
+                    reverse: bool = False) -> dict[str, Any]:
+        """A fresh measurement of the path to ``peer``: RTT, then a bandwidth test of 1 s (or
+        of ``nbytes``), from us to it or, with ``reverse``, from it to us."""
         rtt_ms = (await self.rtts({peer: ep})).get(peer)
         bw = None
         method = self.bandwidth.kind if ep.bw_kind in ("", self.bandwidth.kind) else ep.bw_kind
         error = None
         if ep.bw_port:
             try:
-                res = await self.bandwidth.measure(ep.host, ep.bw_port,
-                                                   duration_s=ON_DEMAND_TEST_S,
+                res = await self.bandwidth.measure(ep.host, ep.bw_port, nbytes=nbytes,
+                                                   duration_s=None if nbytes else
+                                                   ON_DEMAND_TEST_S, reverse=reverse,
                                                    peer_kind=ep.bw_kind or None)  # type: ignore[arg-type]
                 bw = round(res.mbps, 3)
             except NetprobeError as exc:

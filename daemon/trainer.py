@@ -32,6 +32,7 @@ from daemon.errors import ChaosError
 from daemon.replication.manifest import Manifest
 from daemon.replication.state import StateSpace, state_digest
 from daemon.trainer_control import StateDiverged, TrainerError
+from daemon.trainer_join import pull_state
 from daemon.trainer_policy import Published
 from daemon.trainer_session import EXIT_EVENT, Session, install_signal_handlers
 from daemon.trainer_transfer import TransferFailed
@@ -252,25 +253,24 @@ class Trainer:
             self._poll()
 
     def _fetch(self, rep: Any, deadline: float) -> bool:
-        t0 = time.monotonic()
-        for source, addr in sorted(rep.sources.items()):
-            self._s.dial_now(source, addr)
-            try:
-                space = self._s.transfer.fetch(source, rep.version_step,
-                                               max(1.0, deadline - time.monotonic()))  # fmt: skip
-                held = _WithHeld.for_manifest(self.model, space.manifest)
-                runtime = StateSpace.restore(self.model if held is None else held, self.optimizer,
-                                             space.manifest, space.buffer)  # fmt: skip
-            except (TransferFailed, ChaosError) as exc:
-                log.warning("state from %s failed: %s", source, exc)
-                continue
-            self.step = int(runtime.pop("step"))
-            self._pending = held.held.clone() if held is not None else None
-            self.runtime = dict(runtime.get("user", {}))
-            self._s.report("replicated", version=self.step, bytes=len(space.buffer),
-                           delay_ms=(time.monotonic() - t0) * 1e3, sources=[source])  # fmt: skip
-            return True
-        return False
+        """Pull and restore the state ``rep`` names; False (logged) if this try failed."""
+        local = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        try:
+            got = pull_state(self._s, rep, deadline, local)
+            held = _WithHeld.for_manifest(self.model, got.manifest)
+            runtime = StateSpace.restore(self.model if held is None else held, self.optimizer,
+                                         got.manifest, got.buffer)  # fmt: skip
+        except (TransferFailed, ChaosError) as exc:
+            log.warning("replicating the state from %s failed: %s", sorted(rep.sources), exc)
+            return False
+        self.step = int(runtime.pop("step"))
+        self._pending = held.held.clone() if held is not None else None
+        self.runtime = dict(runtime.get("user", {}))
+        log.info("restored step %d (%d bytes) from %s in %.0f ms", self.step,
+                 got.report["bytes"], ", ".join(got.report["sources"]),
+                 got.report["delay_ms"])  # fmt: skip
+        self._s.report("replicated", **got.report)
+        return True
 
     # -- rounds ----------------------------------------------------------------------------
     def _policy(self, deadline: float) -> Published:

@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -38,12 +38,17 @@ class Replicate:
         new: The joining node.
         sources: Source node -> its data-plane address.
         policy_version: The policy that makes ``new`` a member (-1 if the command lacks it).
+        strategy: ``chaos`` (planned split over the sources) or ``single`` (EDL+).
+        links: Source -> what the scheduler knows of the link (``rtt_ms``,
+            ``bandwidth_mbps``; None where unmeasured).
     """
 
     version_step: int
     new: str
     sources: Mapping[str, str]
     policy_version: int = -1
+    strategy: str = "chaos"
+    links: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def install_signal_handlers() -> None:
@@ -79,7 +84,8 @@ class Session:
         self.links = PeerLinks("unattached", "unattached", os.urandom(32),
                                is_member=self._admit, host=bind)  # fmt: skip
         self.host, self.port = self.links.start()
-        self.transfer = StateTransfer(self.links)
+        self.transfer = StateTransfer(self.links, host=bind)
+        self.probe_min_bytes = 16 << 20  # from chaosd's [replication] at attach
         self.node_id = ""
         self.replications: list[Replicate] = []  # not yet handled
         self.leave_requested = False
@@ -105,6 +111,10 @@ class Session:
         except (KeyError, TypeError, ValueError) as exc:
             raise TrainerError(f"chaosd sent a malformed worker.attach reply: {exc!r}") from None
         self.node_id = node
+        rep = data.get("replication") or {}
+        mbps = rep.get("serve_mbps") or 0
+        self.transfer.serve_bps = float(mbps) * 1e6 / 8 if mbps else None
+        self.probe_min_bytes = int(float(rep.get("probe_min_mib", 16)) * (1 << 20))
         return dict(data)
 
     def poll(self, step: int, state: str) -> Published | None:
@@ -166,8 +176,11 @@ class Session:
             elif op == "replicate":
                 sources = {str(k): str(v) for k, v in dict(args["sources"]).items()}
                 version = args.get("policy_version")
+                links = {str(k): dict(v) for k, v in dict(args.get("links") or {}).items()
+                         if isinstance(v, Mapping)}  # fmt: skip
                 rep = Replicate(int(args["version_step"]), str(args["new"]), sources,
-                                version if isinstance(version, int) else -1)  # fmt: skip
+                                version if isinstance(version, int) else -1,
+                                str(args.get("strategy") or "chaos"), links)  # fmt: skip
                 if rep.new != self.node_id:
                     self.links.allow(rep.new)  # the new node may dial us for the state
                 # A newer command for the same node supersedes the older ones.

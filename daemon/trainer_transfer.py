@@ -1,198 +1,226 @@
-"""State replication over the data-plane links (first version: one source).
+"""State replication for the Trainer: every neighbour serves, the new node plans and pulls.
 
-The new node asks its source on their authenticated link (``STATE_REQ``, the step it wants);
-the source answers with the snapshot's manifest (``STATE_MANIFEST``), the bytes in frames of
-at most ``CHUNK`` (``STATE_DATA``, offset in ``aux``), then ``STATE_END``. A source that has
-no snapshot of that step answers ``STATE_END`` with a reason. The receiver reads every chunk
-straight into its final buffer, and ``StateSpace.restore`` verifies every block before it
-loads anything. Serving runs on its own thread, overlapped with the source's next step.
+Rendezvous runs on the authenticated PeerLinks link. The new node sends ``STATE_REQ`` (the
+step it wants, in ``aux``) to each source. A source answers once it holds a snapshot of that
+step or a later one: ``STATE_MANIFEST`` carries ``{"port", "manifest"}``, where ``port`` is a
+:class:`~daemon.replication.serve.StateServer` that the source runs for this one new node.
+``STATE_END`` carries the reason it cannot serve. The bytes then move on the replication wire
+(:mod:`daemon.replication.fetch`): the planned ranges from every source at once, each block
+verified as it lands, and a failed source's undelivered bytes re-planned onto the others.
+
+A source serves from the snapshot it took at the step boundary, on the server's own threads,
+while its training loop goes on with the next steps (the overlap of the paper's Fig. 5). Its
+extra memory is that one copy of the state plus the server's bounded overhead (see
+:mod:`daemon.replication.serve`); the copy is dropped once the new node trains with us.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from daemon.dataplane import PeerGone, PeerLinks
 from daemon.dataplane.frames import FrameHeader, Kind
 from daemon.replication.errors import ManifestError
 from daemon.replication.manifest import Manifest
+from daemon.replication.serve import StateServer
+from daemon.replication.snapshot import Snapshot
 from daemon.replication.state import StateSpace
 
 log = logging.getLogger("chaos.trainer.transfer")
-CHUNK = 4 << 20
-MAX_MANIFEST = 8 << 20
-OFFER_WAIT_S = 60.0
+MAX_OFFER = 8 << 20  # bytes of one STATE_MANIFEST/STATE_END payload
+OFFER_WAIT_S = 60.0  # a source waits this long for its own snapshot of the asked step
+LINK_WAIT_S = 10.0  # the new node waits this long for its links to the sources
 _KINDS = (Kind.STATE_REQ, Kind.STATE_MANIFEST, Kind.STATE_DATA, Kind.STATE_END)
 
 
 class TransferFailed(Exception):
-    """The state could not be fetched from this source."""
+    """No source could offer the state."""
 
 
-class _Fetch:
-    def __init__(self, source: str, step: int) -> None:
-        self.source, self.step = source, step
-        self.manifest: Manifest | None = None
-        self.buffer: bytearray | None = None
-        self.received = 0
-        self.error: str | None = None
-        self.done = False
-        self._manifest_buf = bytearray()
+@dataclass(frozen=True)
+class Offer:
+    """A source's answer: the manifest of its snapshot and the port that serves it."""
+
+    source: str
+    manifest: Manifest
+    port: int
 
 
 class StateTransfer:
-    """Serves snapshots to new nodes and fetches one from a source, over PeerLinks.
+    """Serves snapshots to new nodes, and gathers the offers of the sources for a new node.
 
     Args:
-        links: This node's PeerLinks (the handler for the STATE_* kinds is registered here).
+        links: This node's PeerLinks (the STATE_* kinds are handled here).
+        host: Where state servers listen (the data plane's bind address).
+        serve_bps: Cap, in bytes/s, on what we send to one new node (None: uncapped).
     """
 
-    def __init__(self, links: PeerLinks) -> None:
-        self.links = links
+    def __init__(self, links: PeerLinks, host: str = "0.0.0.0",
+                 serve_bps: float | None = None) -> None:
+        self.links, self.host, self.serve_bps = links, host, serve_bps
         self._cond = threading.Condition()
-        self._snapshots: dict[str, StateSpace] = {}  # new node -> snapshot it may fetch
-        self._serving: dict[str, threading.Lock] = {}  # new node -> held while streaming
-        self._fetch: _Fetch | None = None
-        self._threads: list[threading.Thread] = []
+        self._servers: dict[str, StateServer] = {}  # new node -> the server of its snapshot
+        self._asked: dict[str, int] = {}  # new-node side: source -> step asked of it
+        self._answers: dict[str, Offer | str] = {}  # source -> its offer, or why not
+        self._first_offer = 0.0
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
 
     # -- source side -----------------------------------------------------------------------
     def offer(self, new_node: str, state: StateSpace) -> None:
-        """Let ``new_node`` fetch ``state`` (replacing an older offer)."""
+        """Serve ``state`` to ``new_node`` (replacing an older offer to it)."""
+        rate: Callable[[str], float | None] | None = None
+        if self.serve_bps:
+            bps = self.serve_bps
+            rate = lambda _peer: bps  # noqa: E731 - the server's per-peer rate hook
+        server = StateServer(Snapshot.of(state), self.links.me, host=self.host, rate=rate,
+                             is_allowed=lambda peer: peer == new_node)  # fmt: skip
+        server.start()
         with self._cond:
-            self._snapshots[new_node] = state
+            old = self._servers.pop(new_node, None)
+            self._servers[new_node] = server
             self._cond.notify_all()
+        if old is not None:
+            _close_later([old])
+        log.info("offering the state of step %d to %s (%d bytes, port %d)",
+                 state.manifest.version, new_node, state.manifest.total_bytes,
+                 server.address[1])  # fmt: skip
 
     def withdraw(self, nodes: Iterable[str]) -> None:
-        """Drop the offers to ``nodes`` (they have their state: they are in our rounds)."""
+        """Stop serving ``nodes`` (they train with us, so they have the state)."""
         with self._cond:
-            for node in nodes:
-                self._snapshots.pop(node, None)
+            gone = [self._servers.pop(n) for n in nodes if n in self._servers]
+        if gone:
+            _close_later(gone)
 
-    def _serve(self, peer: str, step: int) -> None:
-        with self._serving.setdefault(peer, threading.Lock()):  # one stream at a time
-            self._serve_one(peer, step)
+    def serving(self) -> dict[str, int]:
+        """New node -> bytes sent to it so far, for the offers still open."""
+        with self._cond:
+            servers = dict(self._servers)
+        return {n: s.stats().bytes_sent for n, s in servers.items()}
 
-    def _serve_one(self, peer: str, step: int) -> None:
-        # The request may come before this node has committed that step: wait for the offer.
+    def _serve_request(self, peer: str, step: int) -> None:
+        # The request may come before we have committed that step: wait for our snapshot.
         with self._cond:
             self._cond.wait_for(lambda: self._has(peer, step), OFFER_WAIT_S)
-            state = self._snapshots.get(peer)
-        deadline = time.monotonic() + 600.0
+            server = self._servers.get(peer)
         try:
-            if state is None or state.manifest.version < step:
-                have = None if state is None else state.manifest.version
-                reason = f"no snapshot of step {step} for {peer} (have {have})".encode()
-                self._send(peer, Kind.STATE_END, 0, reason, deadline)
+            if server is None or server.snapshot.manifest.version < step:
+                have = None if server is None else server.snapshot.manifest.version
+                why = f"no snapshot of step {step} for {peer} (have {have})"
+                self._send(peer, Kind.STATE_END, why.encode())
                 return
-            self._send(peer, Kind.STATE_MANIFEST, 0, state.manifest.to_json().encode(), deadline)
-            view = memoryview(state.buffer)
-            for off in range(0, len(view), CHUNK):
-                self._send(peer, Kind.STATE_DATA, off, view[off : off + CHUNK], deadline)
-            self._send(peer, Kind.STATE_END, 0, b"", deadline)
-            log.info("served the state of step %d to %s (%d bytes)", step, peer, len(view))
+            doc = {"port": server.address[1], "manifest": server.snapshot.manifest.to_dict()}
+            self._send(peer, Kind.STATE_MANIFEST, json.dumps(doc).encode())
         except PeerGone as exc:
-            log.warning("serving the state to %s failed: %s", peer, exc.reason)
-        # The offer stays until withdrawn: sent is not received (the link may be replaced
-        # by the one we dialled at the same time), and the new node then fetches again.
+            log.warning("answering %s's state request failed: %s", peer, exc.reason)
 
     def _has(self, peer: str, step: int) -> bool:
-        state = self._snapshots.get(peer)
+        server = self._servers.get(peer)
         # A later step than asked is fine: a late command is served from where we are.
-        return state is not None and state.manifest.version >= step
+        return server is not None and server.snapshot.manifest.version >= step
 
-    def _send(self, peer: str, kind: Kind, aux: int, payload: bytes | memoryview, dl: float
-              ) -> None:  # fmt: skip
-        self.links.send(peer, FrameHeader(kind, 0, 0, aux, 0, len(payload)), payload, dl)
+    def _send(self, peer: str, kind: Kind, payload: bytes, aux: int = 0) -> None:
+        header = FrameHeader(kind, 0, 0, aux, 0, len(payload))
+        self.links.send(peer, header, payload, time.monotonic() + 30.0)
 
     # -- new-node side ---------------------------------------------------------------------
-    def fetch(self, source: str, step: int, timeout: float) -> StateSpace:
-        """Fetch a snapshot of ``step`` or later from ``source`` (the link must be up).
-
-        Raises:
-            TransferFailed: The source refused, the link dropped, or the deadline passed.
-        """
-        deadline = time.monotonic() + timeout
-        if not self.links.wait_connected([source], timeout):
-            raise TransferFailed(f"no data-plane link to {source} within {timeout:g}s")
-        fetch = _Fetch(source, step)
+    def ask(self, sources: Sequence[str], step: int, deadline: float) -> None:
+        """Ask each source for its snapshot of ``step`` (answers arrive on reader threads)."""
         with self._cond:
-            self._fetch = fetch
-        try:
-            self._send(source, Kind.STATE_REQ, step, b"", deadline)
-            with self._cond:
-                while not fetch.done:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise TransferFailed(f"fetching the state from {source} timed out")
-                    self._cond.wait(min(left, 0.5))
-        except PeerGone as exc:
-            raise TransferFailed(f"link to {source} lost: {exc.reason}") from None
-        finally:
-            with self._cond:
-                self._fetch = None
-        if fetch.error is not None or fetch.manifest is None or fetch.buffer is None:
-            raise TransferFailed(f"{source} could not serve the state: {fetch.error}")
-        return StateSpace(fetch.manifest, fetch.buffer)
+            self._asked = dict.fromkeys(sources, step)
+            self._answers, self._first_offer = {}, 0.0
+        self.links.wait_connected(sources, max(0.0, min(LINK_WAIT_S, deadline - time.monotonic())))
+        for source in sources:
+            try:
+                self._send(source, Kind.STATE_REQ, b"", aux=step)
+            except PeerGone as exc:
+                self._answer(source, f"no link: {exc.reason}")
+
+    def offers(self, deadline: float, grace_s: float) -> tuple[dict[str, Offer], dict[str, str]]:
+        """Wait for the answers to :meth:`ask`: all of them, or ``grace_s`` after the first
+        offer (a source that lags that far behind its peers is left out of the plan).
+
+        Returns:
+            The offers, and the reasons of the sources that made none.
+        """
+        with self._cond:
+            while len(self._answers) < len(self._asked):
+                now = time.monotonic()
+                late = self._first_offer and now > self._first_offer + grace_s
+                if now > deadline or late:
+                    break
+                self._cond.wait(0.05)
+            answers, asked = dict(self._answers), list(self._asked)
+            self._asked = {}
+        offers = {s: a for s, a in answers.items() if isinstance(a, Offer)}
+        errors = {s: a for s, a in answers.items() if isinstance(a, str)}
+        errors.update({s: "no answer in time" for s in asked if s not in answers})
+        return offers, errors
+
+    def _answer(self, source: str, answer: Offer | str) -> None:
+        with self._cond:
+            if source in self._asked and source not in self._answers:
+                self._answers[source] = answer
+                if isinstance(answer, Offer) and not self._first_offer:
+                    self._first_offer = time.monotonic()
+                self._cond.notify_all()
 
     def close(self) -> None:
-        """Wait briefly for serving threads."""
-        for t in self._threads:
-            t.join(1.0)
+        """Stop every state server."""
+        with self._cond:
+            servers, self._servers = list(self._servers.values()), {}
+        for s in servers:
+            s.close(timeout=1.0)
 
     # -- FrameHandler (reader threads) -----------------------------------------------------
     def buffer_for(
         self, peer: str, h: FrameHeader, is_open: Callable[[], bool]
     ) -> memoryview | None:
-        """Where a STATE_* payload goes."""
-        with self._cond:
-            if h.kind is Kind.STATE_REQ:
-                # Serve on a thread of our own: the reader must keep reading this link.
-                t = threading.Thread(target=self._serve, args=(peer, h.aux), daemon=True,
-                                     name=f"state-serve-{peer}")  # fmt: skip
-                self._threads = [x for x in self._threads if x.is_alive()] + [t]
-                t.start()
-                return None
-            f = self._fetch
-            if f is None or peer != f.source or f.done:
-                return None
-            if h.kind in (Kind.STATE_MANIFEST, Kind.STATE_END) and h.length <= MAX_MANIFEST:
-                f._manifest_buf = bytearray(h.length)
-                return memoryview(f._manifest_buf)
-            if (h.kind is Kind.STATE_DATA and f.buffer is not None
-                    and h.aux + h.length <= len(f.buffer)):  # fmt: skip
-                return memoryview(f.buffer)[h.aux : h.aux + h.length]
-            f.error, f.done = f"unexpected {h.kind.name} frame", True
-            self._cond.notify_all()
+        """Where a STATE_* payload goes (None: it is skipped)."""
+        if h.kind is Kind.STATE_REQ:
+            # Answer on a thread of our own: the reader must keep reading this link.
+            threading.Thread(target=self._serve_request, args=(peer, h.aux), daemon=True,
+                             name=f"state-offer-{peer}").start()  # fmt: skip
             return None
+        with self._cond:
+            wanted = peer in self._asked and peer not in self._answers
+        if h.kind in (Kind.STATE_MANIFEST, Kind.STATE_END) and wanted and h.length <= MAX_OFFER:
+            return memoryview(bytearray(h.length))
+        if wanted:
+            self._answer(peer, f"unexpected {h.kind.name} frame of {h.length} bytes")
+        return None
 
     def on_frame(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
-        """Account for a delivered STATE_* payload."""
-        with self._cond:
-            f = self._fetch
-            if f is None or peer != f.source or f.done:
-                return
-            if h.kind is Kind.STATE_MANIFEST:
-                try:
-                    f.manifest = Manifest.from_json(bytes(payload))
-                    f.buffer = bytearray(f.manifest.total_bytes)
-                except ManifestError as exc:
-                    f.error, f.done = str(exc), True
-            elif h.kind is Kind.STATE_DATA:
-                f.received += h.length
-            elif h.kind is Kind.STATE_END:
-                if h.length:
-                    f.error = bytes(payload).decode("utf-8", "replace")
-                f.done = True
-            self._cond.notify_all()
+        """Take a delivered offer (or refusal)."""
+        if h.kind is Kind.STATE_END:
+            self._answer(peer, bytes(payload).decode("utf-8", "replace") or "refused")
+            return
+        if h.kind is not Kind.STATE_MANIFEST:
+            return
+        try:
+            doc = json.loads(bytes(payload))
+            offer = Offer(peer, Manifest.from_dict(doc["manifest"]), int(doc["port"]))
+            if not 0 < offer.port < 65536:
+                raise ValueError(f"port {offer.port}")
+        except (ValueError, KeyError, TypeError, ManifestError) as exc:
+            self._answer(peer, f"malformed offer: {exc}")
+            return
+        self._answer(peer, offer)
 
     def _on_down(self, peer: str, reason: str) -> None:
-        with self._cond:
-            f = self._fetch
-            if f is not None and f.source == peer and not f.done:
-                f.error, f.done = f"link lost: {reason}", True
-                self._cond.notify_all()
+        self._answer(peer, f"link lost: {reason}")
+
+
+def _close_later(servers: list[StateServer]) -> None:
+    """Close servers off the training thread: joining their threads takes up to a poll."""
+    def run() -> None:
+        for s in servers:
+            s.close()
+
+    threading.Thread(target=run, daemon=True, name="state-close").start()

@@ -80,6 +80,7 @@ class BandwidthProber:
         duration_s: float | None = None,
         timeout_s: float | None = None,
         peer_kind: ServerKind | None = None,
+        reverse: bool = False,
     ) -> BandwidthResult:
         """Run one test against a peer's probe server.
 
@@ -90,6 +91,8 @@ class BandwidthProber:
             duration_s: Seconds to send for.
             timeout_s: Deadline; defaults to the prober's.
             peer_kind: The tool the peer serves with (its :attr:`kind`); None assumes ours.
+            reverse: Measure peer-to-us (iperf3 ``-R``). The bulk probe only measures
+                us-to-peer, so it ignores this (a symmetric link is assumed).
 
         Raises:
             IperfMissing: The peer serves iperf3 but it is not installed here.
@@ -109,6 +112,7 @@ class BandwidthProber:
             nbytes=nbytes,
             duration_s=duration_s,
             timeout_s=timeout,
+            reverse=reverse,
             binary=self.iperf3_path,
             exec_prefix=self.exec_prefix,
         )

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
+from chaosctl.client import CtlError, call_once
 from chaosctl.cluster import LocalCluster
 from tests.integration.test_cli_live import chaosctl, one_error_line
 
@@ -36,3 +37,17 @@ def test_probe_errors_are_one_line(make_cluster: Callable[..., LocalCluster]) ->
     c.wait(lambda: c.query(a, "status"), 20, "the daemon")
     assert "not online" in one_error_line(chaosctl(c.socket_of(a), "probe", "ghost"), 1)
     assert "itself" in one_error_line(chaosctl(c.socket_of(a), "probe", a), 2)
+
+
+def test_worker_probe_measures_every_source_at_once(
+        make_cluster: Callable[..., LocalCluster]) -> None:
+    # A joining worker asks its daemon for the links to all its sources in one call.
+    c = make_cluster(3, "mosquitto")
+    a, b, d = c.node_ids
+    c.wait(lambda: c.agreed(c.node_ids), 20, "a scheduler")
+    out = call_once(c.socket_of(a), "worker.probe", {"peers": [b, d, "ghost"]}, timeout=60)
+    for peer in (b, d):
+        assert out[peer]["rtt_ms"] > 0 and out[peer]["bandwidth_mbps"] > 0, out
+    assert "not online" in out["ghost"]["error"]
+    with pytest.raises(CtlError, match="'peers' must be a list"):
+        call_once(c.socket_of(a), "worker.probe", {"peers": []}, timeout=10)

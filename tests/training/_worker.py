@@ -29,13 +29,16 @@ def main() -> int:
     ap.add_argument("--wait-members", type=int, default=1)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--leave-at", type=int, default=-1)
+    ap.add_argument("--width", type=int, default=16, help="hidden units (state size)")
+    ap.add_argument("--chunk", type=int, default=256, help="all-reduce chunk bytes")
     args = ap.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    model = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Tanh(),
+                                torch.nn.Linear(args.width, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=256, timeout=60.0)
+    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk, timeout=60.0)
     node = trainer.node_id
     if args.fault:
         event, index, from_step = args.fault.split(":")

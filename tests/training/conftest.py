@@ -7,8 +7,13 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+
+from chaosctl.cluster import LocalCluster
+from tests.training._run import Run
 
 
 @pytest.fixture
@@ -22,3 +27,26 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
                 os.killpg(p.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             p.wait(5)
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Iterator[Any]:
+    made: list[Run] = []
+
+    def make(size: int, config: str = "") -> Run:
+        c = LocalCluster(tmp_path / "c", size, cluster="train", broker_kind="mosquitto",
+                         config=config)
+        r = Run(c, tmp_path)
+        made.append(r)
+        c.start()
+        c.wait(lambda: c.agreed(states={"standby": size}), 30, "a scheduler")
+        return r
+
+    yield make
+    for r in made:
+        pids = [r.worker_pid(n) for n in r.c.node_ids]
+        r.c.close(grace=5.0)
+        for pid in pids:  # a worker whose daemon died is no longer supervised
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)

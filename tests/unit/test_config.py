@@ -50,6 +50,9 @@ def test_broker_urls(tmp_path: Path) -> None:
         ('mqtt = 3\n', "mqtt"),
         ('[mqtt]\nca_file = "/nonexistent/ca.pem"\n', "mqtt.ca_file"),
         ("node_id = \n", "TOML"),
+        ('[replication]\nstrategy = "fastest"\n', "replication.strategy"),
+        ('[replication]\nstrategy = "stop-resume"\n', "chaosctl bench scaleout"),
+        ('[replication]\nserve_mbps = -5\n', "replication.serve_mbps"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:

@@ -53,12 +53,26 @@ def test_scale_out_links_replicates_and_takes_effect_later() -> None:
     rep = cmds(neg, "replicate")
     assert sorted(n for n, _ in rep) == ["b", "c"]
     assert rep[0][1]["sources"] == {"b": neg.sched.nodes["b"].data_addr}
+    assert rep[0][1]["strategy"] == "chaos"
     clock.advance(1.5)
     neg.replicated("c", {"kind": "replicated", "bytes": 10})
     ev = neg.sched.events[-1]
     assert neg.sched.nodes["c"].state == "active"
     assert ev.kind == "scale-out" and ev.delay_ms == pytest.approx(1500.0)
     assert ev.detail["bytes"] == 10
+
+
+def test_scale_out_asks_every_neighbour_to_serve() -> None:
+    neg, _ = make({"a": 40, "b": 41, "c": 41})
+    grow(neg, "a", "b", "c")
+    neg.out.clear()
+    neg.join("d", "127.0.0.1:9", [], rtts={"a": 0.4, "b": 0.1, "c": 2.0})
+    rep = dict(cmds(neg, "replicate"))
+    # The two nearest by RTT are the neighbours, and both serve: the new node plans the split.
+    assert sorted(rep) == ["a", "b", "d"]
+    args = rep["d"]
+    assert sorted(args["sources"]) == ["a", "b"] == sorted(args["neighbors"])
+    assert args["links"]["b"]["rtt_ms"] == 0.1 and args["links"]["a"]["bandwidth_mbps"] is None
 
 
 def test_graceful_leave_and_failure() -> None:
