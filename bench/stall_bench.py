@@ -1,44 +1,44 @@
-"""Training-loop stall caused by scale-in, connect-link and disconnect-link (paper Table I).
+"""Training-loop stall caused by the primitives (the paper's Table I: under 1 ms).
 
-Runs a LocalCluster (real broker, real chaosd, real workers via ``chaosctl join``), trains
-tests/training/_worker.py on every node, then repeats each primitive ``--events`` times:
+    python bench/stall_bench.py --nodes 4 --events 50 --out bench/results/stall
 
-- ``connect-link`` / ``disconnect-link``: ``chaosctl link add|del`` between two members;
-- ``scale-in``: a graceful ``chaosctl leave`` of a node, which then rejoins (scale-out, not
-  measured here).
+Runs a LocalCluster (a real broker, real chaosd, real workers through ``chaosctl join``) that
+trains ``tests/training/_worker.py`` on a chain ``node-1 - node-2 - ... - node-N``, then:
 
-The stall of one event is what the workers report (``worker.report stall``: the time
-``update()`` spent beyond the plain all-reduce: agreement, reruns, waiting for the policy),
-which the scheduler attaches to the event as ``stall_ms``; we read ``chaosctl events --json``
-and print p50/p99 per kind. Numbers are reported, never asserted.
+- ``connect-link`` / ``disconnect-link``: ``chaosctl link add|del`` between the chain's ends,
+  ``--events`` times each (the chain stays connected, so no partition);
+- ``scale-in``: a graceful ``chaosctl leave`` of the chain's last node, which then rejoins
+  (a ``scale-out``), ``--events`` times.
 
-    python bench/stall_bench.py --nodes 4 --events 50 --out bench/results/stall.json
-
-Status: skeleton; it needs the scheduler to attach ``stall_ms`` to the events (it does, by
-``policy_version``) and was not run to completion in the session that wrote it.
+Every worker writes, for each committed step, how long ``update()`` took and its *stall*:
+the part outside the collectives (agreement and all-reduce, whose waits for the slowest peer
+the step pays anyway): polling chaosd, waiting for a policy, reruns, ``optimizer.step()``, a
+snapshot for a new node. An event touches the first step run under the policy it made and,
+for a scale-out, the step at which the sources took their snapshot. Per event we report the
+largest stall over the nodes at those steps, and the *step excess*: the largest amount by
+which such a step took longer than that node's median step. The stall of the steps at which
+no policy changed is the baseline: what a step costs beyond its collectives anyway.
+Prints a table, writes ``stall.json``, ``stall.md`` and (with matplotlib) ``stall.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
+from chaosctl.client import call_once
 from chaosctl.cluster import LocalCluster
 
 WORKER = Path(__file__).resolve().parent.parent / "tests" / "training" / "_worker.py"
-
-
-def ctl(cluster: LocalCluster, node: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run chaosctl against ``node``'s socket."""
-    return subprocess.run([sys.executable, "-m", "chaosctl.main", "--socket",
-                           str(cluster.socket_of(node)), *args],
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+KINDS = ("connect-link", "disconnect-link", "scale-in", "scale-out")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -47,65 +47,185 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
+def rows_of(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by kill or leave
+    return rows
+
+
+def event_rows(ev: dict[str, Any], node_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A node's rows at the steps the event touched: the first step run under the policy it
+    made, and for a scale-out the step at which the sources took their snapshot."""
+    out = [next((r for r in node_rows if r.get("policy_version") == ev.get("policy_version")),
+                None)]  # fmt: skip
+    if ev["kind"] == "scale-out" and isinstance(ev.get("version"), int):
+        out += [r for r in node_rows if r["step"] == ev["version"]]
+    return [r for r in out if r is not None]
+
+
+def is_baseline(prev: dict[str, Any], row: dict[str, Any]) -> bool:
+    """A step run under the same policy as the step before it."""
+    return row["step"] == prev["step"] + 1 and row["policy_version"] == prev["policy_version"]
+
+
+def event_cost(ev: dict[str, Any], rows: dict[str, list[dict[str, Any]]],
+               typical: dict[str, float]) -> tuple[float, float] | None:
+    """(stall beyond the collectives, step time beyond the node's typical step), each the
+    largest over the nodes; None if no node ran the steps the event touched."""
+    stall, excess = [], []
+    for node, node_rows in rows.items():
+        for r in event_rows(ev, node_rows):
+            stall.append(float(r["stall_ms"]))
+            excess.append(float(r["update_ms"]) - typical[node])
+    return (max(stall), max(excess)) if stall else None
+
+
+def baseline(rows: dict[str, list[dict[str, Any]]]) -> tuple[list[float], dict[str, float]]:
+    """Stalls of the steps under an unchanged policy, and each node's median step time."""
+    stalls, typical = [], {}
+    for node, node_rows in rows.items():
+        times = []
+        for prev, row in itertools.pairwise(node_rows):
+            if is_baseline(prev, row):
+                stalls.append(float(row["stall_ms"]))
+                times.append(float(row["update_ms"]))
+        typical[node] = statistics.median(times) if times else 0.0
+    return stalls, typical
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(statistics.median(values), 3),
+            "p99_ms": round(percentile(values, 99), 3), "max_ms": round(max(values), 3)}
+
+
+def run_cluster(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]],
+                                                                dict[str, list[dict[str, Any]]]]:
+    kind = "mosquitto" if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists() \
+        else "embedded"
+    with LocalCluster(tmp / "c", args.nodes, cluster="stall", broker_kind=kind) as c:
+        c.start()
+        c.wait(lambda: c.agreed(), 30, "a scheduler")
+        ids = c.node_ids
+
+        def join(node: str, nbrs: list[str]) -> None:
+            argv = [sys.executable, str(WORKER), "--steps", "1000000", "--sleep", "0.01",
+                    "--out", str(tmp / f"{node}.jsonl")]
+            call_once(c.socket_of(node), "join", {"neighbors": nbrs, "command": argv},
+                      timeout=10)
+
+        def active(node: str) -> bool:
+            return any(r["id"] == node and r["state"] == "active"
+                       for r in c.query(ids[0], "nodes") or [])
+
+        def worker_gone(node: str) -> bool:
+            return not ((c.query(node, "ping") or {}).get("worker") or {}).get("pid")
+
+        for i, node in enumerate(ids):
+            join(node, ids[i - 1 : i])  # a chain
+            c.wait(lambda node=node: active(node), 90, f"{node} to join")
+        a, b = ids[0], ids[-1]
+        for i in range(args.events):
+            for action in ("add", "del"):
+                call_once(c.socket_of(a), "link", {"action": action, "peer": b}, timeout=10)
+                time.sleep(args.gap)
+            print(f"link add/del {i + 1}/{args.events}", file=sys.stderr, flush=True)
+        for i in range(args.events):
+            call_once(c.socket_of(b), "leave", timeout=10)
+            c.wait(lambda: worker_gone(b), 60, f"{b}'s worker to leave")
+            join(b, [ids[-2]])
+            c.wait(lambda: active(b), 120, f"{b} to rejoin")
+            print(f"leave and rejoin {i + 1}/{args.events}", file=sys.stderr, flush=True)
+        time.sleep(2.0)  # the last rows reach the files
+        # All of them (the daemon keeps the last 1000; the default answer is the last 200).
+        events = call_once(c.socket_of(a), "events", {"limit": 0}, timeout=10) or []
+    return events, {n: rows_of(tmp / f"{n}.jsonl") for n in ids}
+
+
+def report(events: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
+           out: Path | None) -> dict[str, Any]:
+    base, typical = baseline(rows)
+    result: dict[str, Any] = {"baseline": {"steps": len(base), **summarize(base)},
+                              "typical_update_ms": typical, "kinds": {}}
+    b = result["baseline"]
+    lines = ["| event | events | measured | stall p50 ms | stall p99 ms | stall max ms | "
+             "step excess p50 ms | step excess p99 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|",
+             f"| (no change) | {len(base)} | {len(base)} | {b['p50_ms']} | {b['p99_ms']} | "
+             f"{b['max_ms']} | - | - |"]
+    samples: dict[str, list[float]] = {"baseline": base}
+    per_event: list[dict[str, Any]] = []
+    for kind in KINDS:
+        evs = [e for e in events if e.get("kind") == kind and not e.get("bootstrap")]
+        costs = [c for e in evs if (c := event_cost(e, rows, typical)) is not None]
+        if not costs:
+            continue
+        per_event += [{"seq": e.get("seq"), "kind": kind, "node": e.get("node"),
+                       "peer": e.get("peer"), "policy_version": e.get("policy_version"),
+                       "stall_ms": None if c is None else round(c[0], 3),
+                       "step_excess_ms": None if c is None else round(c[1], 3)}
+                      for e in evs for c in [event_cost(e, rows, typical)]]
+        stalls, excess = [c[0] for c in costs], [c[1] for c in costs]
+        samples[kind] = stalls
+        k = {"events": len(evs), "measured": len(costs), "stall": summarize(stalls),
+             "step_excess": summarize(excess)}
+        result["kinds"][kind] = k
+        lines.append(f"| {kind} | {len(evs)} | {len(costs)} | {k['stall']['p50_ms']} | "
+                     f"{k['stall']['p99_ms']} | {k['stall']['max_ms']} | "
+                     f"{k['step_excess']['p50_ms']} | {k['step_excess']['p99_ms']} |")
+    table = "\n".join(lines)
+    print(table)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {**result, "events": per_event, "samples": samples}
+        (out / "stall.json").write_text(json.dumps(doc, indent=1))
+        (out / "stall.md").write_text(table + "\n")
+        plot(samples, out / "stall.png")
+    return result
+
+
+def plot(samples: dict[str, list[float]], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing (pip install -e '.[bench]'): no plot", file=sys.stderr)
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, values in samples.items():
+        xs = sorted(values)
+        ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post",
+                label=f"{name} (n={len(xs)})")
+    ax.axvline(1.0, color="grey", linestyle=":", label="1 ms (paper, Table I)")
+    ax.set_xscale("log")
+    ax.set_xlabel("stall of the step, ms (max over the nodes)")
+    ax.set_ylabel("fraction of events")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=4)
     ap.add_argument("--events", type=int, default=50)
-    ap.add_argument("--out", default="")
-    ap.add_argument("--link-events", type=int, default=50)
+    ap.add_argument("--gap", type=float, default=0.3, help="seconds between link commands")
+    ap.add_argument("--out", default="", help="directory for stall.json, .md and .png")
+    ap.add_argument("--keep", default="", help="copy the workers' step records here")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp), args.nodes) as cluster:
-        cluster.start()
-        ids = cluster.node_ids
-        cluster.wait(lambda: cluster.agreed(), 30, "a scheduler")
-        for node in ids:
-            out = Path(tmp) / f"{node}.jsonl"
-            ctl(cluster, node, "join", "--", sys.executable, str(WORKER), "--steps", "100000",
-                "--sleep", "0.01", "--out", str(out))
-            time.sleep(0.5)
-        a, b = ids[0], ids[-1]
-        for _ in range(args.link_events):
-            ctl(cluster, a, "link", "add", b)
-            time.sleep(0.3)
-            ctl(cluster, a, "link", "del", b)
-            time.sleep(0.3)
-        def worker_gone(node: str) -> bool:
-            info = cluster.query(node, "ping") or {}
-            return not (info.get("worker") or {}).get("pid")
-
-        def active(node: str) -> bool:
-            rows = cluster.query(a, "nodes") or []
-            return any(r["id"] == node and r["state"] == "active" for r in rows)
-
-        for i in range(args.events):
-            node = ids[1 + i % (len(ids) - 1)]
-            ctl(cluster, node, "leave")
-            cluster.wait(lambda node=node: worker_gone(node), 60, f"{node}'s worker to leave")
-            ctl(cluster, node, "join", "--", sys.executable, str(WORKER), "--steps", "100000",
-                "--sleep", "0.01", "--out", str(Path(tmp) / f"{node}.jsonl"))
-            cluster.wait(lambda node=node: active(node), 90, f"{node} to rejoin")
-            print(f"scale-in {i + 1}/{args.events}", file=sys.stderr, flush=True)
-        time.sleep(2.0)  # the last stall reports reach the scheduler
-        events = json.loads(ctl(cluster, a, "events", "--json", "--limit", "1000").stdout
-                            or "[]")
-    result: dict[str, dict[str, float]] = {}
-    for kind in ("scale-in", "connect-link", "disconnect-link"):
-        rows = [e for e in events if e.get("kind") == kind]
-        # Workers report a stall only when it exceeds 1 ms or forced a rerun; an event with
-        # no report stalled no worker by more than 1 ms. Both views are printed.
-        reported = [float(e["stall_ms"]) for e in rows if e.get("stall_ms") is not None]
-        bounded = reported + [1.0] * (len(rows) - len(reported))
-        if rows:
-            result[kind] = {
-                "events": len(rows), "reported": len(reported),
-                "p50_ms_upper": statistics.median(bounded),
-                "p99_ms_upper": percentile(bounded, 99),
-                "p50_ms_reported": statistics.median(reported) if reported else 0.0,
-                "p99_ms_reported": percentile(reported, 99) if reported else 0.0,
-            }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2))
+    if args.nodes < 3:
+        ap.error("--nodes must be at least 3 (a chain whose ends can be linked)")
+    with tempfile.TemporaryDirectory() as tmp:
+        events, rows = run_cluster(args, Path(tmp))
+        if args.keep:
+            shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
+    report(events, rows, Path(args.out) if args.out else None)
     return 0
 
 

@@ -141,11 +141,19 @@ async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
 
 
 async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    # The worker stays attached: it polls on and takes part in the rounds (with no samples)
+    # until the policy without it takes effect, then detaches.
     step = _int(args, "step", agent.step)
     agent.worker.state = "leaving"
     agent.request("leave", step=step)
     await agent.flush()
-    agent.worker.detach()
+    return {}
+
+
+def worker_detach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    pid = _int(args, "pid")
+    if agent.worker.attached and agent.worker.pid == pid:
+        agent.worker.detach()  # it has left: its exit is no failure
     return {}
 
 
@@ -194,5 +202,5 @@ async def worker_probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]
 HANDLERS = {
     "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
     "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
-    "probe": probe, "worker.probe": worker_probe,
+    "probe": probe, "worker.probe": worker_probe, "worker.detach": worker_detach,
 }

@@ -200,19 +200,21 @@ class Negotiator:
                           **{"policy_version": self.sched.policy_version, **detail})
 
     def leave(self, node: str, step: int) -> None:
-        """Graceful scale-in after ``step``'s all-reduce."""
+        """Graceful scale-in at a step boundary a little ahead, like every planned change:
+        the leaver takes part (with no samples) until then, so no round waits for it."""
         rec = self.sched.nodes.get(node)
         if rec is None or rec.state not in MEMBER_STATES:
             return
         t0 = self.clock.monotonic()
         self._joins.pop(node, None)
         self._join_steps.pop(node, None)
+        effective = max(step + 1, self.max_step() + STEP_MARGIN)  # max_step still counts it
         self.sched.set_node(node, state="left")  # first, so only survivors are told
         self._drop_links(node)
-        policy = self.publish_policy(effective_step=step + 1)
+        policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="leave",
                           delay_ms=(self.clock.monotonic() - t0) * 1000.0,
-                          policy_version=policy.get("version"))
+                          policy_version=policy.get("version"), effective_step=effective)
 
     def gone(self, node: str, reason: str) -> None:
         """Scale-in on failure: a new policy at once; rounds in flight are rerun."""

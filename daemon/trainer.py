@@ -19,10 +19,11 @@ bounded by ``timeout``, and account the stall.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -37,12 +38,36 @@ from daemon.trainer_policy import Published
 from daemon.trainer_session import EXIT_EVENT, Session, install_signal_handlers
 from daemon.trainer_transfer import TransferFailed
 
-__all__ = ["StateDiverged", "Trainer", "TrainerError", "capture_exit_event"]
+__all__ = ["StateDiverged", "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
 log = logging.getLogger("chaos.trainer")
 POLL_S = 0.02
 FETCH_RETRY_S = 0.5  # pause before fetching a replicated state again
-LEAVE_LINGER_S = 0.5  # after worker.leave, before closing the links
+LEAVE_LINGER_S = 0.5  # after the drain, before closing the links
+DRAIN_MAX_S = 30.0  # a leaver waits at most this long for the policy that drops it
 RERUN_WAIT_S = 1.0  # after an abort, wait this long for a newer policy before retrying as is
+
+
+class StepTiming(NamedTuple):
+    """Where one ``update()`` spent its time.
+
+    Attributes:
+        step: The step it committed.
+        stall_ms: Time beyond the collectives (polling chaosd, waiting for a policy, reruns'
+            overhead, ``optimizer.step()``, a snapshot for a new node).
+        reruns: Rounds aborted and rerun before it committed.
+        total_ms: The whole call.
+        sync_ms: Time in the collectives (agreement and all-reduce), waits for peers included.
+    """
+
+    step: int
+    stall_ms: float
+    reruns: int
+    total_ms: float
+    sync_ms: float
+
+
+class _Left(Exception):
+    """While leaving, the policy without this node took over (ends the drain)."""
 
 
 class _WithHeld(torch.nn.Module):
@@ -107,7 +132,7 @@ class Trainer:
         self.timeout, self.join_timeout = timeout, join_timeout
         self.step = 0
         self.runtime: dict[str, Any] = {}  # user state replicated with the model (JSON types)
-        self.stalls: list[tuple[int, float, int]] = []  # (step, stall ms, reruns)
+        self.stalls: list[StepTiming] = []  # the last 10,000 updates
         self._params = [p for p in model.parameters()]
         self._pending: Any = None  # uncertain result of round step + 1
         self._agreed: tuple[int, int] | None = None
@@ -144,13 +169,17 @@ class Trainer:
             pub = self._policy(deadline)
             epoch = (pub.version, self._attempt.get(pub.version, 0))
             try:
-                if epoch != self._agreed and self._agree(pub, epoch[1]):
-                    self._version = pub.version
-                    break  # the agreement committed the result we held for this round
+                t1 = time.monotonic()
+                if epoch != self._agreed:
+                    agreed = self._agree(pub, epoch[1])
+                    spent += time.monotonic() - t1  # a collective: its waits are the peers'
+                    if agreed:
+                        self._version = pub.version
+                        break  # the agreement committed the result we held for this round
                 t1 = time.monotonic()
                 res = self.reducer.allreduce(flat, n, step=self.step + 1, policy=pub.policy,
                                              attempt=epoch[1])  # fmt: skip
-                spent = time.monotonic() - t1
+                spent += time.monotonic() - t1
                 self._version = pub.version
                 self._apply(res.values)
                 break
@@ -169,28 +198,52 @@ class Trainer:
         self._poll()
 
     def request_node_exit(self) -> None:
-        """Leave gracefully after the current step (scale-in), then close the links.
+        """Leave gracefully (scale-in), then close the links.
 
-        chaosd detaches the worker when it takes ``worker.leave`` (polling after it failed, so
-        the worker exited non-zero and was restarted: the node rejoined right after leaving).
-        We linger briefly, so that the scheduler takes the leave before any neighbour reports
-        the closing link, and so that neighbours that already have the policy without us drop
-        their links first; then we close, which frees a neighbour still waiting for us in a
-        round under the old policy (it reruns that step under the new one).
+        The scheduler publishes the policy without us for a step boundary a step or two
+        ahead, as for every planned change. Until it governs our next round we take part in
+        the rounds with no samples (a zero gradient that the global sample count ignores),
+        so that no neighbour ever waits for us: the leave costs the others no stall. Then we
+        linger briefly, so that neighbours drop their links to us first, and close.
         """
         try:
             self._s.flush_reports()
             self._s.client.call("worker.leave", {"step": self.step})
             self._state = "leaving"
+            self._drain(time.monotonic() + min(self.timeout, DRAIN_MAX_S))
             deadline = time.monotonic() + LEAVE_LINGER_S
             while self._s.links.connected() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
+            with contextlib.suppress(TrainerError):  # a daemon that is gone detached us
+                self._s.client.call("worker.detach", {"pid": os.getpid()})
         finally:
             self.close()
+
+    def _drain(self, deadline: float) -> None:
+        """Run no-sample rounds until a policy without us governs our next round."""
+        while time.monotonic() < deadline:
+            self._poll()
+            pub, newest = self._s.book.for_round(self.step + 1), self._s.book.newest
+            if pub is None or self.node_id not in pub.policy.members:
+                return
+            if newest is not None and newest.policy.members == (self.node_id,):
+                return  # the last member: nobody waits for us
+            self.optimizer.zero_grad(set_to_none=True)
+            try:
+                self.update(samples=0)
+            except _Left:
+                return
+        log.warning("%s left without the policy that drops it (the scheduler did not "
+                    "answer in time); the others will see a failure", self.node_id)
 
     def close(self) -> None:
         """Close links and the control connection (idempotent)."""
         self._s.close()
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the sync policy our last committed round ran under."""
+        return self._version
 
     def state_digest(self) -> str:
         """SHA-256 of parameters and optimizer state (equal on every member at a step)."""
@@ -281,6 +334,8 @@ class Trainer:
                 return pub
             newest = self._s.book.newest
             if pub is not None and newest is not None and self.node_id not in newest.policy.members:
+                if self._state == "leaving":
+                    raise _Left  # the policy without us governs: the leave is done
                 # Dropped (declared failed, or on the losing side of a partition): our state
                 # may be stale, so only a fresh replica lets us back in. (A newer policy that
                 # leaves us out too, say one for a later scale-out, changes nothing: our step
@@ -390,8 +445,9 @@ class Trainer:
         self._s.replications = keep
 
     def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
-        stall_ms = max(0.0, (time.monotonic() - t0 - spent)) * 1e3
-        self.stalls.append((self.step, stall_ms, reruns))
+        total_ms = (time.monotonic() - t0) * 1e3
+        stall_ms = max(0.0, total_ms - spent * 1e3)
+        self.stalls.append(StepTiming(self.step, stall_ms, reruns, total_ms, spent * 1e3))
         del self.stalls[:-10_000]
         if reruns or stall_ms > 1.0:
             self._s.report("stall", step=self.step, ms=round(stall_ms, 3), reruns=reruns,

@@ -33,7 +33,8 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=256, help="all-reduce chunk bytes")
     args = ap.parse_args()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    level = os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper()  # INFO when debugging
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Tanh(),
                                 torch.nn.Linear(args.width, 2))
@@ -61,8 +62,11 @@ def main() -> int:
             loss.backward()
             trainer.update()
             trainer.check_state_replication()
+            t = trainer.stalls[-1]
             out.write(json.dumps({"step": trainer.step, "digest": trainer.state_digest(),
-                                  "loss": float(loss.detach())}) + "\n")
+                                  "loss": float(loss.detach()), "stall_ms": round(t.stall_ms, 4),
+                                  "update_ms": round(t.total_ms, 4), "reruns": t.reruns,
+                                  "policy_version": trainer.policy_version}) + "\n")
             out.flush()
             if args.sleep:
                 time.sleep(args.sleep)
