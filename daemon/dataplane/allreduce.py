@@ -53,7 +53,7 @@ from daemon.dataplane.errors import DataPlaneError, PeerGone, RoundAborted
 from daemon.dataplane.frames import MAX_PAYLOAD, FrameHeader, Kind, phase_flags
 from daemon.dataplane.links import PeerLinks
 from daemon.dataplane.policy import SyncPolicy
-from daemon.dataplane.rounds import MAX_REASON, Phase, Round, Tag, as_flat_float32
+from daemon.dataplane.rounds import MAX_REASON, Phase, Round, Tag, as_flat_float32, as_out_buffer
 
 log = logging.getLogger("chaos.dataplane.allreduce")
 #: Test seam: ``hook(event, index)`` after each send: "reduce"/"bcast" (chunk), "ack",
@@ -133,6 +133,7 @@ class AllReducer:
         policy: SyncPolicy,
         attempt: int = 0,
         timeout: float | None = None,
+        out: Any = None,
     ) -> ReduceResult:
         """Average ``grad`` over the policy's members, weighted by sample counts; commit.
 
@@ -145,10 +146,15 @@ class AllReducer:
             attempt: Rerun counter within ``policy.version``; ``(version, attempt, step)``
                 must be newer than the tag of every phase run before on this node.
             timeout: Seconds before the round aborts (default: the constructor's).
+            out: Optional destination of the result: a contiguous, writable float32 buffer
+                with as many elements as ``grad`` and not overlapping it. Reusing one saves
+                the kernel zeroing a fresh buffer's pages every round; it is overwritten even
+                if the round aborts, so it must not hold a result still needed (an uncertain
+                one, say).
 
         Returns:
-            The averaged values (a new buffer) and the global sample count; the round has
-            committed, so the caller must apply it.
+            The averaged values (a flat view of ``out``, else a new buffer) and the global
+            sample count; the round has committed, so the caller must apply it.
 
         Raises:
             RoundAborted: Timeout, lost link, newer epoch or a neighbour's abort; ``result``
@@ -158,7 +164,7 @@ class AllReducer:
         inp, to_torch = as_flat_float32(grad)
         if samples < 0 or step < 0:
             raise DataPlaneError("samples and step must be >= 0")
-        out = np.empty_like(inp)
+        out = np.empty_like(inp) if out is None else as_out_buffer(out, inp)
         rnd = Round((policy.version, attempt, step), policy.parent(self.node_id),
                     policy.children(self.node_id), out, self.chunk_elems, self.ring, self._cond)
         self._execute(rnd, functools.partial(self._run_round, rnd, inp, samples), timeout)

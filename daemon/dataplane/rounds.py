@@ -247,3 +247,19 @@ def as_flat_float32(buf: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any] |
     if arr.dtype != np.float32:
         raise DataPlaneError(f"all-reduce needs float32 values, got {arr.dtype}")
     return np.ascontiguousarray(arr).reshape(-1), to_torch
+
+
+def as_out_buffer(out: Any, inp: np.ndarray) -> np.ndarray:
+    """A flat float32 numpy view of a caller's result buffer; never a copy, never ``inp``."""
+    if type(out).__module__.startswith("torch"):
+        contiguous = bool(out.is_contiguous())
+    else:
+        contiguous = isinstance(out, np.ndarray) and out.flags.c_contiguous
+    if not contiguous:
+        raise DataPlaneError("out must be a contiguous numpy array or torch tensor")
+    arr, _ = as_flat_float32(out)
+    if arr.size != inp.size or not arr.flags.writeable:
+        raise DataPlaneError(f"out must be a writable buffer of {inp.size} float32 values")
+    if np.may_share_memory(arr, inp):
+        raise DataPlaneError("out must not overlap grad")
+    return arr

@@ -7,7 +7,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from daemon.dataplane import AllReducer, LinkConfig, PeerLinks
 from tests.dataplane._cluster import Cluster
+
+SECRET = b"k"
+IDS = ["a", "b", "c"]
 
 
 @pytest.fixture
@@ -31,3 +35,20 @@ def _kill_leftover_children() -> Iterator[None]:
     for child in mp.active_children():
         child.kill()
         child.join(2.0)
+
+
+@pytest.fixture
+def trio() -> Iterator[dict[str, AllReducer]]:
+    """Three nodes a-b-c (a chain) in this process, plus an unconnected "solo"."""
+    links = {
+        n: PeerLinks(n, "t", SECRET, is_member=lambda p: True, config=LinkConfig(io_poll=0.2))
+        for n in [*IDS, "solo"]
+    }
+    for lk in links.values():
+        lk.start()
+    links["b"].allow("a", "c")
+    links["a"].connect_to("b", *links["b"].address)
+    links["c"].connect_to("b", *links["b"].address)
+    yield {n: AllReducer(lk, chunk_bytes=1024, timeout=10.0) for n, lk in links.items()}
+    for lk in links.values():
+        lk.close()

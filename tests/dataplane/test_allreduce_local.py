@@ -4,43 +4,17 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import torch
 
-from daemon.dataplane import (
-    AllReducer,
-    DataPlaneError,
-    LinkConfig,
-    PeerLinks,
-    RoundAborted,
-    SyncPolicy,
-)
+from daemon.dataplane import AllReducer, DataPlaneError, RoundAborted, SyncPolicy
 from daemon.dataplane.auth import Identity, initiate
 from daemon.dataplane.tensors import digest, flatten_grads, unflatten_into
+from tests.dataplane.conftest import IDS, SECRET
 
 pytestmark = pytest.mark.timeout(60)
-SECRET = b"k"
-IDS = ["a", "b", "c"]
-
-
-@pytest.fixture
-def trio() -> Iterator[dict[str, AllReducer]]:
-    """Three nodes a-b-c (a chain) in this process."""
-    links = {
-        n: PeerLinks(n, "t", SECRET, is_member=lambda p: True, config=LinkConfig(io_poll=0.2))
-        for n in [*IDS, "solo"]
-    }
-    for lk in links.values():
-        lk.start()
-    links["b"].allow("a", "c")
-    links["a"].connect_to("b", *links["b"].address)
-    links["c"].connect_to("b", *links["b"].address)
-    yield {n: AllReducer(lk, chunk_bytes=1024, timeout=10.0) for n, lk in links.items()}
-    for lk in links.values():
-        lk.close()
 
 
 def _model(seed: int) -> torch.nn.Module:
