@@ -381,6 +381,10 @@ class Trainer:
         self._s.redial()
         wait_until = min(deadline, time.monotonic() + RERUN_WAIT_S)
         while self._s.book.for_round(self.step + 1) is pub:
+            # First: past the deadline, every rerun would abort at once (a spin), not wait.
+            if time.monotonic() > deadline:
+                raise TrainerError(f"step {self.step + 1} could not complete within "
+                                   f"{self.timeout:g}s; last abort: {exc.reason}")  # fmt: skip
             # A newer version on the wire means its policy is on its way to us too.
             if self.reducer.newest_epoch()[0] <= pub.version and time.monotonic() >= wait_until:
                 # Join the newest attempt a neighbour started, else open the next one; taking
@@ -388,9 +392,6 @@ class Trainer:
                 own = self._attempt.get(pub.version, 0)
                 self._attempt[pub.version] = max(own + 1, self.reducer.newest_attempt(pub.version))
                 return
-            if time.monotonic() > deadline:
-                raise TrainerError(f"step {self.step + 1} could not complete within "
-                                   f"{self.timeout:g}s; last abort: {exc.reason}")  # fmt: skip
             time.sleep(POLL_S)
             self._poll()
 

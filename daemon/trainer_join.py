@@ -25,7 +25,7 @@ from daemon.replication.waterfill import lower_bound
 from daemon.trainer_control import TrainerError
 from daemon.trainer_policy import parse_addr
 from daemon.trainer_session import Replicate, Session
-from daemon.trainer_transfer import Offer, TransferFailed
+from daemon.trainer_transfer import LINK_WAIT_S, OFFER_WAIT_S, Offer, TransferFailed
 
 log = logging.getLogger("chaos.trainer.join")
 DEFAULT_MBPS = 100.0  # a link nobody has measured: equal guesses give an even split
@@ -62,7 +62,10 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int) ->
         s.dial_now(src, rep.sources[src])
     s.transfer.ask(sources, rep.version_step, deadline)
     measured = _measure(s, rep, sources, local_bytes)  # overlaps the sources' next steps
-    offers, errors = s.transfer.offers(deadline, OFFER_GRACE_S)
+    # Bounded per try: a source answers within OFFER_WAIT_S (with a refusal at worst), so
+    # silence beyond that means a lost request, and the caller's retry asks again.
+    offers, errors = s.transfer.offers(min(deadline, t0 + OFFER_WAIT_S + LINK_WAIT_S + 5.0),
+                                       OFFER_GRACE_S)
     for src, why in sorted(errors.items()):
         log.warning("%s offers no state: %s", src, why)
     if not offers:

@@ -214,7 +214,23 @@ class StateTransfer:
         self._answer(peer, offer)
 
     def _on_down(self, peer: str, reason: str) -> None:
+        with self._cond:
+            step = self._asked.get(peer) if peer not in self._answers else None
+        if step is None:
+            return
+        if self.links.state(peer) == "up":
+            # One of two connections (both ends dialled) was dropped; the request may have
+            # gone with it, so ask again on the one that stays (a source answers each ask).
+            threading.Thread(target=self._ask_again, args=(peer, step), daemon=True,
+                             name=f"state-ask-{peer}").start()  # fmt: skip
+            return
         self._answer(peer, f"link lost: {reason}")
+
+    def _ask_again(self, peer: str, step: int) -> None:
+        try:
+            self._send(peer, Kind.STATE_REQ, b"", aux=step)
+        except PeerGone as exc:
+            self._answer(peer, f"link lost: {exc.reason}")
 
 
 def _close_later(servers: list[StateServer]) -> None:

@@ -101,6 +101,8 @@ class FakeCluster:
             if op == "worker.report":
                 self.reports.append((node, dict(args)))
                 return {}
+            if op == "worker.detach":
+                return {}
             if op == "worker.leave":
                 if node in self.members:
                     self.members.remove(node)
