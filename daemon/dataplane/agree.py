@@ -127,3 +127,4 @@ class Agreement(Phase):
             self.child_summary[peer] = Summary.unpack(payload)
         elif h.kind is Kind.AGREE_DOWN:
             self.decision = Decision.unpack(payload)
+            self.done = True  # final here, whatever happens to the links afterwards

@@ -110,6 +110,7 @@ class AllReducer:
         self._phase: Phase | None = None
         self._floor: Tag = (-1, -1, -1)  # tag of the last phase started here
         self._seen: dict[int, int] = {}  # policy version -> newest attempt seen on the wire
+        self._told: set[tuple[str, Tag]] = set()  # stale phases we answered with an ABORT
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
 
@@ -319,6 +320,8 @@ class AllReducer:
     def _commit(self, r: Round, deadline: float) -> None:
         with self._cond:
             r.complete = True
+            if r.parent is None and r.all_acked() and not r.aborted:
+                r.done = True  # every ACK came before we got here: committed now
         if not self._wait(r, deadline, r.all_acked):
             return
         if r.parent is not None:
@@ -406,6 +409,8 @@ class AllReducer:
                 ph = self._phase
                 current = ph.tag if ph is not None else self._floor
                 if tag < current or (tag == current and ph is None):
+                    if header.kind is not Kind.ABORT and header.epoch < current[:2]:
+                        self._tell_stale(peer, header, current)
                     return None
                 if ph is not None and tag == current:
                     return ph.claim(peer, header, is_open)
@@ -414,6 +419,27 @@ class AllReducer:
                 if not is_open():
                     return None
                 self._cond.wait(0.25)
+
+    def _tell_stale(self, peer: str, header: FrameHeader, current: Tag) -> None:
+        """Answer a frame of an epoch we have left with an ABORT of that epoch (called with
+        the condition held). Its sender may have joined the epoch after our abort of it went
+        out (on a link that was still down then); without this it would wait for us until
+        its phase timed out, while we wait for it in the newer epoch."""
+        key = (peer, header.round_tag)
+        if key in self._told:
+            return
+        self._told.add(key)
+        if len(self._told) > 1024:  # only recent epochs matter
+            self._told = {key}
+        reason = f"{self.node_id} has moved on to epoch {current[:2]}".encode()[:MAX_REASON]
+        reply = FrameHeader(Kind.ABORT, header.step, header.policy_version, 0, 0, len(reason),
+                            header.flags)  # fmt: skip
+
+        def send() -> None:
+            with contextlib.suppress(PeerGone):
+                self.links.send(peer, reply, reason, time.monotonic() + _ABORT_SEND_S)
+
+        threading.Thread(target=send, daemon=True, name=f"stale-{peer}").start()
 
     def on_frame(self, peer: str, header: FrameHeader, payload: memoryview) -> None:
         """Account for a delivered payload."""

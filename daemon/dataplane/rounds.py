@@ -224,9 +224,14 @@ class Round(Phase):
         elif h.kind is Kind.BCAST:
             self.bcast_received += 1
         elif h.kind is Kind.COMMIT:
-            self.commit_received = True
+            # The commit point of a child: from here on the round is final here. Set it on
+            # the reader thread, before the link's own end (often right behind COMMIT when
+            # the root finished training) can abort a round the root already committed.
+            self.commit_received = self.done = True
         elif h.kind is Kind.ACK:
             self.child[peer].acked = True
+            if self.parent is None and self.complete and self.all_acked():
+                self.done = True  # the root's commit point: every member holds the result
         elif h.kind is Kind.COUNT:
             self.child[peer].count = int.from_bytes(self.child[peer].scratch, "big")
         elif h.kind is Kind.REDUCE:

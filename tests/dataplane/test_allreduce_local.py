@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -93,3 +94,53 @@ def test_a_stalled_neighbour_times_out_instead_of_hanging(trio: dict[str, AllRed
         assert info.value.step == 1 and info.value.policy_version == 5
     finally:
         raw.close()
+
+
+def test_a_late_joiner_of_an_abandoned_epoch_is_told_at_once(
+        trio: dict[str, AllReducer]) -> None:
+    """b and c are in attempt 1 when a opens attempt 0 (b's abort of attempt 0 never reached
+    it): b answers a's stale frame with an ABORT, so a moves on instead of timing out."""
+    policy = SyncPolicy.build(7, IDS, [("a", "b"), ("b", "c")], "b")
+    decisions: dict[str, object] = {}
+
+    def agree(node: str) -> None:
+        decisions[node] = trio[node].agree(policy=policy, committed=3, holds=False, attempt=1,
+                                           timeout=20.0)
+
+    threads = [threading.Thread(target=agree, args=(n,)) for n in ("b", "c")]
+    for t in threads:
+        t.start()
+    while trio["b"].newest_epoch() != (7, 1):
+        time.sleep(0.01)
+    with pytest.raises(RoundAborted) as info:
+        trio["a"].agree(policy=policy, committed=3, holds=False, attempt=0, timeout=15.0)
+    assert "moved on to epoch (7, 1)" in info.value.reason
+    agree("a")  # now a joins the attempt the others are in, and all three decide
+    for t in threads:
+        t.join(20)
+    assert decisions["a"] == decisions["b"] == decisions["c"]
+
+
+def test_a_child_commits_even_if_the_root_closes_right_after_commit(
+        trio: dict[str, AllReducer]) -> None:
+    """A root that finished training closes its links as soon as it has committed; the
+    COMMIT is in the child's socket ahead of the close, so the child must commit too."""
+    policy = SyncPolicy.build(3, ["a", "b"], [("a", "b")], "a")
+    grad = np.arange(50_000, dtype=np.float32)
+    for step in range(1, 21):
+        child: dict[str, object] = {}
+
+        def run_child(step: int = step, child: dict[str, object] = child) -> None:
+            try:
+                child["res"] = trio["b"].allreduce(grad, 1, step=step, policy=policy)
+            except RoundAborted as exc:
+                child["res"] = exc
+
+        t = threading.Thread(target=run_child)
+        t.start()
+        trio["a"].allreduce(grad, 1, step=step, policy=policy)
+        trio["a"].links.disconnect("b", reason="finished training")
+        t.join(20)
+        assert not isinstance(child["res"], RoundAborted), child["res"]
+        trio["b"].links.allow("a")
+        trio["a"].links.connect_to("b", *trio["b"].links.address)
