@@ -222,9 +222,12 @@ def main() -> int:
     if args.nodes < 3:
         ap.error("--nodes must be at least 3 (a chain whose ends can be linked)")
     with tempfile.TemporaryDirectory() as tmp:
-        events, rows = run_cluster(args, Path(tmp))
-        if args.keep:
-            shutil.copytree(tmp, args.keep, dirs_exist_ok=True)
+        try:
+            events, rows = run_cluster(args, Path(tmp))
+        finally:  # the logs matter most when the run failed
+            if args.keep:
+                shutil.copytree(tmp, args.keep, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.sock"))
     report(events, rows, Path(args.out) if args.out else None)
     return 0
 

@@ -59,7 +59,7 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int) ->
     t0 = time.monotonic()
     sources = sorted(rep.sources)
     for src in sources:
-        s.dial_now(src, rep.sources[src])
+        s.want(src, rep.sources[src])  # admit it; dial it if ours is the lower id
     s.transfer.ask(sources, rep.version_step, deadline)
     measured = _measure(s, rep, sources, local_bytes)  # overlaps the sources' next steps
     # Bounded per try: a source answers within OFFER_WAIT_S (with a refusal at worst), so

@@ -210,15 +210,10 @@ class Session:
         self._quiet_down.discard(peer)
         self.links.allow(peer)
         self._wanted[peer] = parse_addr(addr)
-        if self.node_id < peer or peer in self._must_dial:
+        # Only the lower id dials, even for a new node and its sources: when both ends dialled,
+        # frames sent on the connection that lost the tie were dropped with it.
+        if self.node_id < peer:
             self._dial(peer)
-
-    _must_dial: frozenset[str] = frozenset()
-
-    def dial_now(self, peer: str, addr: str) -> None:
-        """Dial ``peer`` ourselves whatever the id order (a new node fetching its state)."""
-        self._must_dial = self._must_dial | {peer}
-        self.want(peer, addr)
 
     def _follow_tree(self, pub: Published) -> None:
         if self.node_id not in pub.policy.members:
@@ -259,7 +254,7 @@ class Session:
     def redial(self) -> None:
         """Re-dial wanted links that are down (after an abort)."""
         for peer in list(self._wanted):
-            if self.links.state(peer) != "up" and (self.node_id < peer or peer in self._must_dial):
+            if self.links.state(peer) != "up" and self.node_id < peer:
                 self._dial(peer)
 
     def _admit(self, peer: str) -> bool:

@@ -35,6 +35,7 @@ log = logging.getLogger("chaos.trainer.transfer")
 MAX_OFFER = 8 << 20  # bytes of one STATE_MANIFEST/STATE_END payload
 OFFER_WAIT_S = 60.0  # a source waits this long for its own snapshot of the asked step
 LINK_WAIT_S = 10.0  # the new node waits this long for its links to the sources
+REASK_S = 5.0  # a source that has not answered is asked again this often
 _KINDS = (Kind.STATE_REQ, Kind.STATE_MANIFEST, Kind.STATE_DATA, Kind.STATE_END)
 
 
@@ -68,6 +69,7 @@ class StateTransfer:
         self._asked: dict[str, int] = {}  # new-node side: source -> step asked of it
         self._answers: dict[str, Offer | str] = {}  # source -> its offer, or why not
         self._first_offer = 0.0
+        self._waiting: set[tuple[str, int]] = set()  # source side: requests not answered yet
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
 
@@ -109,6 +111,7 @@ class StateTransfer:
         with self._cond:
             self._cond.wait_for(lambda: self._has(peer, step), OFFER_WAIT_S)
             server = self._servers.get(peer)
+            self._waiting.discard((peer, step))
         try:
             if server is None or server.snapshot.manifest.version < step:
                 have = None if server is None else server.snapshot.manifest.version
@@ -149,12 +152,20 @@ class StateTransfer:
         Returns:
             The offers, and the reasons of the sources that made none.
         """
+        next_ask = time.monotonic() + REASK_S
         with self._cond:
             while len(self._answers) < len(self._asked):
                 now = time.monotonic()
                 late = self._first_offer and now > self._first_offer + grace_s
                 if now > deadline or late:
                     break
+                if now > next_ask:
+                    # A request or its answer can be lost with a connection that is replaced
+                    # (a peer restarted); asking again is cheap and a source answers each ask.
+                    next_ask = now + REASK_S
+                    for peer in [p for p in self._asked if p not in self._answers]:
+                        threading.Thread(target=self._ask_again, args=(peer, self._asked[peer]),
+                                         daemon=True, name=f"state-ask-{peer}").start()
                 self._cond.wait(0.05)
             answers, asked = dict(self._answers), list(self._asked)
             self._asked = {}
@@ -185,6 +196,10 @@ class StateTransfer:
         """Where a STATE_* payload goes (None: it is skipped)."""
         if h.kind is Kind.STATE_REQ:
             # Answer on a thread of our own: the reader must keep reading this link.
+            with self._cond:
+                if (peer, h.aux) in self._waiting:
+                    return None  # a thread already waits to answer exactly this
+                self._waiting.add((peer, h.aux))
             threading.Thread(target=self._serve_request, args=(peer, h.aux), daemon=True,
                              name=f"state-offer-{peer}").start()  # fmt: skip
             return None

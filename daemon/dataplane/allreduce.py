@@ -111,6 +111,7 @@ class AllReducer:
         self._floor: Tag = (-1, -1, -1)  # tag of the last phase started here
         self._seen: dict[int, int] = {}  # policy version -> newest attempt seen on the wire
         self._told: set[tuple[str, Tag]] = set()  # stale phases we answered with an ABORT
+        self._lost = False  # whether the last phase run here (the floor) aborted
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
 
@@ -232,6 +233,7 @@ class AllReducer:
         finally:
             with self._cond:
                 self._phase = None
+                self._lost = ph.aborted
                 self._cond.notify_all()
         if ph.aborted:
             self._propagate_abort(ph)
@@ -409,7 +411,10 @@ class AllReducer:
                 ph = self._phase
                 current = ph.tag if ph is not None else self._floor
                 if tag < current or (tag == current and ph is None):
-                    if header.kind is not Kind.ABORT and header.epoch < current[:2]:
+                    # An epoch we have left, or the phase we just aborted (its sender may
+                    # start it after our ABORT went out): tell the sender to move on.
+                    left = header.epoch < current[:2] or (tag == current and self._lost)
+                    if header.kind is not Kind.ABORT and left:
                         self._tell_stale(peer, header, current)
                     return None
                 if ph is not None and tag == current:
@@ -431,7 +436,7 @@ class AllReducer:
         self._told.add(key)
         if len(self._told) > 1024:  # only recent epochs matter
             self._told = {key}
-        reason = f"{self.node_id} has moved on to epoch {current[:2]}".encode()[:MAX_REASON]
+        reason = f"{self.node_id} has left phase {header.round_tag}".encode()[:MAX_REASON]
         reply = FrameHeader(Kind.ABORT, header.step, header.policy_version, 0, 0, len(reason),
                             header.flags)  # fmt: skip
 

@@ -91,6 +91,9 @@ class FakeCluster:
                     self._publish(t + 1)
                     rep = {"version_step": t, "new": node,
                            "sources": {source: self.addrs[source]}}
+                    # As the real scheduler does: both ends of the new link are told first.
+                    self._cmd(source, "connect", peer=node, addr=self.addrs[node])
+                    self._cmd(node, "connect", peer=source, addr=self.addrs[source])
                     for target in (node, source):
                         self._cmd(target, "replicate", **rep)
                 return {"node": node, "cluster": "fake", "secret": SECRET, "incarnation": "x"}
