@@ -10,18 +10,24 @@ import numpy as np
 import torch
 
 
-def flatten_grads(params: Iterable[torch.Tensor]) -> torch.Tensor:
+def flatten_grads(params: Iterable[torch.Tensor], out: torch.Tensor | None = None
+                  ) -> torch.Tensor:
     """Concatenate the ``.grad`` of ``params`` into one flat float32 CPU tensor.
 
     A parameter without a gradient contributes zeros, so every node's buffer has the same
-    layout whatever its local batch touched.
+    layout whatever its local batch touched. With ``out`` (a float32 CPU tensor of the right
+    size) the result is written there: a training loop that reuses it saves allocating, and
+    the kernel zeroing, a buffer the size of the model every step.
     """
     parts = [
         (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1) for p in params
     ]
     if not parts:
         return torch.zeros(0, dtype=torch.float32)
-    return torch.cat([t.to(device="cpu", dtype=torch.float32) for t in parts])
+    cpu = [t.to(device="cpu", dtype=torch.float32) for t in parts]
+    if out is None:
+        return torch.cat(cpu)
+    return torch.cat(cpu, out=out)
 
 
 def unflatten_into(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> None:
