@@ -14,7 +14,8 @@ Every worker writes, for each committed step, how long ``update()`` took and its
 the part outside the collectives (agreement and all-reduce, whose waits for the slowest peer
 the step pays anyway): polling chaosd, waiting for a policy, reruns, ``optimizer.step()``, a
 snapshot for a new node. An event touches the first step run under the policy it made and,
-for a scale-out, the step at which the sources took their snapshot. Per event we report the
+for a scale-out, the step at which the sources took their snapshot (the joining node's own
+first step is left out: it is not a stall of the nodes that were training). Per event we report the
 largest stall over the nodes at those steps, and the *step excess*: the largest amount by
 which such a step took longer than that node's median step. The stall of the steps at which
 no policy changed is the baseline: what a step costs beyond its collectives anyway.
@@ -79,6 +80,8 @@ def event_cost(ev: dict[str, Any], rows: dict[str, list[dict[str, Any]]],
     largest over the nodes; None if no node ran the steps the event touched."""
     stall, excess = [], []
     for node, node_rows in rows.items():
+        if ev["kind"] == "scale-out" and node == ev.get("node"):
+            continue  # the new node's own first step (warm-up) is no stall of the others
         for r in event_rows(ev, node_rows):
             stall.append(float(r["stall_ms"]))
             excess.append(float(r["update_ms"]) - typical[node])

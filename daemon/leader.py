@@ -66,6 +66,7 @@ class SchedulerRole:
 
     def on_heartbeat(self, hb: Heartbeat, addr: str) -> None:
         self.sched.observe_heartbeat(hb, addr)
+        self.neg.observe_progress()
 
     def on_status(self, st: Status) -> None:
         verdict = self.sched.observe_status(st)

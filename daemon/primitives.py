@@ -10,6 +10,8 @@ node agent sends them. Nothing here does I/O, so it is tested with a fake clock.
 from __future__ import annotations
 
 import logging
+import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -23,7 +25,9 @@ from daemon.scheduler import Scheduler
 log = logging.getLogger("chaosd.primitives")
 MEMBER_STATES = ("joining", "active")
 AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
-STEP_MARGIN = 2        # steps of slack before a scale-out policy takes effect
+STEP_MARGIN = 2        # at least this many steps of slack before a planned change
+POLICY_LEAD_S = 0.5    # and at least this much time: the policy must reach every worker first
+RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
 
 
 def link_key(a: str, b: str) -> tuple[str, str]:
@@ -42,6 +46,7 @@ class Negotiator:
         self.step_of = step_of
         self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
         self.out: list[tuple[str, str, dict[str, Any]]] = []  # (node, op, args)
+        self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
         self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
         self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
 
@@ -92,6 +97,25 @@ class Negotiator:
     def max_step(self) -> int:
         steps = [self.step_of(n) for n in self.members()]
         return max(steps, default=0)
+
+    def observe_progress(self) -> None:
+        """Sample the cluster's step (called on heartbeats) to learn the step rate."""
+        now, step = self.clock.monotonic(), self.max_step()
+        if self._progress and now - self._progress[-1][0] < 0.2:
+            return
+        self._progress.append((now, step))
+        while self._progress and now - self._progress[0][0] > RATE_WINDOW_S:
+            self._progress.popleft()
+
+    def lead(self) -> int:
+        """Steps ahead at which a planned change takes effect: STEP_MARGIN, or more when
+        the cluster steps so fast that the policy could not reach every worker in time (a
+        worker that starts the round under the old policy makes everyone rerun it)."""
+        if len(self._progress) < 2:
+            return STEP_MARGIN
+        (t0, s0), (t1, s1) = self._progress[0], self._progress[-1]
+        rate = max(0, s1 - s0) / max(t1 - t0, 1e-3)
+        return max(STEP_MARGIN, math.ceil(rate * POLICY_LEAD_S))
 
     # --- policy ---------------------------------------------------------------------------
     def publish_policy(self, effective_step: int) -> dict[str, Any]:
@@ -172,7 +196,7 @@ class Negotiator:
         self._drop_links(node)
         for peer in chosen:
             self._add_link(node, peer)
-        version_step = self.max_step() + STEP_MARGIN
+        version_step = self.max_step() + self.lead()
         self.sched.set_node(node, state="joining")
         self._join_steps[node] = version_step + 1
         policy = self.publish_policy(effective_step=version_step + 1)
@@ -208,7 +232,7 @@ class Negotiator:
         t0 = self.clock.monotonic()
         self._joins.pop(node, None)
         self._join_steps.pop(node, None)
-        effective = max(step + 1, self.max_step() + STEP_MARGIN)  # max_step still counts it
+        effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
         self.sched.set_node(node, state="left")  # first, so only survivors are told
         self._drop_links(node)
         policy = self.publish_policy(effective_step=effective)
@@ -249,7 +273,7 @@ class Negotiator:
                 for n in idle:
                     self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n])
             else:
-                self.publish_policy(effective_step=self.max_step() + STEP_MARGIN)
+                self.publish_policy(effective_step=self.max_step() + self.lead())
             kind = "connect-link"
         else:
             if self._link(a, b) is None:
@@ -257,7 +281,7 @@ class Negotiator:
             self._drop_links(a, b)
             if failed:
                 self.sched.record("link-failed", node=a, peer=b)
-            self.publish_policy(effective_step=0 if failed else self.max_step() + STEP_MARGIN)
+            self.publish_policy(effective_step=0 if failed else self.max_step() + self.lead())
             kind = "disconnect-link"
         self.sched.record(kind, node=a, peer=b, delay_ms=(self.clock.monotonic() - t0) * 1000,
                           policy_version=self.sched.policy_version)

@@ -142,3 +142,23 @@ def test_handle_rejects_malformed_requests() -> None:
     assert neg.handle("a", "join", {"addr": 3}) is not None
     assert neg.handle("a", "link", {"peer": "b"}) is not None
     assert neg.handle("a", "dance", {}) == "unknown request 'dance'"
+
+
+def test_a_fast_cluster_gets_a_longer_lead_before_a_planned_change() -> None:
+    steps = {"a": 100, "b": 100}
+    neg, clock = make(steps)
+    grow(neg, "a", "b")
+    assert neg.lead() == 2  # no rate known yet: the minimum margin
+    for _ in range(20):  # 40 steps/s, seen through the heartbeats
+        clock.advance(0.25)
+        steps["a"] += 10
+        steps["b"] += 10
+        neg.observe_progress()
+    assert neg.lead() == 20  # half a second of steps: the policy reaches everyone first
+    neg.leave("b", steps["b"])
+    assert neg.sched.policy["effective_step"] == steps["a"] + 20
+    for _ in range(30):  # a slow cluster: one step a second
+        clock.advance(0.25)
+        steps["a"] += 1 if _ % 4 == 0 else 0
+        neg.observe_progress()
+    assert neg.lead() == 2
