@@ -45,6 +45,7 @@ FETCH_RETRY_S = 0.5  # pause before fetching a replicated state again
 LEAVE_LINGER_S = 0.5  # after the drain, before closing the links
 DRAIN_MAX_S = 30.0  # a leaver waits at most this long for the policy that drops it
 RERUN_WAIT_S = 1.0  # after an abort, wait this long for a newer policy before retrying as is
+SERVE_WAIT_S = 5.0  # a source waits this long for the replicate command of a new neighbour
 
 
 class StepTiming(NamedTuple):
@@ -172,6 +173,7 @@ class Trainer:
         reruns, spent, reason = 0, 0.0, ""
         while True:
             pub = self._policy(deadline)
+            self._serve_first(pub, deadline)
             epoch = (pub.version, self._attempt.get(pub.version, 0))
             try:
                 t1 = time.monotonic()
@@ -355,6 +357,26 @@ class Trainer:
                 continue
             if time.monotonic() > deadline:
                 raise TrainerError(f"no sync policy for step {self.step + 1} arrived in time")
+            time.sleep(POLL_S)
+            self._poll()
+
+    def _serve_first(self, pub: Published, deadline: float) -> None:
+        """Before the first round with a new tree neighbour, wait (bounded) for the replicate
+        command that names us its source, and serve it. The command and the policy travel
+        on different topics: a round started first waits for the new node, which waits for
+        our offer, and both stall until the round times out."""
+        prev = self._s.book.for_round(self.step)
+        if prev is None or prev is pub or self.node_id not in prev.policy.members:
+            return  # no change, or we are new ourselves (a new node is nobody's source)
+        p = pub.policy
+        near = (p.parent(self.node_id), *p.children(self.node_id))
+        new = [m for m in near if m and m not in prev.policy.members]
+        until = min(deadline, time.monotonic() + SERVE_WAIT_S)
+        while new and not set(new) <= set(self._s.transfer.serving()):
+            if time.monotonic() > until:
+                log.warning("no replicate command for %s arrived in %gs; running round %d "
+                            "without serving it", new, SERVE_WAIT_S, self.step + 1)
+                return
             time.sleep(POLL_S)
             self._poll()
 

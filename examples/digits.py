@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import logging
+import os
 import sys
 
 import numpy as np
@@ -35,7 +36,9 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--log-every", type=int, default=25)
     args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    # CHAOS_WORKER_LOG=info shows the Trainer's joins, offers and policy switches.
+    level = os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s")
 
     digits = load_digits()
     x_all = torch.tensor(digits.data / 16.0, dtype=torch.float32)

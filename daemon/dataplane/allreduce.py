@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from daemon.dataplane.agree import Agreement, Decision, Summary, decide
+from daemon.dataplane.early import EarlyFrames
 from daemon.dataplane.errors import DataPlaneError, PeerGone, RoundAborted
 from daemon.dataplane.frames import MAX_PAYLOAD, FrameHeader, Kind, phase_flags
 from daemon.dataplane.links import PeerLinks
@@ -112,6 +113,7 @@ class AllReducer:
         self._seen: dict[int, int] = {}  # policy version -> newest attempt seen on the wire
         self._told: set[tuple[str, Tag]] = set()  # stale phases we answered with an ABORT
         self._lost = False  # whether the last phase run here (the floor) aborted
+        self._early = EarlyFrames()  # control frames of phases not opened yet
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
 
@@ -223,6 +225,11 @@ class AllReducer:
                     "rerun under a newer policy version or attempt"
                 )
             self._phase, self._floor = ph, ph.tag
+            due, old = self._early.release(ph.tag)
+            for peer, h, _ in old:
+                self._drop_stale(peer, h, ph.tag)
+            for peer, h, payload in due:  # before any reader's later frame of this phase
+                self._replay(ph, peer, h, payload)
             self._cond.notify_all()  # wake readers holding frames of this phase
         try:
             self._await_links(ph, deadline)
@@ -411,19 +418,25 @@ class AllReducer:
                 ph = self._phase
                 current = ph.tag if ph is not None else self._floor
                 if tag < current or (tag == current and ph is None):
-                    # An epoch we have left, or the phase we just aborted (its sender may
-                    # start it after our ABORT went out): tell the sender to move on.
-                    left = header.epoch < current[:2] or (tag == current and self._lost)
-                    if header.kind is not Kind.ABORT and left:
-                        self._tell_stale(peer, header, current)
+                    self._drop_stale(peer, header, current)
                     return None
                 if ph is not None and tag == current:
                     return ph.claim(peer, header, is_open)
                 if ph is not None and header.epoch > ph.epoch and not ph.aborted:
                     ph.abort(f"policy version mismatch: {peer} is at epoch {header.epoch}", peer)
+                early = self._early.take(peer, header)
+                if early is not None:
+                    return early  # a control frame: kept, so the reader reads on
                 if not is_open():
                     return None
                 self._cond.wait(0.25)
+
+    def _drop_stale(self, peer: str, header: FrameHeader, current: Tag) -> None:
+        """A frame of an epoch we have left, or of the phase we just aborted (its sender may
+        start it after our ABORT went out): tell the sender to move on."""
+        left = header.epoch < current[:2] or (header.round_tag == current and self._lost)
+        if header.kind is not Kind.ABORT and left:
+            self._tell_stale(peer, header, current)
 
     def _tell_stale(self, peer: str, header: FrameHeader, current: Tag) -> None:
         """Answer a frame of an epoch we have left with an ABORT of that epoch (called with
@@ -450,11 +463,30 @@ class AllReducer:
         """Account for a delivered payload."""
         with self._cond:
             ph = self._phase
+            early = self._early.landed(peer, header)
+            if early is not None:
+                if ph is not None and header.round_tag == ph.tag:
+                    self._replay(ph, peer, header, early)  # its phase opened meanwhile
+                else:
+                    current = self._floor if ph is None else ph.tag
+                    if header.round_tag > current:
+                        self._early.hold(peer, header, early)
+                    else:
+                        self._drop_stale(peer, header, current)
+                return
             if ph is not None and header.round_tag == ph.tag:
                 ph.delivered(peer, header, payload)
 
+    def _replay(self, ph: Phase, peer: str, header: FrameHeader, payload: bytes) -> None:
+        """Deliver an early control frame to its phase as if it arrived now."""
+        dest = ph.claim(peer, header, lambda: True)  # control frames never wait for a slot
+        if dest is not None:
+            dest[:] = payload
+            ph.delivered(peer, header, dest)
+
     def _on_down(self, peer: str, reason: str) -> None:
         with self._cond:
+            self._early.forget(peer)
             ph = self._phase
             if ph is not None and peer in ph.neighbours:
                 ph.abort(f"link to {peer} lost: {reason}", peer)

@@ -12,6 +12,7 @@ import torch
 
 from daemon.dataplane import AllReducer, DataPlaneError, RoundAborted, SyncPolicy
 from daemon.dataplane.auth import Identity, initiate
+from daemon.dataplane.frames import FrameHeader, Kind
 from daemon.dataplane.tensors import digest, flatten_grads, unflatten_into
 from tests.dataplane.conftest import IDS, SECRET
 
@@ -148,3 +149,43 @@ def test_a_child_commits_even_if_the_root_closes_right_after_commit(
         trio["b"].links.allow("a")
         trio["a"].links.connect_to("b", *trio["b"].links.address)
         assert trio["b"].links.wait_connected(["a"], 5)
+
+
+class _Inbox:
+    """A FrameHandler that keeps the STATE_MANIFEST payloads it is given."""
+
+    def __init__(self) -> None:
+        self.got = threading.Event()
+
+    def buffer_for(self, peer: str, h: FrameHeader, is_open: object) -> memoryview:
+        return memoryview(bytearray(h.length))
+
+    def on_frame(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
+        if bytes(payload) == b"offer":
+            self.got.set()
+
+
+def test_a_control_frame_of_an_unopened_phase_does_not_block_the_link(
+        trio: dict[str, AllReducer]) -> None:
+    """A source opens the agreement with a new node (its AGREE_UP goes out first) and then
+    sends the state offer on the same link. The new node can only open the agreement once
+    it has the state, so the offer must get past the early AGREE_UP (it used to wait behind
+    it for ever)."""
+    policy = SyncPolicy.build(9, ["a", "b"], [("a", "b")], "b")
+    inbox = _Inbox()
+    trio["b"].links.register_handler([Kind.STATE_MANIFEST], inbox)
+    decisions: dict[str, object] = {}
+
+    def agree(node: str) -> None:
+        decisions[node] = trio[node].agree(policy=policy, committed=4, holds=False, attempt=0,
+                                           timeout=20.0)
+
+    source = threading.Thread(target=agree, args=("a",))
+    source.start()
+    while trio["b"].newest_epoch() != (9, 0):
+        time.sleep(0.01)  # b's reader has a's AGREE_UP of the phase b has not opened
+    trio["a"].links.send("b", FrameHeader(Kind.STATE_MANIFEST, 0, 0, 0, 0, 5), b"offer")
+    assert inbox.got.wait(5.0), "the offer waited behind the early AGREE_UP"
+    agree("b")  # the held AGREE_UP is replayed: both decide at once
+    source.join(20)
+    assert decisions["a"] == decisions["b"]
