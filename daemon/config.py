@@ -98,6 +98,9 @@ class ReplicationConfig:
     # A joining node measures its source links (iperf3, all at once) before planning when its
     # model holds at least this many MiB; below, probing would cost more than a bad split.
     probe_min_mib: float = 16.0
+    # A source snapshots its state for a joining node only if this much memory stays free
+    # after the copy; otherwise it declines, and the new node plans with the other sources.
+    snapshot_reserve_mib: float = 256.0
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,7 @@ def validate(cfg: Config) -> Config:
     if rep.strategy not in TRAINING_STRATEGIES:
         raise ConfigError(f"config: replication.strategy must be chaos or single, "
                           f"not {rep.strategy!r}")
-    for key in ("serve_mbps", "probe_min_mib"):
+    for key in ("serve_mbps", "probe_min_mib", "snapshot_reserve_mib"):
         if getattr(rep, key) < 0:
             raise ConfigError(f"config: replication.{key} must be >= 0")
     _positive("election.stagger_s", cfg.election.stagger_s)

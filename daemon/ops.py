@@ -110,7 +110,8 @@ async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
     rep = agent.cfg.replication
     return {"node": agent.me, "cluster": agent.cfg.cluster, "secret": agent.cfg.data_key.hex(),
             "incarnation": agent.incarnation,
-            "replication": {"serve_mbps": rep.serve_mbps, "probe_min_mib": rep.probe_min_mib}}
+            "replication": {"serve_mbps": rep.serve_mbps, "probe_min_mib": rep.probe_min_mib,
+                            "snapshot_reserve_mib": rep.snapshot_reserve_mib}}
 
 
 def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:

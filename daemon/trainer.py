@@ -31,12 +31,12 @@ from daemon.dataplane import AllReducer, RoundAborted
 from daemon.dataplane.tensors import flatten_grads, unflatten_into
 from daemon.errors import ChaosError
 from daemon.replication.manifest import Manifest
-from daemon.replication.state import StateSpace, state_digest
+from daemon.replication.state import StateSpace, state_digest, tensor_bytes
 from daemon.trainer_control import StateDiverged, TrainerError
 from daemon.trainer_join import pull_state
 from daemon.trainer_policy import Published
 from daemon.trainer_session import EXIT_EVENT, Session, install_signal_handlers
-from daemon.trainer_transfer import TransferFailed
+from daemon.trainer_transfer import TransferFailed, snapshot_room
 
 __all__ = ["StateDiverged", "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
 log = logging.getLogger("chaos.trainer")
@@ -372,7 +372,7 @@ class Trainer:
         near = (p.parent(self.node_id), *p.children(self.node_id))
         new = [m for m in near if m and m not in prev.policy.members]
         until = min(deadline, time.monotonic() + SERVE_WAIT_S)
-        while new and not set(new) <= set(self._s.transfer.serving()):
+        while new and not set(new) <= self._s.transfer.answered():
             if time.monotonic() > until:
                 log.warning("no replicate command for %s arrived in %gs; running round %d "
                             "without serving it", new, SERVE_WAIT_S, self.step + 1)
@@ -463,6 +463,12 @@ class Trainer:
                 # for all of them at our next round, and the new node starts from our step.
                 log.info("replicate for %s names step %d; serving step %d", rep.new,
                          rep.version_step, self.step)
+            why = snapshot_room(tensor_bytes(self.model, self.optimizer),
+                                self._s.transfer.reserve_bytes)  # fmt: skip
+            if why is not None:
+                self._s.transfer.decline(rep.new, why)  # the new node plans without us
+                self._s.report("serve-declined", new=rep.new, reason=why)
+                continue
             runtime: dict[str, Any] = {"step": self.step, "user": self.runtime}
             model: torch.nn.Module = self.model
             if self._pending is not None:

@@ -115,6 +115,7 @@ class Session:
         mbps = rep.get("serve_mbps") or 0
         self.transfer.serve_bps = float(mbps) * 1e6 / 8 if mbps else None
         self.probe_min_bytes = int(float(rep.get("probe_min_mib", 16)) * (1 << 20))
+        self.transfer.reserve_bytes = int(float(rep.get("snapshot_reserve_mib", 256)) * (1 << 20))
         return dict(data)
 
     def poll(self, step: int, state: str) -> Published | None:

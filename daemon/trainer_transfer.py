@@ -11,7 +11,9 @@ verified as it lands, and a failed source's undelivered bytes re-planned onto th
 A source serves from the snapshot it took at the step boundary, on the server's own threads,
 while its training loop goes on with the next steps (the overlap of the paper's Fig. 5). Its
 extra memory is that one copy of the state plus the server's bounded overhead (see
-:mod:`daemon.replication.serve`); the copy is dropped once the new node trains with us.
+:mod:`daemon.replication.serve`); the copy is dropped once the new node trains with us. The
+memory guard (:func:`snapshot_room`) declines to take the copy when it would leave less than
+``snapshot_reserve_mib`` available; the new node then plans with its other sources.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+import psutil
 
 from daemon.dataplane import PeerGone, PeerLinks
 from daemon.dataplane.frames import FrameHeader, Kind
@@ -41,6 +45,22 @@ _KINDS = (Kind.STATE_REQ, Kind.STATE_MANIFEST, Kind.STATE_DATA, Kind.STATE_END)
 
 class TransferFailed(Exception):
     """No source could offer the state."""
+
+
+def snapshot_room(nbytes: int, reserve_bytes: int, available: int | None = None) -> str | None:
+    """The memory guard: why a snapshot of ``nbytes`` must not be taken, or None if it fits.
+
+    Args:
+        nbytes: Size of the state (the snapshot is one copy of it).
+        reserve_bytes: Memory that must stay available after the copy.
+        available: Available memory (default: psutil's; a seam for tests).
+    """
+    free = psutil.virtual_memory().available if available is None else available
+    if free - nbytes >= reserve_bytes:
+        return None
+    mib = 1 << 20
+    return (f"not enough memory for a {nbytes / mib:.0f} MiB snapshot: {free / mib:.0f} MiB "
+            f"available, {reserve_bytes / mib:.0f} MiB must stay free (snapshot_reserve_mib)")
 
 
 @dataclass(frozen=True)
@@ -64,8 +84,10 @@ class StateTransfer:
     def __init__(self, links: PeerLinks, host: str = "0.0.0.0",
                  serve_bps: float | None = None) -> None:
         self.links, self.host, self.serve_bps = links, host, serve_bps
+        self.reserve_bytes = 256 << 20  # the memory guard's (``snapshot_reserve_mib``)
         self._cond = threading.Condition()
         self._servers: dict[str, StateServer] = {}  # new node -> the server of its snapshot
+        self._declined: dict[str, str] = {}  # new node -> why we cannot serve it
         self._asked: dict[str, int] = {}  # new-node side: source -> step asked of it
         self._answers: dict[str, Offer | str] = {}  # source -> its offer, or why not
         self._first_offer = 0.0
@@ -86,6 +108,7 @@ class StateTransfer:
         with self._cond:
             old = self._servers.pop(new_node, None)
             self._servers[new_node] = server
+            self._declined.pop(new_node, None)
             self._cond.notify_all()
         if old is not None:
             _close_later([old])
@@ -93,9 +116,18 @@ class StateTransfer:
                  state.manifest.version, new_node, state.manifest.total_bytes,
                  server.address[1])  # fmt: skip
 
+    def decline(self, new_node: str, why: str) -> None:
+        """Answer ``new_node``'s requests with ``why`` instead of an offer."""
+        log.warning("not serving %s: %s", new_node, why)
+        with self._cond:
+            self._declined[new_node] = why
+            self._cond.notify_all()
+
     def withdraw(self, nodes: Iterable[str]) -> None:
         """Stop serving ``nodes`` (they train with us, so they have the state)."""
         with self._cond:
+            for n in nodes:
+                self._declined.pop(n, None)
             gone = [self._servers.pop(n) for n in nodes if n in self._servers]
         if gone:
             _close_later(gone)
@@ -106,13 +138,23 @@ class StateTransfer:
             servers = dict(self._servers)
         return {n: s.stats().bytes_sent for n, s in servers.items()}
 
+    def answered(self) -> set[str]:
+        """New nodes we serve or have declined."""
+        with self._cond:
+            return {*self._servers, *self._declined}
+
     def _serve_request(self, peer: str, step: int) -> None:
         # The request may come before we have committed that step: wait for our snapshot.
         with self._cond:
-            self._cond.wait_for(lambda: self._has(peer, step), OFFER_WAIT_S)
+            self._cond.wait_for(lambda: self._has(peer, step) or peer in self._declined,
+                                OFFER_WAIT_S)  # fmt: skip
             server = self._servers.get(peer)
+            declined = None if self._has(peer, step) else self._declined.get(peer)
             self._waiting.discard((peer, step))
         try:
+            if declined is not None:
+                self._send(peer, Kind.STATE_END, declined.encode())
+                return
             if server is None or server.snapshot.manifest.version < step:
                 have = None if server is None else server.snapshot.manifest.version
                 why = f"no snapshot of step {step} for {peer} (have {have})"

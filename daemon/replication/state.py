@@ -77,6 +77,15 @@ def _tensor_bytes(t: torch.Tensor) -> torch.Tensor:
     return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
 
 
+def tensor_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of the model's and the optimizer's tensors: what a snapshot copies, less the
+    small metadata (cheap: nothing is copied)."""
+    tensors = [*model.state_dict().values(),
+               *(v for st in optimizer.state.values() for v in st.values()
+                 if isinstance(v, torch.Tensor))]  # fmt: skip
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def _gather(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, runtime: Mapping[str, Any]
 ) -> tuple[list[tuple[str, torch.Tensor]], bytes]:

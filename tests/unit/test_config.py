@@ -53,6 +53,7 @@ def test_broker_urls(tmp_path: Path) -> None:
         ('[replication]\nstrategy = "fastest"\n', "replication.strategy"),
         ('[replication]\nstrategy = "stop-resume"\n', "chaosctl bench scaleout"),
         ('[replication]\nserve_mbps = -5\n', "replication.serve_mbps"),
+        ('[replication]\nsnapshot_reserve_mib = -1\n', "replication.snapshot_reserve_mib"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:

@@ -1,0 +1,82 @@
+"""The scale-out rendezvous over real PeerLinks: offers, refusals and the memory guard."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from daemon.dataplane import LinkConfig, PeerLinks
+from daemon.replication.state import StateSpace, tensor_bytes
+from daemon.trainer_transfer import StateTransfer, snapshot_room
+
+pytestmark = pytest.mark.timeout(60)
+MIB = 1 << 20
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[StateTransfer, StateTransfer]]:
+    """A source and a new node, linked (the source dials: its id is the lower)."""
+    links = {n: PeerLinks(n, "t", b"k", is_member=lambda p: True,
+                          config=LinkConfig(io_poll=0.2)) for n in ("a-src", "b-new")}  # fmt: skip
+    for lk in links.values():
+        lk.start()
+    links["b-new"].allow("a-src")
+    links["a-src"].connect_to("b-new", *links["b-new"].address)
+    assert links["b-new"].wait_connected(["a-src"], 5)
+    src, new = StateTransfer(links["a-src"], "127.0.0.1"), StateTransfer(links["b-new"])
+    yield src, new
+    for t in (src, new):
+        t.close()
+    for lk in links.values():
+        lk.close()
+
+
+def _state(step: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, StateSpace]:
+    model = torch.nn.Linear(64, 32)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    return model, opt, StateSpace.capture(model, opt, {"step": step})
+
+
+def test_the_guard_keeps_the_reserve_free() -> None:
+    assert snapshot_room(100 * MIB, 256 * MIB, available=400 * MIB) is None
+    why = snapshot_room(100 * MIB, 256 * MIB, available=300 * MIB)
+    assert why is not None and "100 MiB snapshot: 300 MiB available" in why
+    assert "snapshot_reserve_mib" in why
+
+
+def test_tensor_bytes_counts_what_a_snapshot_copies() -> None:
+    model, opt, state = _state(3)
+    # Parameters plus Adam's two moments (and its step counters): all but the metadata.
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert 3 * params <= tensor_bytes(model, opt) <= state.manifest.total_bytes
+
+
+def test_an_offer_comes_once_the_source_has_the_step(
+        pair: tuple[StateTransfer, StateTransfer]) -> None:
+    src, new = pair
+    new.ask(["a-src"], 7, time.monotonic() + 10)  # before the source reached step 7
+    time.sleep(0.3)
+    _, _, state = _state(7)
+    src.offer("b-new", state)
+    offers, errors = new.offers(time.monotonic() + 10, grace_s=1.0)
+    assert not errors and offers["a-src"].manifest.version == 7
+    assert offers["a-src"].manifest.total_bytes == state.manifest.total_bytes
+    assert src.answered() == {"b-new"}
+    src.withdraw(["b-new"])
+    assert src.answered() == set()
+
+
+def test_a_source_short_of_memory_declines_with_the_reason(
+        pair: tuple[StateTransfer, StateTransfer]) -> None:
+    src, new = pair
+    why = snapshot_room(64 * MIB, 256 * MIB, available=200 * MIB)
+    assert why is not None
+    src.decline("b-new", why)
+    new.ask(["a-src"], 7, time.monotonic() + 10)
+    offers, errors = new.offers(time.monotonic() + 10, grace_s=1.0)
+    assert offers == {} and errors == {"a-src": why}
