@@ -158,7 +158,8 @@ class NodeAgent:
         self._hb_seq += 1
         res = sample()
         hb = Heartbeat(node=self.me, seq=self._hb_seq, incarnation=self.incarnation,
-                       step=self.step, state=self.state, cpu_percent=res.cpu_percent,
+                       step=self.step, state=self.worker.state if self.worker.attached else
+                       self.state, cpu_percent=res.cpu_percent,
                        mem_percent=res.mem_percent, battery_percent=res.battery_percent)
         await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
 
@@ -220,7 +221,12 @@ class NodeAgent:
         now = self.clock.monotonic()
         self.detector.heartbeat(node)
         prev = self.beats.get(node)
-        if prev is not None and node in self.last_heard and now > self.last_heard[node]:
+        # A rate needs two beats of a worker that trains: one that restores a state jumps to
+        # the cluster's step while joining, which read as a rate would put every planned
+        # change far ahead (a leave right after a rejoin was set 300 steps out).
+        if (prev is not None and prev.state == hb.state == "active"
+                and prev.incarnation == hb.incarnation and hb.step >= prev.step
+                and node in self.last_heard and now > self.last_heard[node]):  # fmt: skip
             inst = max(0, hb.step - prev.step) / (now - self.last_heard[node])
             old_rate = self._step_rates.get(node, (inst, now))[0]
             self._step_rates[node] = (0.7 * old_rate + 0.3 * inst, now)

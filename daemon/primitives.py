@@ -49,6 +49,7 @@ class Negotiator:
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
         self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
         self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
+        self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
@@ -178,6 +179,7 @@ class Negotiator:
         members = [m for m in self.members() if m != node]
         if node in self._joins and self.sched.nodes[node].state == "joining":
             return  # a repeated request while the first one is in flight
+        self._leaving.pop(node, None)
         if not members:
             self.sched.set_node(node, state="active")
             policy = self.publish_policy(effective_step=0)
@@ -235,6 +237,7 @@ class Negotiator:
         effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
         self.sched.set_node(node, state="left")  # first, so only survivors are told
         self._drop_links(node)
+        self._leaving[node] = effective
         policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="leave",
                           delay_ms=(self.clock.monotonic() - t0) * 1000.0,
@@ -243,6 +246,10 @@ class Negotiator:
     def gone(self, node: str, reason: str) -> None:
         """Scale-in on failure: a new policy at once; rounds in flight are rerun."""
         was_member = node in self.sched.policy.get("members", []) or node in self._joins
+        if self._leaving.pop(node, -1) > self.max_step():
+            # A leaver that went before its leave took effect: the rounds until then wait
+            # for it, so the policy without it must govern now, as for a failure.
+            was_member = True
         self._joins.pop(node, None)
         self._join_steps.pop(node, None)
         self._drop_links(node)

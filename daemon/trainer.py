@@ -219,7 +219,8 @@ class Trainer:
             self._s.flush_reports()
             self._s.client.call("worker.leave", {"step": self.step})
             self._state = "leaving"
-            self._drain(time.monotonic() + min(self.timeout, DRAIN_MAX_S))
+            if not self._drain(time.monotonic() + min(self.timeout, DRAIN_MAX_S)):
+                return  # still attached: our exit is a worker-exit, which drops us at once
             deadline = time.monotonic() + LEAVE_LINGER_S
             while self._s.links.connected() and time.monotonic() < deadline:
                 time.sleep(POLL_S)
@@ -228,22 +229,24 @@ class Trainer:
         finally:
             self.close()
 
-    def _drain(self, deadline: float) -> None:
-        """Run no-sample rounds until a policy without us governs our next round."""
+    def _drain(self, deadline: float) -> bool:
+        """Run no-sample rounds until a policy without us governs our next round; False if
+        that did not happen in time."""
         while time.monotonic() < deadline:
             self._poll()
             pub, newest = self._s.book.for_round(self.step + 1), self._s.book.newest
             if pub is None or self.node_id not in pub.policy.members:
-                return
+                return True
             if newest is not None and newest.policy.members == (self.node_id,):
-                return  # the last member: nobody waits for us
+                return True  # the last member: nobody waits for us
             self.optimizer.zero_grad(set_to_none=True)
             try:
                 self.update(samples=0)
             except _Left:
-                return
+                return True
         log.warning("%s left without the policy that drops it (the scheduler did not "
                     "answer in time); the others will see a failure", self.node_id)
+        return False
 
     def close(self) -> None:
         """Close links and the control connection (idempotent)."""

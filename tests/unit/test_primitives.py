@@ -162,3 +162,26 @@ def test_a_fast_cluster_gets_a_longer_lead_before_a_planned_change() -> None:
         steps["a"] += 1 if _ % 4 == 0 else 0
         neg.observe_progress()
     assert neg.lead() == 2
+
+
+def test_a_leaver_gone_before_its_leave_took_effect_is_dropped_at_once() -> None:
+    """The rounds up to a leave's step need the leaver; if its worker exits before (its
+    drain timed out), the policy without it must govern now, or the others wait for ever."""
+    steps = {"a": 10, "b": 10, "c": 10}
+    neg, _ = make(steps)
+    grow(neg, "a", "b", "c")
+    neg.leave("c", 10)
+    leave = neg.sched.policy
+    assert leave["effective_step"] > 10 and "c" not in leave["members"]
+    neg.handle("c", "worker-exit", {"code": 0})
+    now = neg.sched.policy
+    assert now["version"] == leave["version"] + 1 and now["effective_step"] == 0
+    assert now["members"] == ["a", "b"]
+    # Once the leave has taken effect, the leaver's exit changes nothing.
+    neg.join("c", "127.0.0.1:7", [])
+    neg.replicated("c", {"kind": "replicated"})
+    neg.leave("c", 12)
+    steps.update(a=40, b=40)
+    version = neg.sched.policy["version"]
+    neg.handle("c", "worker-exit", {"code": 0})
+    assert neg.sched.policy["version"] == version
