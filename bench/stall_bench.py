@@ -17,8 +17,9 @@ snapshot for a new node. An event touches the first step run under the policy it
 for a scale-out, the step at which the sources took their snapshot (the joining node's own
 first step is left out: it is not a stall of the nodes that were training). Per event we report the
 largest stall over the nodes at those steps, and the *step excess*: the largest amount by
-which such a step took longer than that node's median step. The stall of the steps at which
-no policy changed is the baseline: what a step costs beyond its collectives anyway.
+which such a step took longer than that node's median step. The baseline is the same largest
+stall over the nodes, at the steps at which no policy changed: what a step costs beyond its
+collectives anyway. ``--from DIR`` reports again on what a ``--keep DIR`` run left.
 Prints a table, writes ``stall.json``, ``stall.md`` and (with matplotlib) ``stall.png``.
 """
 
@@ -89,15 +90,22 @@ def event_cost(ev: dict[str, Any], rows: dict[str, list[dict[str, Any]]],
 
 
 def baseline(rows: dict[str, list[dict[str, Any]]]) -> tuple[list[float], dict[str, float]]:
-    """Stalls of the steps under an unchanged policy, and each node's median step time."""
-    stalls, typical = [], {}
+    """The stall of each step under an unchanged policy (the largest over the nodes, as for
+    an event: the max of several draws is larger than one draw), and each node's median
+    step time."""
+    by_step: dict[int, list[float]] = {}
+    changed: set[int] = set()
+    typical = {}
     for node, node_rows in rows.items():
         times = []
         for prev, row in itertools.pairwise(node_rows):
             if is_baseline(prev, row):
-                stalls.append(float(row["stall_ms"]))
+                by_step.setdefault(int(row["step"]), []).append(float(row["stall_ms"]))
                 times.append(float(row["update_ms"]))
+            else:
+                changed.add(int(row["step"]))
         typical[node] = statistics.median(times) if times else 0.0
+    stalls = [max(v) for step, v in sorted(by_step.items()) if step not in changed]
     return stalls, typical
 
 
@@ -220,17 +228,28 @@ def main() -> int:
     ap.add_argument("--events", type=int, default=50)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between link commands")
     ap.add_argument("--out", default="", help="directory for stall.json, .md and .png")
-    ap.add_argument("--keep", default="", help="copy the workers' step records here")
+    ap.add_argument("--keep", default="", help="copy the step records, events and logs here")
+    ap.add_argument("--from", dest="source", default="",
+                    help="report on the records a --keep run left in this directory; run nothing")
     args = ap.parse_args()
     if args.nodes < 3:
         ap.error("--nodes must be at least 3 (a chain whose ends can be linked)")
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            events, rows = run_cluster(args, Path(tmp))
-        finally:  # the logs matter most when the run failed
-            if args.keep:
-                shutil.copytree(tmp, args.keep, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("*.sock"))
+    events: list[dict[str, Any]] = []
+    if args.source:
+        src = Path(args.source)
+        if not (src / "events.json").exists():
+            ap.error(f"{src}/events.json is missing: not a directory that --keep wrote")
+        events = json.loads((src / "events.json").read_text())
+        rows = {p.stem: rows_of(p) for p in sorted(src.glob("*.jsonl"))}
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                events, rows = run_cluster(args, Path(tmp))
+                (Path(tmp) / "events.json").write_text(json.dumps(events))
+            finally:  # the logs matter most when the run failed
+                if args.keep:
+                    shutil.copytree(tmp, args.keep, dirs_exist_ok=True,
+                                    ignore=shutil.ignore_patterns("*.sock"))
     report(events, rows, Path(args.out) if args.out else None)
     return 0
 
