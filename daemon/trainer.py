@@ -146,6 +146,7 @@ class Trainer:
         self._state = "joining"
         self._was_member = False
         self._version = 0  # policy version of the last committed round
+        self._timed_version = 0  # policy version of the step _account saw last
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
         try:
@@ -488,6 +489,12 @@ class Trainer:
         stall_ms = max(0.0, total_ms - spent * 1e3)
         self.stalls.append(StepTiming(self.step, stall_ms, reruns, total_ms, spent * 1e3))
         del self.stalls[:-10_000]
-        if reruns or stall_ms > 1.0:
+        # The scheduler adds a stall to the event that made its policy, so only the first
+        # step under a new policy (or a rerun) says something. Reporting every slow step
+        # charged every event with the worst step of its whole policy, and cost each step a
+        # control call and an MQTT message.
+        first = self._version != self._timed_version
+        self._timed_version = self._version
+        if reruns or (first and stall_ms > 1.0):
             self._s.report("stall", step=self.step, ms=round(stall_ms, 3), reruns=reruns,
                            policy_version=self._version, reason=reason[:200])  # fmt: skip
