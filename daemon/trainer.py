@@ -320,7 +320,7 @@ class Trainer:
 
     def _fetch(self, rep: Any, deadline: float) -> bool:
         """Pull and restore the state ``rep`` names; False (logged) if this try failed."""
-        local = sum(t.numel() * t.element_size() for t in self.model.state_dict().values())
+        local = tensor_bytes(self.model, self.optimizer)
         try:
             got = pull_state(self._s, rep, deadline, local)
             held = _WithHeld.for_manifest(self.model, got.manifest)
@@ -369,6 +369,8 @@ class Trainer:
         command that names us its source, and serve it. The command and the policy travel
         on different topics: a round started first waits for the new node, which waits for
         our offer, and both stall until the round times out."""
+        if pub.version == self._version:
+            return  # the policy of our last round: nobody new (the common, per-step case)
         prev = self._s.book.for_round(self.step)
         if prev is None or prev is pub or self.node_id not in prev.policy.members:
             return  # no change, or we are new ourselves (a new node is nobody's source)

@@ -50,7 +50,7 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int) ->
         s: The worker's session.
         rep: Our ``replicate`` command.
         deadline: Monotonic time by which the state must be here.
-        local_bytes: Size of our own model's state, to decide whether probing pays.
+        local_bytes: Size of our own model and optimizer tensors, to decide whether probing pays.
 
     Raises:
         TransferFailed: No source offered the state.
