@@ -8,9 +8,9 @@ It talks to the daemon only through its control socket and imports nothing from 
 - :mod:`chaosctl.actions`: ``join``, ``leave``, ``link add|del``, ``probe``.
 - :mod:`chaosctl.views`: rich tables and panels.
 - :mod:`chaosctl.cluster`: a local broker plus N ``chaosd`` processes, with teardown.
-- :mod:`chaosctl.demo`, :mod:`chaosctl.demo_view`: ``chaosctl demo``.
-- :mod:`chaosctl.bench`, :mod:`chaosctl.bench_control`: ``chaosctl bench``.
-- :mod:`chaosctl.testbed_cli`: ``chaosctl testbed``, over :mod:`chaosctl.testbed` (the
+- :mod:`chaosctl.demo.run`, :mod:`chaosctl.demo.view`: ``chaosctl demo``.
+- :mod:`chaosctl.bench.cli`, :mod:`chaosctl.bench.control`: ``chaosctl bench``.
+- :mod:`chaosctl.testbed.cli`: ``chaosctl testbed``, over :mod:`chaosctl.testbed.core` (the
   ``Testbed`` Python API) and ``testbed_topo``, ``testbed_net``, ``testbed_procs``,
   ``testbed_state``, ``testbed_view``, ``testbed_redraw``.
 """

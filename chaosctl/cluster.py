@@ -109,7 +109,7 @@ class LocalCluster:
     size: int
     cluster: str = "demo"
     port: int = 0
-    broker_kind: str = "embedded"  # "embedded" (python -m daemon.broker) or "mosquitto"
+    broker_kind: str = "embedded"  # "embedded" (python -m daemon.agent.broker) or "mosquitto"
     config: str = ""  # chaosd.toml text every node loads (flags still win)
     broker: Child | None = None
     nodes: dict[str, Child] = field(default_factory=dict)
@@ -151,7 +151,7 @@ class LocalCluster:
     def start_broker(self, timeout: float = 20.0) -> int:
         """Start the broker (again on the same port after :meth:`stop_broker`); wait until ready.
 
-        ``embedded`` runs ``python -m daemon.broker`` and waits for its ``ready <port>`` line;
+        ``embedded`` runs ``python -m daemon.agent.broker`` and waits for its ``ready <port>`` line;
         ``mosquitto`` runs the real broker with a minimal config and waits for its port.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -163,7 +163,7 @@ class LocalCluster:
                             "persistence false\nlog_dest stderr\n")
             argv = [mosquitto_binary(), "-c", str(conf)]
         elif self.broker_kind == "embedded":
-            argv = [sys.executable, "-m", "daemon.broker", "--bind", "127.0.0.1",
+            argv = [sys.executable, "-m", "daemon.agent.broker", "--bind", "127.0.0.1",
                     "--port", str(port)]
         else:
             raise ClusterError(f"unknown broker kind {self.broker_kind!r}")

@@ -1,7 +1,7 @@
 """``chaosctl``: the command-line client of the local chaosd.
 
-Commands are defined in :mod:`chaosctl.read`, :mod:`chaosctl.actions`, :mod:`chaosctl.demo` and
-:mod:`chaosctl.testbed_cli`; this module assembles them and owns the error boundary: every
+Commands are defined in :mod:`chaosctl.read`, :mod:`chaosctl.actions`, :mod:`chaosctl.demo.run` and
+:mod:`chaosctl.testbed.cli`; this module assembles them and owns the error boundary: every
 failure ends as one line on stderr and an exit code (0 ok, 1 failed, 2 usage, 3 unreachable).
 """
 
@@ -20,11 +20,12 @@ try:  # typer >= 0.2x vendors its own copy of click as typer._click
 except ImportError:  # pragma: no cover - older typer runs on click itself
     from click import exceptions as click_exc  # type: ignore[no-redef]
 
-from chaosctl import actions, demo, read
-from chaosctl.bench import bench_app
+from chaosctl import actions, read
+from chaosctl.bench.cli import bench_app
 from chaosctl.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT_S, SOCKET_ENV, CtlError
 from chaosctl.common import CliState
-from chaosctl.testbed_cli import testbed_app
+from chaosctl.demo import run as demo
+from chaosctl.testbed.cli import testbed_app
 
 EXIT_INTERRUPTED = 130
 

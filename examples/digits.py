@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 
-from daemon.trainer import Trainer, TrainerError, capture_exit_event
+from daemon.trainer.api import Trainer, TrainerError, capture_exit_event
 
 
 def shard(node_id: str, shards: int, n: int) -> np.ndarray:

@@ -26,6 +26,7 @@ Typical use inside a Trainer::
     unflatten_into(result.values, list(model.parameters()))
 """
 
+from daemon.contracts.policy import SyncPolicy, TreePlan, spanning_tree
 from daemon.dataplane.allreduce import AllReducer, ReduceResult
 from daemon.dataplane.conn import LinkConfig
 from daemon.dataplane.errors import (
@@ -37,7 +38,6 @@ from daemon.dataplane.errors import (
     RoundAborted,
 )
 from daemon.dataplane.links import PeerLinks
-from daemon.dataplane.policy import SyncPolicy, TreePlan, spanning_tree
 
 __all__ = [
     "AllReducer",

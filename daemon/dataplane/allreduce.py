@@ -48,12 +48,12 @@ from typing import Any
 
 import numpy as np
 
+from daemon.contracts.policy import SyncPolicy
 from daemon.dataplane.agree import Agreement, Decision, Summary, decide
 from daemon.dataplane.early import EarlyFrames
 from daemon.dataplane.errors import DataPlaneError, PeerGone, RoundAborted
 from daemon.dataplane.frames import MAX_PAYLOAD, FrameHeader, Kind, phase_flags
 from daemon.dataplane.links import PeerLinks
-from daemon.dataplane.policy import SyncPolicy
 from daemon.dataplane.rounds import MAX_REASON, Phase, Round, Tag, as_flat_float32, as_out_buffer
 
 log = logging.getLogger("chaos.dataplane.allreduce")

@@ -1,16 +1,14 @@
 """Scale-out state replication: the pure core (no I/O).
 
-| what                                             | where                                   |
-| ------------------------------------------------ | --------------------------------------- |
-| training state as one byte space; restore; digest | :mod:`daemon.replication.state`          |
-| manifest, block checksums, range verification    | :mod:`daemon.replication.manifest`       |
-| planner inputs, plans, the cost model, coverage  | :mod:`daemon.replication.model`          |
-| water-filling optimum and lower bound; baselines | :mod:`daemon.replication.waterfill`      |
-| the paper's Algorithms 1 and 2                   | :mod:`daemon.replication.greedy`         |
-| brute force and MILP optima (small instances)    | :mod:`daemon.replication.exact`          |
-| re-planning a failed neighbour's bytes           | :mod:`daemon.replication.replan`         |
-| the planner registry                             | :mod:`daemon.replication.planner`        |
-| the data plane: serve, fetch, strategies (I/O)   | :mod:`daemon.replication.transfer`       |
+- training state as one byte space; restore; digest: :mod:`daemon.replication.state`
+- manifest, block checksums, range verification: :mod:`daemon.replication.manifest`
+- planner inputs, plans, the cost model, coverage: :mod:`daemon.replication.planning.model`
+- water-filling optimum and lower bound; baselines: :mod:`daemon.replication.planning.waterfill`
+- the paper's Algorithms 1 and 2: :mod:`daemon.replication.planning.greedy`
+- brute force and MILP optima (small instances): :mod:`daemon.replication.planning.exact`
+- re-planning a failed neighbour's bytes: :mod:`daemon.replication.planning.replan`
+- the planner registry: :mod:`daemon.replication.planning.planner`
+- the data plane: serve, fetch, strategies (I/O): :mod:`daemon.replication.transfer`
 
 ``state`` imports torch; the planner modules need only numpy (scipy for ``milp``).
 """
@@ -21,9 +19,10 @@ from daemon.replication.errors import (
     PlanError,
     ReplicationError,
 )
-from daemon.replication.model import Neighbor, PlanInput, ReplicationPlan, check_cover
-from daemon.replication.planner import PLANNERS, make_plan
-from daemon.replication.replan import replan_remaining
+from daemon.replication.planning.model import Neighbor, PlanInput, ReplicationPlan, check_cover
+from daemon.replication.planning.planner import PLANNERS, make_plan
+from daemon.replication.planning.replan import replan_remaining
+from daemon.replication.planning.waterfill import lower_bound
 from daemon.replication.transfer import (
     STRATEGIES,
     FetchOptions,
@@ -36,7 +35,6 @@ from daemon.replication.transfer import (
     run_strategy,
     serve,
 )
-from daemon.replication.waterfill import lower_bound
 
 __all__ = [
     "PLANNERS",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from daemon.errors import ChaosError
+from daemon.contracts.errors import ChaosError
 
 
 class ReplicationError(ChaosError):

@@ -1,6 +1,6 @@
 """``chaosctl demo`` end to end with real chaosd processes, and its teardown.
 
-These need the daemon (``daemon.main`` and ``daemon.broker``); they skip without it.
+These need the daemon (``daemon.agent.main`` and ``daemon.agent.broker``); they skip without it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ DIR_RE = re.compile(r"dir (/\S+chaos-demo-\S+)")
 
 
 def needs_daemon() -> None:
-    for module in ("daemon.main", "daemon.broker"):
+    for module in ("daemon.agent.main", "daemon.agent.broker"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not there yet")
 

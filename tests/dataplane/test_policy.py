@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from daemon.contracts.policy import Edge, SyncPolicy, spanning_tree
 from daemon.dataplane.errors import PolicyError
-from daemon.dataplane.policy import Edge, SyncPolicy, spanning_tree
 
 pytestmark = pytest.mark.timeout(60)
 

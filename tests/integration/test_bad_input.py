@@ -24,7 +24,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from chaosctl.cluster import LocalCluster
-from daemon.messages import ClusterState, Command, LeaderClaim, NodeRecord, decode, encode
+from daemon.contracts.messages import ClusterState, Command, LeaderClaim, NodeRecord, decode, encode
 from tests.integration.conftest import BROKERS, wait_until
 
 pytestmark = pytest.mark.timeout(90)

@@ -72,7 +72,7 @@ def test_hosting_daemon_and_a_peer_elect_one_scheduler(
 def test_port_in_use_is_one_clear_line(tmp_path: Path,
                                        procs: list[subprocess.Popen[bytes]]) -> None:
     port = free_port()
-    blocker = subprocess.Popen([sys.executable, "-m", "daemon.broker", "--port", str(port)],
+    blocker = subprocess.Popen([sys.executable, "-m", "daemon.agent.broker", "--port", str(port)],
                                stdout=subprocess.PIPE)
     procs.append(blocker)
     assert blocker.stdout is not None and blocker.stdout.readline().startswith(b"ready")

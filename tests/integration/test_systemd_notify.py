@@ -26,7 +26,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from chaosctl.client import CtlError, call_once
 from chaosctl.cluster import LocalCluster, chaosd_command
-from daemon.messages import Status, decode
+from daemon.contracts.messages import Status, decode
 from tests.integration.conftest import BROKERS, wait_until
 
 pytestmark = pytest.mark.timeout(90)

@@ -10,7 +10,7 @@ import torch
 
 from daemon.dataplane import LinkConfig, PeerLinks
 from daemon.replication.state import StateSpace, tensor_bytes
-from daemon.trainer_transfer import StateTransfer, snapshot_room
+from daemon.trainer.transfer import StateTransfer, snapshot_room
 
 pytestmark = pytest.mark.timeout(60)
 MIB = 1 << 20

@@ -7,10 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.replication.errors import PlanError
-from daemon.replication.greedy import chaos_plan
-from daemon.replication.model import Neighbor, PlanInput, check_cover, merge_ranges, subtract_ranges
-from daemon.replication.planner import make_plan
-from daemon.replication.replan import replan_remaining
+from daemon.replication.planning.greedy import chaos_plan
+from daemon.replication.planning.model import (
+    Neighbor,
+    PlanInput,
+    check_cover,
+    merge_ranges,
+    subtract_ranges,
+)
+from daemon.replication.planning.planner import make_plan
+from daemon.replication.planning.replan import replan_remaining
 
 pytestmark = pytest.mark.timeout(120)
 

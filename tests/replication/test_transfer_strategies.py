@@ -22,7 +22,7 @@ from daemon.replication.transfer import (
     run_strategy,
     serve,
 )
-from daemon.replication.wire import HEADER_SIZE, Kind, ProtocolError, decode, encode
+from daemon.replication.transfer.wire import HEADER_SIZE, Kind, ProtocolError, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
-from chaosctl.testbed import Testbed
+from chaosctl.testbed.core import Testbed
 from netprobe import netns
 
 SESSION = secrets.token_hex(1)

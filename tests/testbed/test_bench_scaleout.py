@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl import bench_scaleout
+from chaosctl.bench import scaleout as bench_scaleout
 from netprobe import netns
 from tests.testbed.conftest import leftovers, need_root, run_id
 

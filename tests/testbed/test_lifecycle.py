@@ -15,8 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from chaosctl.testbed import Testbed
-from chaosctl.testbed_state import STATE_FILE, TestbedError, TestbedState
+from chaosctl.testbed.core import Testbed
+from chaosctl.testbed.state import STATE_FILE, TestbedError, TestbedState
 from netprobe import netns
 from tests.cli.conftest import chaosctl_argv, run_ctl
 from tests.testbed.conftest import need_root, run_id, wait_until
@@ -26,7 +26,7 @@ MakeTestbed = Callable[..., Testbed]
 
 HOLDER = """
 import sys, time
-from chaosctl.testbed import Testbed
+from chaosctl.testbed.core import Testbed
 tb = Testbed(sys.argv[1], 3, "line", run_id=sys.argv[2], redraw_period_s=1.0)
 tb.up()
 print("ready", flush=True)

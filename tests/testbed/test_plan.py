@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl import testbed_topo as topo
-from chaosctl.testbed_state import STATE_FILE, LinkRecord, TestbedError, TestbedState
+from chaosctl.testbed import topo as topo
+from chaosctl.testbed.state import STATE_FILE, LinkRecord, TestbedError, TestbedState
 
 pytestmark = pytest.mark.timeout(30)
 

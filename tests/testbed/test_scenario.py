@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl.scenario import ScenarioError, check, load
+from chaosctl.testbed.scenario import ScenarioError, check, load
 
 pytestmark = pytest.mark.timeout(30)
 GOOD = '''

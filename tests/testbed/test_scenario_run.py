@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl.scenario import Runner, load
+from chaosctl.testbed.scenario import Runner, load
 from tests.testbed.conftest import need_root, run_id
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.netns]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from chaosctl.testbed import Testbed
+from chaosctl.testbed.core import Testbed
 from tests.testbed.conftest import reach, wait_until
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]

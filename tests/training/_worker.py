@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from daemon.trainer import Trainer, capture_exit_event
+from daemon.trainer.api import Trainer, capture_exit_event
 
 
 def main() -> int:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from daemon.config import load_config
-from daemon.errors import ConfigError
+from daemon.contracts.config import load_config
+from daemon.contracts.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -70,7 +70,7 @@ def test_missing_file() -> None:
 
 def test_chaosd_refuses_bad_config_with_one_line(tmp_path: Path) -> None:
     path = write(tmp_path, '[detector]\nheartbeat_interval = 1\n')
-    proc = subprocess.run([sys.executable, "-m", "daemon.main", "--config", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "daemon.agent.main", "--config", str(path)],
                           capture_output=True, text=True, timeout=20)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

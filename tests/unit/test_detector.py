@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from daemon.clock import FakeClock
-from daemon.config import DetectorConfig
-from daemon.detector import PhiAccrualDetector, phi
+from daemon.cluster.detector import PhiAccrualDetector, phi
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.config import DetectorConfig
 
 pytestmark = pytest.mark.timeout(30)
 

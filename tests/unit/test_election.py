@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.clock import FakeClock
-from daemon.config import ElectionConfig
-from daemon.election import Action, Election, better
+from daemon.cluster.election import Action, Election, better
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.config import ElectionConfig
 
 pytestmark = pytest.mark.timeout(30)
 CFG = ElectionConfig(stagger_s=0.3, grace_s=1.5)

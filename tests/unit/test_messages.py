@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.errors import MessageError
-from daemon.messages import (
+from daemon.contracts.errors import MessageError
+from daemon.contracts.messages import (
     MAX_PAYLOAD,
     ClusterState,
     Command,

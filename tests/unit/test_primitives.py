@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.clock import FakeClock
-from daemon.dataplane.policy import SyncPolicy
-from daemon.primitives import Negotiator
-from daemon.scheduler import Scheduler
+from daemon.cluster.primitives import Negotiator
+from daemon.cluster.scheduler import Scheduler
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.policy import SyncPolicy
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.clock import FakeClock
-from daemon.messages import Heartbeat, Status, decode, encode
-from daemon.scheduler import FORGET_AFTER_S, Scheduler
+from daemon.cluster.scheduler import FORGET_AFTER_S, Scheduler
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.messages import Heartbeat, Status, decode, encode
 
 pytestmark = pytest.mark.timeout(30)
 

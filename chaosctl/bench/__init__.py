@@ -1,0 +1,16 @@
+"""``chaosctl bench ...``: every benchmark, each printing a table and writing JSON and a plot.
+
+Runs in the ``chaosctl`` process; each bench starts what it measures (chaosd clusters,
+worker processes, testbed namespaces) as subprocesses. Results that the project quotes are
+kept under ``bench/results/`` in the repository, as data.
+
+- :mod:`~chaosctl.bench.cli`: the typer commands.
+- :mod:`~chaosctl.bench.control`: failure detection, failover and broker load vs cluster size.
+- :mod:`~chaosctl.bench.scaleout`, :mod:`~chaosctl.bench.scaleout_node`,
+  :mod:`~chaosctl.bench.scaleout_report`: the paper's Figs. 7 and 10 on the testbed.
+- :mod:`~chaosctl.bench.loopback`: scale-out strategies on loopback.
+- :mod:`~chaosctl.bench.planner`: planner quality and speed.
+- :mod:`~chaosctl.bench.allreduce`: the all-reduce against a socket copy.
+- :mod:`~chaosctl.bench.stall`: the stall each primitive costs a training cluster.
+- :mod:`~chaosctl.bench.duty_cycle`: the probes' share of a link.
+"""

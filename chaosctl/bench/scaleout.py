@@ -1,0 +1,305 @@
+"""``chaosctl bench scaleout``: the paper's Figs. 7 and 10 on the network-namespace testbed.
+
+For each cluster size N and repeat, a fresh testbed of N+1 nodes (random topology: node i links
+to ``degree`` random earlier nodes, each link shaped with tbf at a rate drawn from ``bw``; the
+seed changes per size and repeat). ``n{N+1}`` is the new node and its testbed neighbours are its
+replication neighbours. iperf3 measures each of its links (neighbour to new node, one link at a
+time, inside the namespaces) before any transfer. Then for each model every other node runs a
+state server (:mod:`chaosctl.bench.scaleout_node`) on one shared snapshot, and the new node runs
+the four strategies one after the other (order rotated per repeat) on that same instance:
+``chaos`` (planned from the measured rates), ``single``, ``multi-source`` (an even split over
+all N nodes, relayed hop by hop along shortest-hop testbed paths) and ``stop-resume``.
+
+Stop-resume writes, fsyncs, evicts and reads back ``checkpoints`` real checkpoints on this
+box's disk and takes the slowest (every node holds the same state and, as modelled, a disk of
+its own), plus a real ``python -c 'import torch'`` restart.
+
+Cluster idle time (Fig. 10: "the total idle time of affected nodes during scale-out"), in
+node-seconds over the N existing nodes (the new node is not counted):
+
+- measured, ``busy_node_s``: each server's busy window, from the first replication request it
+  got to the last byte it sent or relayed (sampled every 10 ms in the server), summed;
+- ``idle_s`` as reported: ``chaos`` and ``multi-source``: ``busy_node_s`` (a node that serves
+  or relays is counted idle for its window, as the paper does, although ours serve a snapshot
+  while they could keep computing); ``single`` (EDL+): N x delay, modelled (EDL+'s barrier makes
+  every node wait); ``stop-resume`` (Pollux): N x delay, modelled (every node stops).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import select
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from chaosctl.bench import scaleout_report as report
+from chaosctl.bench.scaleout_node import make_state, model_entries
+from chaosctl.client import CtlError, CtlUsageError
+from chaosctl.testbed.core import Testbed
+from daemon.replication.manifest import Manifest
+from netprobe import iperf, netns
+
+STRATEGIES = ("chaos", "single", "multi-source", "stop-resume")
+MIB = 1 << 20
+PORT = 7600
+IPERF_PORT = 5298
+ANSWER_S = 600.0
+Say = Callable[[str], None]
+
+
+def routes_from(links: Sequence[tuple[str, str]], new: str) -> dict[str, list[str]]:
+    """Shortest-hop path from ``new`` to every node (first hop a neighbour, last the node)."""
+    adj: dict[str, list[str]] = {}
+    for a, b in links:
+        adj.setdefault(a, []).append(b)
+        adj.setdefault(b, []).append(a)
+    prev, queue = {new: ""}, deque([new])
+    while queue:
+        u = queue.popleft()
+        for v in sorted(adj.get(u, []), key=lambda x: int(x[1:])):
+            if v not in prev:
+                prev[v] = u
+                queue.append(v)
+    out = {}
+    for node in prev:
+        path, u = [], node
+        while u != new:
+            path.append(u)
+            u = prev[u]
+        if path:
+            out[node] = path[::-1]
+    return out
+
+
+def measure_links(tb: Testbed, new: str, nbrs: list[str], seconds: float) -> dict[str, float]:
+    """iperf3, neighbour -> new node (``-R``), one link at a time; Mbit/s per neighbour."""
+    out = {}
+    for nb in nbrs:
+        srv = tb.exec(nb, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            for _ in range(100):  # until it listens
+                if _listening(srv.pid, IPERF_PORT):
+                    break
+                time.sleep(0.05)
+            test = iperf.measure(tb.addr_of(nb), IPERF_PORT, duration_s=seconds, reverse=True,
+                                 timeout_s=seconds + 20,
+                                 exec_prefix=netns.exec_prefix(tb.ns_of(new)))
+            # Not asyncio.run: its SIGINT handler turns a Ctrl-C into a cancellation that the
+            # measurement may absorb. Here Ctrl-C raises KeyboardInterrupt, and we tear down.
+            loop = asyncio.new_event_loop()
+            task = loop.create_task(test)
+            try:
+                res = loop.run_until_complete(task)
+            except BaseException:
+                task.cancel()  # kills the iperf3 client before the loop goes
+                with contextlib.suppress(BaseException):
+                    loop.run_until_complete(task)
+                raise
+            finally:
+                loop.close()
+            out[nb] = res.bits_per_second / 1e6
+        finally:
+            _reap(srv)
+    return out
+
+
+def _listening(pid: int, port: int) -> bool:
+    from chaosctl.testbed.procs import listening
+
+    return listening(pid, port)
+
+
+def _reap(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+
+
+class Child:
+    """A bench node process in a namespace, spoken to one JSON line at a time."""
+
+    def __init__(self, tb: Testbed, node: str, argv: list[str], log: Path) -> None:
+        self.node = node
+        with open(log, "ab") as err:
+            self.proc = tb.exec(node, [sys.executable, "-m", "chaosctl.bench.scaleout_node",
+                                       *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, start_new_session=True)
+        self.log = log
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float = ANSWER_S) -> Any:
+        out: IO[bytes] | None = self.proc.stdout
+        assert out is not None
+        ready, _, _ = select.select([out], [], [], timeout)
+        text = out.readline() if ready else b""
+        if not text:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise CtlError(f"bench process on {self.node} died or hung: {tail[0]}")
+        return json.loads(text)
+
+    def ask(self, line: str, timeout: float = ANSWER_S) -> Any:
+        self.send(line)
+        return self.recv(timeout)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.send("quit")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=3)
+        _reap(self.proc)
+
+
+def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, Any],
+              order: list[str], checkpoints: int) -> dict[str, Any]:
+    """Servers on every existing node, the four strategies on the new node; one result each."""
+    nodes = [n for n in tb.nodes if n != new]
+    nbrs = inst["neighbours"]
+    addrs = {n: [tb.addr_of(n), PORT] for n in tb.nodes}
+    manifest = str(state.with_suffix(".manifest.json"))
+    common = ["--state", str(state), "--manifest", manifest]
+    logdir = tb.dir / "logs"
+    logdir.mkdir(exist_ok=True)
+    kids: list[Child] = []
+    try:
+        servers = {}
+        for n in nodes:
+            peers = json.dumps({p: addrs[p] for p in tb.neighbours(n)})
+            servers[n] = Child(tb, n, ["serve", "--node", n, *common, "--port", str(PORT),
+                                       "--peers", peers], logdir / f"{n}-{model}.log")
+            kids.append(servers[n])
+        for child in servers.values():
+            child.recv(60)
+        cfg = inst["configured_mbps"]
+        job = {
+            "neighbors": [[n, 0.0, 8 / (inst["measured_mbps"][n] * 1e6)] for n in nbrs],
+            "sources": [[n, 0.0, 8 / (min(cfg[_key(p, q)] for p, q in _hops(new, r)) * 1e6)]
+                        for n, r in inst["routes"].items()],
+            "routes": inst["routes"],
+            "addresses": {n: addrs[n] for n in nodes},
+            "checkpoint_nodes": nbrs[:checkpoints],
+            "planner": "chaos",
+        }
+        job_file = tb.dir / f"job-{model}.json"
+        job_file.write_text(json.dumps(job))
+        ckpt = tb.dir / "ckpt"
+        ckpt.mkdir(exist_ok=True)
+        joiner = Child(tb, new, ["join", "--node", new, *common, "--job", str(job_file),
+                                 "--workdir", str(ckpt)], logdir / f"{new}-{model}.log")
+        kids.append(joiner)
+        joiner.recv(60)
+        out = {}
+        for name in order:
+            for child in servers.values():
+                child.ask("mark", 30)
+            res = joiner.ask(f"run {name}")
+            if "error" in res:
+                raise CtlError(f"{name} failed on {len(nodes)}->{len(nodes) + 1}, {model}: "
+                               f"{res['error']}")
+            res["servers"] = {n: child.ask("report", 30) for n, child in servers.items()}
+            out[name] = res
+        return out
+    finally:
+        for child in kids:
+            child.close()
+
+
+def _key(a: str, b: str) -> str:
+    return "-".join(sorted((a, b), key=lambda x: int(x[1:])))
+
+
+def _hops(new: str, route: list[str]) -> list[tuple[str, str]]:
+    path = [new, *route]
+    return list(itertools.pairwise(path))
+
+
+def run_instance(size: int, rep: int, models: list[str], states: dict[str, Path],
+                 opts: dict[str, Any], base: Path, say: Say) -> dict[str, Any]:
+    """One testbed of size+1 nodes: measure the new node's links, then every model on it."""
+    seed = opts["seed"] * 1000 + size * 10 + rep
+    tag = f"{size}->{size + 1} repeat {rep + 1}"
+    with Testbed(base / f"tb-{size}-{rep}", size + 1, "random", opts["bw"], seed,
+                 degree=opts["degree"], run_id=opts["run_id"]) as tb:
+        say(f"{tag}: building the testbed ({size + 1} namespaces, seed {seed})")
+        tb.up(start_daemons=False)
+        new = f"n{size + 1}"
+        nbrs = tb.neighbours(new)
+        cfg = {_key(i.a, i.b): float(i.mbit or 0.0) for i in tb.link_info()}
+        say(f"{tag}: iperf3 on the new node's links to {', '.join(nbrs)}")
+        meas = measure_links(tb, new, nbrs, opts["iperf_s"])
+        inst: dict[str, Any] = {
+            "size": size, "repeat": rep, "seed": seed, "new": new, "neighbours": nbrs,
+            "links": [list(ln) for ln in tb.links], "configured_mbps": cfg,
+            "measured_mbps": meas, "routes": routes_from(tb.links, new), "models": {},
+        }
+        say(f"{tag}: measured " + ", ".join(
+            f"{n} {meas[n]:.0f}/{cfg[_key(n, new)]:.0f}" for n in nbrs) + " Mbit/s (meas/cfg)")
+        order = list(STRATEGIES[rep % 4:] + STRATEGIES[:rep % 4])
+        for model in models:
+            t0 = time.perf_counter()
+            res = run_model(tb, new, model, states[model], inst, order, opts["checkpoints"])
+            inst["models"][model] = res
+            say(f"{tag}: {model}: " + ", ".join(
+                f"{s} {res[s]['delay_s']:.2f}s" for s in STRATEGIES)
+                + f" ({time.perf_counter() - t0:.0f}s)")
+    return inst
+
+
+def run(sizes: list[int], models: list[str], repeats: int, bw: tuple[float, float], out: Path,
+        say: Say, *, degree: int = 3, iperf_s: float = 2.0, checkpoints: int = 1,
+        seed: int = 1, workdir: Path | None = None, run_id: str | None = None) -> dict[str, Any]:
+    """Run the whole bench, write JSON/markdown/PNG under ``out``; returns the JSON document.
+
+    Raises:
+        CtlError: Not root (or no ``ip netns``), no iperf3, or a strategy failed.
+    """
+    reason = netns.netns_unavailable_reason()
+    if reason is not None:
+        raise CtlError(f"bench scaleout needs network namespaces: {reason}")
+    if iperf.find_iperf3() is None:
+        raise CtlError("bench scaleout needs iperf3 (apt-get install iperf3)")
+    for m in models:
+        try:
+            model_entries(m)  # unknown names fail before anything is built
+        except ValueError as exc:
+            raise CtlUsageError(str(exc)) from None
+    opts = {"bw": bw, "degree": degree, "iperf_s": iperf_s, "checkpoints": checkpoints,
+            "seed": seed, "run_id": run_id}
+    t_start = time.perf_counter()
+    instances = []
+    with tempfile.TemporaryDirectory(prefix="chaos-scaleout-", dir=workdir) as tmp:
+        base = Path(tmp)
+        states: dict[str, Path] = {}
+        manifests: dict[str, Manifest] = {}
+        for i, m in enumerate(models):
+            states[m] = base / f"{m}.state"
+            manifests[m] = make_state(m, states[m], seed * 100 + i)
+            say(f"state {m}: {manifests[m].total_bytes / MIB:.1f} MiB, "
+                f"{len(manifests[m].entries)} tensors")
+        for size in sizes:
+            for rep in range(repeats):
+                instances.append(run_instance(size, rep, models, states, opts, base, say))
+    meta = {"sizes": sizes, "models": models, "repeats": repeats, "bw_mbps": list(bw),
+            "degree": degree, "iperf_s": iperf_s, "checkpoints": checkpoints, "seed": seed,
+            "argv": sys.argv, "wall_s": time.perf_counter() - t_start,
+            "mib": {m: manifests[m].total_bytes / MIB for m in models},
+            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "idle_definition": report.IDLE_DEFINITION}
+    doc = {"meta": meta, "rows": report.summarise(instances, manifests), "instances": instances}
+    for path in report.write(out, doc):
+        say(f"wrote {path}")
+    return doc

@@ -1,0 +1,246 @@
+"""The per-namespace processes of ``chaosctl bench scaleout`` (run with ``python -m``).
+
+``serve``: an existing node. It maps the shared state file read-only (the page cache holds one
+copy for every node), serves it with :func:`daemon.replication.transfer.serve` on
+``0.0.0.0:PORT`` inside its namespace, and relays ``GET_VIA`` requests to its testbed
+neighbours (``--peers``). A thread samples the server's counters every 10 ms, so the node can
+report how long it was busy with replication: from the first request it got after ``mark`` to
+the last byte it sent or relayed.
+
+``join``: the new node. It runs one strategy per ``run NAME`` line with
+:func:`daemon.replication.transfer.run_strategy` on the job given as JSON (``--job``), checks
+the received bytes against the manifest's block checksums once more, and answers one JSON line.
+
+Both speak a line protocol on stdin/stdout with the bench (one JSON answer per command line);
+``quit`` (or EOF) ends them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import mmap
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from daemon.dataplane import auth
+from daemon.replication.manifest import Entry, Manifest, block_digests, verify_buffer
+from daemon.replication.planning.model import Neighbor
+from daemon.replication.transfer import (
+    FetchOptions,
+    ScaleOutJob,
+    Snapshot,
+    StateServer,
+    run_strategy,
+    serve,
+)
+
+SECRET = b"chaos-bench-scaleout"
+MODELS_FILE = Path(__file__).resolve().parents[2] / "shared" / "models" / "paper_models.json"
+ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8}
+MIB = 1 << 20
+SAMPLE_S = 0.01
+
+
+def ident(node: str) -> auth.Identity:
+    """The bench's credentials for ``node`` (one shared secret, as in a cluster)."""
+    return auth.Identity(node, "bench", SECRET, auth.new_incarnation())
+
+
+def answer(doc: Any) -> None:
+    """One JSON line to the bench."""
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+
+
+def map_state(path: str) -> memoryview:
+    """The state file, mapped read-only."""
+    with open(path, "rb") as f:
+        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def model_entries(name: str) -> list[Entry]:
+    """The model's tensors (real names, shapes, dtypes); ``synth-M`` is one M-MiB tensor."""
+    if name.startswith("synth-"):
+        n = int(float(name[6:]) * MIB) // 4 * 4
+        return [Entry("synthetic", "float32", (n // 4,), 0, n)]
+    models = json.loads(MODELS_FILE.read_text())["models"]
+    if name not in models:
+        raise ValueError(f"unknown model {name!r}; choose from {', '.join(models)} or synth-MIB")
+    entries, off = [], 0
+    for t in models[name]["tensors"] + models[name].get("buffers", []):
+        n = math.prod(t["shape"]) * ITEMSIZE[t["dtype"]]
+        entries.append(Entry(t["name"], t["dtype"], tuple(t["shape"]), off, n))
+        off += n
+    return entries
+
+
+def make_state(name: str, path: Path, seed: int) -> Manifest:
+    """Write synthetic bytes of the model's size to ``path`` and its manifest beside it."""
+    entries = model_entries(name)
+    total = entries[-1].offset + entries[-1].nbytes
+    rng = np.random.default_rng(seed)
+    with open(path, "wb") as f:
+        for i in range(0, total, 64 * MIB):
+            f.write(rng.integers(0, 256, min(64 * MIB, total - i), dtype=np.uint8).tobytes())
+    data = map_state(str(path))
+    blocks = block_digests(data, MIB)
+    data.release()
+    manifest = Manifest(0, total, MIB, blocks, tuple(entries))
+    path.with_suffix(".manifest.json").write_text(manifest.to_json())
+    return manifest
+
+
+class BusyMeter:
+    """Samples a server's counters: when did it start and stop moving replication bytes?"""
+
+    def __init__(self, server: StateServer) -> None:
+        self.server = server
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.mark()
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _totals(self) -> tuple[int, int, int]:
+        s = self.server.stats()
+        return s.requests, s.bytes_sent, s.bytes_relayed
+
+    def mark(self) -> None:
+        """Start a new measurement window."""
+        with self.lock:
+            self.base = self._totals()
+            self.last = self.base
+            self.first_s: float | None = None
+            self.last_s: float | None = None
+
+    def _loop(self) -> None:
+        while not self.stop.wait(SAMPLE_S):
+            now, cur = time.monotonic(), self._totals()
+            with self.lock:
+                if cur[0] > self.last[0] and self.first_s is None:
+                    self.first_s = now - SAMPLE_S / 2  # the request came within the interval
+                if cur[1:] != self.last[1:]:
+                    self.last_s = now
+                self.last = cur
+
+    def report(self) -> dict[str, Any]:
+        """The window since :meth:`mark`: busy seconds and bytes."""
+        time.sleep(2 * SAMPLE_S)  # let the sampler see the last bytes
+        with self.lock:
+            busy = 0.0
+            if self.first_s is not None and self.last_s is not None:
+                busy = max(0.0, self.last_s - self.first_s)
+            return {
+                "busy_s": busy,
+                "requests": self.last[0] - self.base[0],
+                "bytes_sent": self.last[1] - self.base[1],
+                "bytes_relayed": self.last[2] - self.base[2],
+            }
+
+
+def serve_main(args: argparse.Namespace) -> None:
+    """An existing node: serve, relay, and report busy windows."""
+    manifest = Manifest.from_json(Path(args.manifest).read_text())
+    data = map_state(args.state)
+    peers = {k: (h, int(p)) for k, (h, p) in json.loads(args.peers).items()}
+    server = serve(
+        Snapshot.create(manifest, data), ident(args.node), host="0.0.0.0", port=args.port,
+        peers=peers, io_timeout=60.0,
+    )
+    meter = BusyMeter(server)
+    answer({"ready": list(server.address)})
+    for line in sys.stdin:
+        cmd = line.strip()
+        if cmd == "mark":
+            meter.mark()
+            answer({"ok": True})
+        elif cmd == "report":
+            answer(meter.report())
+        elif cmd == "quit":
+            break
+    meter.stop.set()
+    server.close()
+
+
+def _neighbors(rows: list[list[Any]]) -> tuple[Neighbor, ...]:
+    return tuple(Neighbor(str(i), float(p), float(t)) for i, p, t in rows)
+
+
+def join_main(args: argparse.Namespace) -> None:
+    """The new node: run the strategies it is asked for, one at a time."""
+    manifest = Manifest.from_json(Path(args.manifest).read_text())
+    data = map_state(args.state)
+    spec = json.loads(Path(args.job).read_text())
+    job = ScaleOutJob(
+        manifest=manifest,
+        me=ident(args.node),
+        neighbors=_neighbors(spec["neighbors"]),
+        addresses={k: (h, int(p)) for k, (h, p) in spec["addresses"].items()},
+        sources=_neighbors(spec["sources"]),
+        routes={k: list(v) for k, v in spec["routes"].items()},
+        checkpoints={n: data for n in spec["checkpoint_nodes"]},
+        workdir=Path(args.workdir),
+        planner=spec.get("planner", "chaos"),
+        options=FetchOptions(io_timeout=float(spec.get("io_timeout", 60.0))),
+    )
+    answer({"ready": True})
+    for line in sys.stdin:
+        words = line.split()
+        if not words or words[0] == "quit":
+            break
+        name = words[1]
+        try:
+            res = run_strategy(name, job)
+        except Exception as exc:  # report it; the bench decides
+            answer({"strategy": name, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        t0 = time.perf_counter()
+        bad = verify_buffer(manifest, res.buffer)
+        doc: dict[str, Any] = {
+            "strategy": name,
+            "delay_s": res.delay_s,
+            "decision_s": res.decision_s,
+            "phases": res.phases,
+            "verified": not bad and len(res.buffer) == manifest.total_bytes,
+            "verify_s": time.perf_counter() - t0,
+        }
+        if res.fetch is not None:
+            doc["sources"] = {
+                s: [t.start_s, t.end_s, t.bytes, t.failed] for s, t in res.fetch.sources.items()
+            }
+            doc["refetched_blocks"] = len(res.fetch.refetched_blocks)
+        if res.plan is not None:
+            doc["plan_bytes"] = {s: sum(n for _, n in r) for s, r in res.plan.ranges.items()}
+        del res
+        answer(doc)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse the sub-command and run it."""
+    ap = argparse.ArgumentParser(prog="python -m chaosctl.bench.scaleout_node")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("serve", "join"):
+        p = sub.add_parser(name)
+        p.add_argument("--node", required=True)
+        p.add_argument("--state", required=True, help="the state file (synthetic bytes)")
+        p.add_argument("--manifest", required=True, help="its manifest (JSON file)")
+    s = sub.choices["serve"]
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--peers", default="{}", help="JSON: neighbour -> [host, port] for relays")
+    j = sub.choices["join"]
+    j.add_argument("--job", required=True, help="JSON file: neighbours, sources, routes, ...")
+    j.add_argument("--workdir", required=True, help="where stop-resume writes checkpoints")
+    args = ap.parse_args(argv)
+    with contextlib.suppress(KeyboardInterrupt):
+        (serve_main if args.cmd == "serve" else join_main)(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Summaries and outputs of ``chaosctl bench scaleout``: rows, markdown, JSON and the PNG."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from daemon.replication.manifest import Manifest
+from daemon.replication.planning.model import Neighbor, PlanInput
+from daemon.replication.planning.waterfill import lower_bound
+
+STRATEGIES = ("chaos", "single", "multi-source", "stop-resume")
+BASELINES = STRATEGIES[1:]
+SHORT = {"chaos": "chaos", "single": "single", "multi-source": "multi", "stop-resume": "stop"}
+IDLE_DEFINITION = (
+    "Cluster idle time (Fig. 10), node-seconds over the N existing nodes (new node not counted). "
+    "Measured busy_node_s: per state server, first replication request to last byte sent or "
+    "relayed (sampled every 10 ms), summed over nodes. idle_s: chaos and multi-source = "
+    "busy_node_s (serving/relaying nodes counted as paused, as in the paper); single (EDL+) = "
+    "N x delay (modelled: EDL+'s barrier makes all nodes wait); stop-resume (Pollux) = "
+    "N x delay (modelled: every node stops)."
+)
+
+
+def waterfill(rates_mbps: dict[str, float], manifest: Manifest) -> float:
+    """The water-filling lower bound (s) of pulling the state over links of these rates."""
+    nbrs = [Neighbor(n, 0.0, 8 / (r * 1e6)) for n, r in rates_mbps.items() if r > 0]
+    return lower_bound(PlanInput.create(nbrs, [manifest.total_bytes]))
+
+
+def idle(name: str, res: dict[str, Any], size: int) -> tuple[float, float, int]:
+    """``(idle_s, busy_node_s, participants)`` of one strategy's run (see the definition)."""
+    moved = [s for s in res["servers"].values() if s["bytes_sent"] + s["bytes_relayed"] > 0]
+    busy = sum(s["busy_s"] for s in moved)
+    if name in ("single", "stop-resume"):
+        return size * res["delay_s"], busy, len(moved) if name == "single" else size
+    return busy, busy, len(moved)
+
+
+def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -> list[dict]:
+    """One row per (size, model): medians over the repeats, per-repeat ratios' medians."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for inst in instances:
+        new = inst["new"]
+        cfg = {n: inst["configured_mbps"]["-".join(sorted((n, new), key=lambda x: int(x[1:])))]
+               for n in inst["neighbours"]}
+        for model, res in inst["models"].items():
+            lb_meas = waterfill(inst["measured_mbps"], manifests[model])
+            lb_cfg = waterfill(cfg, manifests[model])
+            one: dict[str, Any] = {"lb_meas": lb_meas, "lb_cfg": lb_cfg, "delay": {},
+                                   "idle": {}, "busy": {}, "participants": {}}
+            for s in STRATEGIES:
+                one["delay"][s] = res[s]["delay_s"]
+                i, b, p = idle(s, res[s], inst["size"])
+                one["idle"][s], one["busy"][s], one["participants"][s] = i, b, p
+            one["verified"] = all(res[s]["verified"] for s in STRATEGIES)
+            one["neighbours"] = len(inst["neighbours"])
+            groups.setdefault((inst["size"], model), []).append(one)
+    rows = []
+    for (size, model), runs in groups.items():
+        def med(f: Any, runs: list[dict[str, Any]] = runs) -> float:
+            return float(statistics.median(f(r) for r in runs))
+
+        rows.append({
+            "size": size, "model": model, "mib": manifests[model].total_bytes / (1 << 20),
+            "repeats": len(runs), "neighbours": med(lambda r: r["neighbours"]),
+            "delay_s": {s: med(lambda r, s=s: r["delay"][s]) for s in STRATEGIES},
+            "lb_measured_s": med(lambda r: r["lb_meas"]),
+            "lb_configured_s": med(lambda r: r["lb_cfg"]),
+            "chaos_over_lb_measured": med(lambda r: r["delay"]["chaos"] / r["lb_meas"]),
+            "chaos_over_lb_configured": med(lambda r: r["delay"]["chaos"] / r["lb_cfg"]),
+            "baseline_over_chaos": {s: med(lambda r, s=s: r["delay"][s] / r["delay"]["chaos"])
+                                    for s in BASELINES},
+            "idle_s": {s: med(lambda r, s=s: r["idle"][s]) for s in STRATEGIES},
+            "busy_node_s": {s: med(lambda r, s=s: r["busy"][s]) for s in STRATEGIES},
+            "participants": {s: med(lambda r, s=s: r["participants"][s]) for s in STRATEGIES},
+            "chaos_fastest_every_repeat": all(
+                r["delay"]["chaos"] < r["delay"][s] for r in runs for s in BASELINES),
+            "verified": all(r["verified"] for r in runs),
+        })
+    return sorted(rows, key=lambda r: (r["model"], r["size"]))
+
+
+COLUMNS = ("N", "model", "MiB", "K", "chaos s", "single s", "multi s", "stop s", "LB meas s",
+           "LB cfg s", "chaos/LBm", "single/chaos", "multi/chaos", "stop/chaos", "idle chaos",
+           "idle single", "idle multi", "idle stop")
+
+
+def cells(r: dict[str, Any]) -> list[str]:
+    """The table cells of one row (same order as :data:`COLUMNS`)."""
+    d, b, i = r["delay_s"], r["baseline_over_chaos"], r["idle_s"]
+    return [f"{r['size']}->{r['size'] + 1}", r["model"], f"{r['mib']:.0f}",
+            f"{r['neighbours']:g}", *(f"{d[s]:.2f}" for s in STRATEGIES),
+            f"{r['lb_measured_s']:.2f}", f"{r['lb_configured_s']:.2f}",
+            f"{r['chaos_over_lb_measured']:.2f}", *(f"{b[s]:.2f}" for s in BASELINES),
+            *(f"{i[s]:.1f}" for s in STRATEGIES)]
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The markdown table, with the run's parameters and the idle-time definition."""
+    m = doc["meta"]
+    lines = [
+        f"Scale-out on the netns testbed: sizes {m['sizes']}, models {m['models']}, "
+        f"{m['repeats']} repeat(s), links {m['bw_mbps'][0]:g}-{m['bw_mbps'][1]:g} Mbit/s (tbf), "
+        f"new node degree {m['degree']}; medians over repeats; seconds. K = new node's "
+        "neighbours. LB = water-filling lower bound from the iperf3-measured (meas) or "
+        "configured (cfg) rates of the new node's links. Idle in node-seconds.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
+    lines += ["| " + " | ".join(cells(r)) + " |" for r in doc["rows"]]
+    lines += ["", IDLE_DEFINITION, ""]
+    return "\n".join(lines)
+
+
+def plot(doc: dict[str, Any], path: Path) -> bool:
+    """Fig. 7 (delay) and Fig. 10 (idle) per model vs cluster size; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
+    fig, axes = plt.subplots(2, len(models), figsize=(4.5 * len(models), 7), squeeze=False)
+    for j, model in enumerate(models):
+        rows = [r for r in doc["rows"] if r["model"] == model]
+        xs = [r["size"] for r in rows]
+        labels = [f"{r['size']}->{r['size'] + 1}" for r in rows]
+        for s in STRATEGIES:
+            axes[0][j].plot(xs, [r["delay_s"][s] for r in rows], "o-", label=s)
+            axes[1][j].plot(xs, [max(r["idle_s"][s], 1e-3) for r in rows], "o-", label=s)
+        axes[0][j].plot(xs, [r["lb_measured_s"] for r in rows], "k--", label="LB (measured)")
+        axes[0][j].set_title(f"{model} ({rows[0]['mib']:.0f} MiB): scale-out delay")
+        axes[1][j].set_title(f"{model}: cluster idle time")
+        axes[0][j].set_ylabel("seconds")
+        axes[1][j].set_ylabel("node-seconds")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.set_yscale("log")
+            ax.set_xticks(xs, labels)
+            ax.grid(alpha=0.3)
+        axes[0][j].legend(fontsize=7)
+    fig.suptitle("Scale-out on the netns testbed (tbf links), medians over repeats")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write(out: Path, doc: dict[str, Any]) -> list[Path]:
+    """``scaleout.json``, ``scaleout.md`` and ``scaleout.png`` under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "scaleout.json", out / "scaleout.md"]
+    written[0].write_text(json.dumps(doc, indent=1))
+    written[1].write_text(markdown(doc))
+    if plot(doc, out / "scaleout.png"):
+        written.append(out / "scaleout.png")
+    return written

@@ -1,0 +1,167 @@
+"""The MQTT bus: one aiomqtt client inside an outer reconnect loop (aiomqtt's recipe).
+
+While the broker is away nothing local is lost: heartbeats (QoS 0) are simply not sent, and
+reliable messages (requests, commands) wait in a bounded outbox that is flushed, in order, as
+soon as the connection is back. Each (re)connect calls ``on_connect`` so the node can
+re-announce itself and re-subscribe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiomqtt
+
+from daemon.contracts.config import Config
+
+log = logging.getLogger("chaosd.bus")
+OUTBOX_LIMIT = 1000
+CALL_TIMEOUT_S = 5.0
+QOS0_TIMEOUT_S = 0.25
+PUBLISH_TIMEOUT_S = 1.0  # a QoS 1 message that times out is queued again, never lost
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    topic: str
+    payload: bytes
+    qos: int
+    retain: bool
+
+
+class Bus:
+    """Connect, subscribe, dispatch, publish; reconnect forever with capped backoff."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        *,
+        client_id: str,
+        will: Outgoing,
+        subscriptions: list[str],
+        on_message: Callable[[str, bytes], None],
+        on_connect: Callable[[], Awaitable[None]],
+        on_disconnect: Callable[[], None],
+    ) -> None:
+        self._cfg = cfg
+        self._client_id = client_id
+        self._will = will
+        self._subscriptions = subscriptions
+        self._on_message = on_message
+        self._on_connect = on_connect
+        self._on_disconnect = on_disconnect
+        self._client: aiomqtt.Client | None = None
+        self._outbox: deque[Outgoing] = deque(maxlen=OUTBOX_LIMIT)
+        self.connected = False
+        self.connects = 0
+        self.dropped = 0
+
+    def _make_client(self) -> aiomqtt.Client:
+        scheme, host, port = self._cfg.broker_endpoint
+        mq = self._cfg.mqtt
+        tls: ssl.SSLContext | None = None
+        if scheme == "mqtts":
+            tls = ssl.create_default_context(cafile=mq.ca_file or None)
+            if mq.tls_insecure:
+                tls.check_hostname = False
+                tls.verify_mode = ssl.CERT_NONE
+        return aiomqtt.Client(
+            host,
+            port,
+            identifier=self._client_id,
+            username=mq.username or None,
+            password=mq.password or None,
+            keepalive=mq.keepalive_s,
+            will=aiomqtt.Will(self._will.topic, self._will.payload, self._will.qos,
+                              self._will.retain),
+            clean_session=True,
+            tls_context=tls,
+            timeout=CALL_TIMEOUT_S,
+        )
+
+    async def run(self) -> None:
+        """Run until cancelled; never raises on broker trouble."""
+        backoff = self._cfg.mqtt.reconnect_min_s
+        last_error = ""
+        while True:
+            client = self._make_client()
+            try:
+                async with client:
+                    self._client = client
+                    for topic in self._subscriptions:
+                        await client.subscribe(topic, qos=1, timeout=CALL_TIMEOUT_S)
+                    self.connected = True
+                    self.connects += 1
+                    last_error = ""
+                    backoff = self._cfg.mqtt.reconnect_min_s
+                    log.info("connected to broker %s", self._cfg.broker)
+                    await self._on_connect()
+                    await self._flush()
+                    async for message in client.messages:
+                        payload = message.payload
+                        if isinstance(payload, (bytes, bytearray)):
+                            self._on_message(message.topic.value, bytes(payload))
+            except aiomqtt.MqttError as exc:
+                if self.connected:
+                    log.warning("lost the broker: %s; reconnecting", exc)
+                elif str(exc) != last_error:
+                    # Once per distinct reason, so a refused login or a wrong port is visible
+                    # at the default level without a line every backoff.
+                    log.warning("cannot connect to broker %s: %s; retrying", self._cfg.broker,
+                                exc)
+                last_error = str(exc)
+            finally:
+                self._client = None
+                if self.connected:
+                    self.connected = False
+                    self._on_disconnect()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._cfg.mqtt.reconnect_max_s)
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
+                      retain: bool = False, reliable: bool = False) -> bool:
+        """Publish now if connected. ``reliable`` messages are queued while disconnected.
+
+        Returns:
+            True if handed to the broker, False if dropped or queued.
+        """
+        out = Outgoing(topic, payload, qos, retain)
+        client = self._client
+        if client is None or not self.connected:
+            if reliable:
+                self._outbox.append(out)
+            else:
+                self.dropped += 1
+            return False
+        # A QoS 0 message (a heartbeat) is stale within a second; waiting longer on a dead
+        # connection would only delay the next one and make a live node look silent.
+        timeout = PUBLISH_TIMEOUT_S if qos else QOS0_TIMEOUT_S
+        try:
+            await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout)
+            return True
+        except aiomqtt.MqttError as exc:
+            log.debug("publish to %s failed: %s", topic, exc)
+            if reliable:
+                self._outbox.append(out)
+            else:
+                self.dropped += 1
+            return False
+
+    async def _flush(self) -> None:
+        while self._outbox and self._client is not None:
+            out = self._outbox.popleft()
+            try:
+                await self._client.publish(out.topic, out.payload, qos=out.qos, retain=out.retain,
+                                           timeout=CALL_TIMEOUT_S)
+            except aiomqtt.MqttError:
+                self._outbox.appendleft(out)
+                raise
+
+    @property
+    def queued(self) -> int:
+        return len(self._outbox)

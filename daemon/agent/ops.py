@@ -1,0 +1,207 @@
+"""Control-socket actions: join, leave, link, and the worker's ops (docs/training-protocol.md).
+
+Reads live in :mod:`daemon.agent.views`. Handlers validate their arguments (a bad one is a
+``usage`` error naming the argument), change the local state or queue a request to the
+scheduler, and answer at once, except ``link``, which waits for the scheduler's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from daemon.agent.node import NodeAgent
+from daemon.contracts.config import NAME_RE
+from daemon.contracts.errors import ControlError
+
+REPLY_TIMEOUT_S = 5.0
+MAX_PROBE_PEERS = 64
+
+
+def _node_id(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not NAME_RE.match(value):
+        raise ControlError(f"{what} must be a node id (A-Z a-z 0-9 _ . -, 1-64)")
+    return value
+
+
+def _int(args: dict[str, Any], key: str, default: int = 0) -> int:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ControlError(f"'{key}' must be a non-negative integer")
+    return value
+
+
+def join(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    neighbors = args.get("neighbors") or []
+    command = args.get("command") or []
+    if not isinstance(neighbors, list):
+        raise ControlError("'neighbors' must be a list of node ids")
+    nbrs = [_node_id(n, "each neighbor") for n in neighbors]
+    if agent.me in nbrs:
+        raise ControlError("a node cannot be its own neighbor")
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
+        raise ControlError("'command' must be a list of strings")
+    if agent.supervisor.running or agent.worker.attached:
+        raise ControlError("this node is already training; 'chaosctl leave' first",
+                           code="failed")
+    agent.worker.neighbors = nbrs
+    if command:
+        try:
+            agent.supervisor.start(command)
+        except RuntimeError as exc:
+            raise ControlError(str(exc), code="failed") from None
+        return {"node": agent.me, "state": "joining"}
+    # No command: a worker started by hand attaches with these neighbours.
+    return {"node": agent.me, "state": "standby"}
+
+
+async def leave(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
+    if agent.worker.attached:
+        agent.worker.leave_requested = True
+        return {"node": agent.me, "state": "leaving"}
+    if agent.supervisor.running:  # started but never attached: just stop it
+        await agent.supervisor.stop()
+        return {"node": agent.me, "state": "standby"}
+    raise ControlError("this node is not training", code="failed")
+
+
+async def link(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    action = args.get("action")
+    if action not in ("add", "del"):
+        raise ControlError("'action' must be add or del")
+    peer = _node_id(args.get("peer"), "'peer'")
+    if peer == agent.me:
+        raise ControlError("a node cannot link to itself")
+    if agent.election.leader is None:
+        raise ControlError("no scheduler is elected yet; try again in a few seconds",
+                           code="failed")
+    req_id = agent.request("link", peer=peer, action=action)
+    await agent.flush()
+    deadline = time.monotonic() + REPLY_TIMEOUT_S
+    while req_id not in agent.replies:
+        if time.monotonic() > deadline:
+            raise ControlError("the scheduler did not answer within 5 s", code="failed")
+        await asyncio.sleep(0.02)
+    error = agent.replies.pop(req_id)
+    if error:
+        raise ControlError(f"link {action} {peer}: {error}", code="failed")
+    return {"a": agent.me, "b": peer, "state": "up" if action == "add" else "down"}
+
+
+async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    port = _int(args, "port")
+    pid = _int(args, "pid")
+    host = args.get("host") or agent.cfg.advertise
+    if not isinstance(host, str) or not 0 < port < 65536 or not pid:
+        raise ControlError("worker.attach needs 'pid', 'host' and a 'port' in 1..65535")
+    w = agent.worker
+    if w.attached and w.pid != pid:
+        raise ControlError(f"another worker (pid {w.pid}) is attached", code="failed")
+    w.pid, w.data_addr, w.state = pid, f"{host}:{port}", "joining"
+    w.attached_at = w.last_poll = time.monotonic()
+    rtts: dict[str, float] = {}
+    if agent.monitor is not None and not w.neighbors:
+        # The scheduler picks neighbours by RTT: measure to every live peer at once.
+        peers = {n: ep for n in agent.presence if (ep := agent.endpoint(n)) is not None}
+        rtts = await agent.monitor.rtts(peers)
+    agent.request("join", addr=w.data_addr, neighbors=w.neighbors, rtts=rtts)
+    await agent.flush()
+    rep = agent.cfg.replication
+    return {"node": agent.me, "cluster": agent.cfg.cluster, "secret": agent.cfg.data_key.hex(),
+            "incarnation": agent.incarnation,
+            "replication": {"serve_mbps": rep.serve_mbps, "probe_min_mib": rep.probe_min_mib,
+                            "snapshot_reserve_mib": rep.snapshot_reserve_mib}}
+
+
+def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    w = agent.worker
+    if not w.attached:
+        raise ControlError("no worker is attached; call worker.attach first", code="failed")
+    w.step = agent.step = _int(args, "step", agent.step)
+    state = args.get("state", w.state)
+    if state in ("joining", "active", "leaving"):
+        w.state = state
+    w.last_poll = time.monotonic()
+    known = args.get("policy_version", -1)
+    if isinstance(known, bool) or not isinstance(known, int):
+        raise ControlError("'policy_version' must be an integer")
+    policy = agent.view.policy if agent.view is not None and agent.view.policy else None
+    newer = [agent.policies[v] for v in sorted(agent.policies) if v > known]
+    return {"policy": policy, "policies": newer, "commands": w.drain(),
+            "leave": w.leave_requested}
+
+
+async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    kind = args.get("kind")
+    if kind not in ("link-failed", "round-aborted", "replicated", "stall"):
+        raise ControlError("'kind' must be link-failed, round-aborted, replicated or stall")
+    agent.request("report", **args)
+    await agent.flush()
+    return {}
+
+
+async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    # The worker stays attached: it polls on and takes part in the rounds (with no samples)
+    # until the policy without it takes effect, then detaches.
+    step = _int(args, "step", agent.step)
+    agent.worker.state = "leaving"
+    agent.request("leave", step=step)
+    await agent.flush()
+    return {}
+
+
+def worker_detach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    pid = _int(args, "pid")
+    if agent.worker.attached and agent.worker.pid == pid:
+        agent.worker.detach()  # it has left: its exit is no failure
+    return {}
+
+
+async def _probe_one(agent: NodeAgent, peer: str, nbytes: int | None = None,
+                     reverse: bool = False) -> dict[str, Any]:
+    """A fresh RTT and bandwidth measurement of the path to ``peer``, told to the scheduler."""
+    if agent.monitor is None:
+        raise ControlError("probes are disabled on this node ([probe] enabled = false)",
+                           code="failed")
+    ep = agent.endpoint(peer)
+    if ep is None or not ep.probe_port:
+        raise ControlError(f"{peer} is not online or advertises no probe server",
+                           code="failed")
+    result = await agent.monitor.probe(peer, ep, nbytes=nbytes, reverse=reverse)
+    if result["rtt_ms"] is None and result["bandwidth_mbps"] is None:
+        raise ControlError(f"no answer from {peer}'s probes at {ep.host}", code="failed")
+    agent.request("report", kind="link-metrics", peer=peer, rtt_ms=result["rtt_ms"],
+                  bandwidth_mbps=result["bandwidth_mbps"])
+    return result
+
+
+async def probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    peer = _node_id(args.get("peer"), "'peer'")
+    if peer == agent.me:
+        raise ControlError("a node cannot probe itself")
+    return await _probe_one(agent, peer)
+
+
+async def worker_probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+    """Measure the links to a joining node's sources, all at once (they will be loaded at
+    once by the parallel fetch, so a joint measurement is the one the planner needs)."""
+    peers = args.get("peers")
+    if not isinstance(peers, list) or not peers or len(peers) > MAX_PROBE_PEERS:
+        raise ControlError(f"'peers' must be a list of 1..{MAX_PROBE_PEERS} node ids")
+    ids = [_node_id(p, "each peer") for p in peers]
+    nbytes = _int(args, "bytes") or None
+    # reverse: the state flows from each source to us.
+    results = await asyncio.gather(*(_probe_one(agent, p, nbytes, reverse=True) for p in ids),
+                                   return_exceptions=True)
+    out: dict[str, Any] = {}
+    for peer, res in zip(ids, results, strict=True):
+        out[peer] = res if isinstance(res, dict) else {"error": str(res)}
+    return out
+
+
+HANDLERS = {
+    "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
+    "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
+    "probe": probe, "worker.probe": worker_probe, "worker.detach": worker_detach,
+}

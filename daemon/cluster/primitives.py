@@ -1,0 +1,365 @@
+"""The four primitives, negotiated by the scheduler (paper IV-B, docs/training-protocol.md).
+
+:class:`Negotiator` turns requests (join, leave, link add/del, link failure) and failures
+into three things: commands for particular workers (``connect``, ``disconnect``,
+``replicate``), a new sync policy in the retained snapshot, and an event with its measured
+delays. It only changes :class:`~daemon.cluster.scheduler.Scheduler` state and queues commands; the
+node agent sends them. Nothing here does I/O, so it is tested with a fake clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from daemon.cluster.scheduler import Scheduler
+from daemon.contracts.clock import Clock
+from daemon.contracts.messages import Event, LinkRecord
+from daemon.contracts.policy import SyncPolicy, spanning_tree
+from daemon.dataplane.errors import PolicyError
+
+log = logging.getLogger("chaosd.primitives")
+MEMBER_STATES = ("joining", "active")
+AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
+STEP_MARGIN = 2        # at least this many steps of slack before a planned change
+POLICY_LEAD_S = 0.5    # and at least this much time: the policy must reach every worker first
+RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
+
+
+def link_key(a: str, b: str) -> tuple[str, str]:
+    return (a, b) if a < b else (b, a)
+
+
+class Negotiator:
+    """Applies primitives to the scheduler's state and queues worker commands."""
+
+    def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int],
+                 alive: Callable[[str], bool] = lambda _node: True,
+                 strategy: str = "chaos") -> None:
+        self.sched = sched
+        self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
+        self.clock = clock
+        self.step_of = step_of
+        self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
+        self.out: list[tuple[str, str, dict[str, Any]]] = []  # (node, op, args)
+        self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
+        self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
+        self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
+        self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
+
+    # --- helpers --------------------------------------------------------------------------
+    def members(self) -> list[str]:
+        return sorted(n for n, r in self.sched.nodes.items() if r.state in MEMBER_STATES)
+
+    def _cmd(self, node: str, op: str, **args: Any) -> None:
+        self.out.append((node, op, args))
+
+    def _link(self, a: str, b: str) -> LinkRecord | None:
+        key = link_key(a, b)
+        return next((lk for lk in self.sched.links if (lk.a, lk.b) == key), None)
+
+    def _add_link(self, a: str, b: str) -> bool:
+        if self._link(a, b) is not None:
+            return False
+        ka, kb = link_key(a, b)
+        self.sched.links.append(LinkRecord(a=ka, b=kb, state="up",
+                                           measured_at=self.clock.wall()))
+        addr_a, addr_b = self.sched.nodes[a].data_addr, self.sched.nodes[b].data_addr
+        self._cmd(a, "connect", peer=b, addr=addr_b)
+        self._cmd(b, "connect", peer=a, addr=addr_a)
+        self.sched.dirty = True
+        return True
+
+    def _drop_links(self, node: str, peer: str | None = None) -> list[str]:
+        """Remove ``node``'s links (or only the one to ``peer``); tell the survivors."""
+        dropped = []
+        for lk in list(self.sched.links):
+            if node in (lk.a, lk.b) and (peer is None or peer in (lk.a, lk.b)):
+                other = lk.b if lk.a == node else lk.a
+                self.sched.links.remove(lk)
+                dropped.append(other)
+                for end, far in ((node, other), (other, node)):
+                    if self.sched.nodes.get(end) and self.sched.nodes[end].state in MEMBER_STATES:
+                        self._cmd(end, "disconnect", peer=far)
+        self.sched.dirty = True
+        return dropped
+
+    def _set_neighbors(self) -> None:
+        for node, rec in list(self.sched.nodes.items()):
+            nbrs = sorted({lk.b if lk.a == node else lk.a for lk in self.sched.links
+                           if node in (lk.a, lk.b)})
+            if nbrs != rec.neighbors:
+                self.sched.nodes[node] = replace(rec, neighbors=nbrs)
+
+    def max_step(self) -> int:
+        steps = [self.step_of(n) for n in self.members()]
+        return max(steps, default=0)
+
+    def observe_progress(self) -> None:
+        """Sample the cluster's step (called on heartbeats) to learn the step rate."""
+        now, step = self.clock.monotonic(), self.max_step()
+        if self._progress and now - self._progress[-1][0] < 0.2:
+            return
+        self._progress.append((now, step))
+        while self._progress and now - self._progress[0][0] > RATE_WINDOW_S:
+            self._progress.popleft()
+
+    def lead(self) -> int:
+        """Steps ahead at which a planned change takes effect: STEP_MARGIN, or more when
+        the cluster steps so fast that the policy could not reach every worker in time (a
+        worker that starts the round under the old policy makes everyone rerun it)."""
+        if len(self._progress) < 2:
+            return STEP_MARGIN
+        (t0, s0), (t1, s1) = self._progress[0], self._progress[-1]
+        rate = max(0, s1 - s0) / max(t1 - t0, 1e-3)
+        return max(STEP_MARGIN, math.ceil(rate * POLICY_LEAD_S))
+
+    # --- policy ---------------------------------------------------------------------------
+    def publish_policy(self, effective_step: int) -> dict[str, Any]:
+        """Publish the next sync policy, effective at ``effective_step``.
+
+        A joining node must not become a member before the step its replica is taken for,
+        or the others would wait for a node that has no state yet. So a policy that takes
+        effect earlier leaves it out, and a second one adds it back at its own step.
+        """
+        early = [n for n, s in self._join_steps.items()
+                 if n in self.sched.nodes and self.sched.nodes[n].state == "joining"
+                 and s > effective_step]
+        if not early:
+            return self._publish(effective_step, exclude=())
+        self._publish(effective_step, exclude=early)
+        return self._publish(max(self._join_steps[n] for n in early), exclude=())
+
+    def _publish(self, effective_step: int, exclude: tuple[str, ...] | list[str]
+                 ) -> dict[str, Any]:
+        self._set_neighbors()
+        members = [m for m in self.members() if m not in exclude]
+        if not members:
+            self.sched.policy = {}
+            self.sched.dirty = True
+            return {}
+        weights = {link_key(lk.a, lk.b): (lk.bandwidth_mbps or 1.0)
+                   for lk in self.sched.links if lk.state == "up"}
+        plan = spanning_tree(members, weights)
+        if not plan.connected:
+            kept = sorted(plan.components[0])
+            parts = [sorted(c) for c in plan.components]
+            for node in members:
+                if node not in kept:
+                    self.sched.set_node(node, state="standby")  # waits for a link back
+            self.sched.record("partition", parts=parts, kept=kept)
+            log.warning("partition %s: %s keeps training", parts, kept)
+            members = kept
+        try:
+            pol = SyncPolicy.build(self.sched.policy_version + 1, members, plan.edges, plan.root)
+        except PolicyError as exc:  # pragma: no cover - spanning_tree guarantees a tree
+            log.error("could not build a sync policy: %s", exc)
+            return self.sched.policy
+        policy = pol.to_dict()
+        policy["addrs"] = {n: self.sched.nodes[n].data_addr for n in members}
+        policy["effective_step"] = effective_step
+        self.sched.policy_version = pol.version
+        self.sched.policy = policy
+        self.sched.policies.append(policy)
+        self.sched.dirty = True
+        return policy
+
+    # --- primitives -----------------------------------------------------------------------
+    def join(self, node: str, data_addr: str, wanted: list[str],
+             rtts: dict[str, Any] | None = None) -> None:
+        """Scale-out: admit ``node``; the first member bootstraps the cluster."""
+        rec = self.sched.nodes.get(node)
+        if rec is None:
+            self.sched.set_node(node, state="standby")
+        self.sched.set_node(node, data_addr=data_addr)
+        members = [m for m in self.members() if m != node]
+        if node in self._joins and self.sched.nodes[node].state == "joining":
+            return  # a repeated request while the first one is in flight
+        self._leaving.pop(node, None)
+        if not members:
+            self.sched.set_node(node, state="active")
+            policy = self.publish_policy(effective_step=0)
+            self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
+                              policy_version=policy.get("version"))
+            return
+        self._joins[node] = self.clock.monotonic()
+        # Self-loops and strangers are dropped; without a valid wish, the nearest members by
+        # the RTTs the joining node measured (unmeasured ones last), ties by id.
+        def distance(m: str) -> tuple[float, str]:
+            rtt = (rtts or {}).get(m)
+            return (float(rtt) if isinstance(rtt, (int, float)) else float("inf"), m)
+
+        chosen = [n for n in wanted if n in members] or sorted(members, key=distance)[
+            :AUTO_NEIGHBORS]
+        self._drop_links(node)
+        for peer in chosen:
+            self._add_link(node, peer)
+        version_step = self.max_step() + self.lead()
+        self.sched.set_node(node, state="joining")
+        self._join_steps[node] = version_step + 1
+        policy = self.publish_policy(effective_step=version_step + 1)
+        # Every neighbour snapshots and serves; the new node plans who sends which bytes.
+        sources = {p: self.sched.nodes[p].data_addr for p in chosen}
+        estimates = {p: {"rtt_ms": (rtts or {}).get(p), "bandwidth_mbps": None} for p in chosen}
+        args = {"version_step": version_step, "new": node, "sources": sources,
+                "neighbors": chosen, "policy_version": policy.get("version"),
+                "strategy": self.strategy, "links": estimates}
+        for target in [node, *sources]:
+            self._cmd(target, "replicate", **args)
+
+    def replicated(self, node: str, report: dict[str, Any]) -> None:
+        """The new node restored the state: scale-out is done."""
+        started = self._joins.pop(node, None)
+        self._join_steps.pop(node, None)
+        if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
+            return
+        self.sched.set_node(node, state="active")
+        delay = None if started is None else (self.clock.monotonic() - started) * 1000.0
+        # The worker's own transfer time is a detail; delay_ms is request-to-applied.
+        detail = {("transfer_ms" if k == "delay_ms" else k): v for k, v in report.items()
+                  if k not in ("kind", "node", "peer", "term", "ts", "seq")}
+        self.sched.record("scale-out", node=node, delay_ms=delay,
+                          **{"policy_version": self.sched.policy_version, **detail})
+
+    def leave(self, node: str, step: int) -> None:
+        """Graceful scale-in at a step boundary a little ahead, like every planned change:
+        the leaver takes part (with no samples) until then, so no round waits for it."""
+        rec = self.sched.nodes.get(node)
+        if rec is None or rec.state not in MEMBER_STATES:
+            return
+        t0 = self.clock.monotonic()
+        self._joins.pop(node, None)
+        self._join_steps.pop(node, None)
+        effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
+        self.sched.set_node(node, state="left")  # first, so only survivors are told
+        self._drop_links(node)
+        self._leaving[node] = effective
+        policy = self.publish_policy(effective_step=effective)
+        self.sched.record("scale-in", node=node, reason="leave",
+                          delay_ms=(self.clock.monotonic() - t0) * 1000.0,
+                          policy_version=policy.get("version"), effective_step=effective)
+
+    def gone(self, node: str, reason: str) -> None:
+        """Scale-in on failure: a new policy at once; rounds in flight are rerun."""
+        was_member = node in self.sched.policy.get("members", []) or node in self._joins
+        if self._leaving.pop(node, -1) > self.max_step():
+            # A leaver that went before its leave took effect: the rounds until then wait
+            # for it, so the policy without it must govern now, as for a failure.
+            was_member = True
+        self._joins.pop(node, None)
+        self._join_steps.pop(node, None)
+        self._drop_links(node)
+        if not was_member:
+            return
+        if self.sched.nodes[node].state in MEMBER_STATES:  # the worker went, the daemon stays
+            self.sched.set_node(node, state="standby")
+        policy = self.publish_policy(effective_step=0)
+        self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
+                          policy_version=policy.get("version"))
+
+    def link(self, a: str, b: str, up: bool, failed: bool = False) -> str | None:
+        """connect-link / disconnect-link between two members; returns an error or None."""
+        if a == b:
+            return "a node cannot link to itself"
+        members = self.members()
+        for n in (a, b):
+            if n not in self.sched.nodes:
+                return f"unknown node {n!r}"
+        t0 = self.clock.monotonic()
+        if up:
+            if not self._add_link(a, b):
+                return None  # already there: nothing to do
+            idle = [n for n in (a, b) if n not in members and self.sched.nodes[n].data_addr
+                    and self.sched.nodes[n].state == "standby"]
+            if idle and any(n in members for n in (a, b)):
+                # A link back to a waiting (partitioned) node: it rejoins by scale-out.
+                for n in idle:
+                    self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n])
+            else:
+                self.publish_policy(effective_step=self.max_step() + self.lead())
+            kind = "connect-link"
+        else:
+            if self._link(a, b) is None:
+                return None
+            self._drop_links(a, b)
+            if failed:
+                self.sched.record("link-failed", node=a, peer=b)
+            self.publish_policy(effective_step=0 if failed else self.max_step() + self.lead())
+            kind = "disconnect-link"
+        self.sched.record(kind, node=a, peer=b, delay_ms=(self.clock.monotonic() - t0) * 1000,
+                          policy_version=self.sched.policy_version)
+        return None
+
+    def metrics(self, node: str, peer: str, args: dict[str, Any]) -> None:
+        """A probe's measurement of a link; no new policy, it shows in the next snapshot."""
+        lk = self._link(node, peer)
+        if lk is None:
+            return
+        rtt, bw = args.get("rtt_ms"), args.get("bandwidth_mbps")
+        new = replace(lk, measured_at=self.clock.wall(),
+                      rtt_ms=float(rtt) if isinstance(rtt, (int, float)) else lk.rtt_ms,
+                      bandwidth_mbps=float(bw) if isinstance(bw, (int, float))
+                      else lk.bandwidth_mbps)
+        self.sched.links[self.sched.links.index(lk)] = new
+
+    def handle(self, node: str, op: str, args: dict[str, Any]) -> str | None:
+        """Dispatch one request from ``node``; returns an error line for the requester."""
+        if op == "join":
+            addr = args.get("addr")
+            wanted = args.get("neighbors") or []
+            if not isinstance(addr, str) or not isinstance(wanted, list):
+                return "join needs 'addr' and a list of 'neighbors'"
+            rtts = args.get("rtts") if isinstance(args.get("rtts"), dict) else {}
+            self.join(node, addr, [str(n) for n in wanted], rtts)
+        elif op == "leave":
+            self.leave(node, int(args.get("step") or 0))
+        elif op == "link":
+            peer, action = args.get("peer"), args.get("action")
+            if not isinstance(peer, str) or action not in ("add", "del"):
+                return "link needs 'peer' and action add|del"
+            return self.link(node, peer, up=action == "add")
+        elif op == "report":
+            kind = args.get("kind")
+            if kind == "replicated":
+                self.replicated(node, args)
+            elif kind == "link-failed" and isinstance(args.get("peer"), str):
+                if not self.alive(args["peer"]):
+                    # The peer itself is going (its last will is being confirmed): that is
+                    # a node failure, handled as one, not a cut link or a partition.
+                    log.info("link %s-%s failed with its peer; awaiting the node failure",
+                             node, args["peer"])
+                    return None
+                return self.link(node, args["peer"], up=False, failed=True)
+            elif kind == "link-recovered" and isinstance(args.get("peer"), str):
+                peer = args["peer"]
+                if self.alive(peer) and peer in self.sched.nodes:
+                    return self.link(node, peer, up=True)
+            elif kind == "stall":
+                self.stall(node, args)
+            elif kind == "link-metrics" and isinstance(args.get("peer"), str):
+                self.metrics(node, args["peer"], args)
+            else:
+                log.info("report from %s: %s", node, args)
+        elif op == "worker-exit":
+            self.gone(node, "worker-exit")
+        else:
+            return f"unknown request {op!r}"
+        return None
+
+    def stall(self, node: str, report: dict[str, Any]) -> None:
+        """Attach a worker's measured stall to the event of that policy version."""
+        version, ms = report.get("policy_version"), report.get("ms")
+        if not isinstance(ms, (int, float)) or not isinstance(version, int):
+            return
+        events = self.sched.events
+        for i in range(len(events) - 1, -1, -1):
+            ev: Event = events[i]
+            if ev.detail.get("policy_version") == version:
+                stall = max(float(ms), float(ev.detail.get("stall_ms") or 0.0))
+                events[i] = replace(ev, detail={**ev.detail, "stall_ms": round(stall, 3)})
+                self.sched.dirty = True
+                return

@@ -1,0 +1,131 @@
+"""What the elected node does: the scheduler's state, its negotiator, and its outputs.
+
+A :class:`SchedulerRole` exists only while this node holds the term it was elected in; the
+agent drops it on stepping down, so nothing here can act under a stale term. Every output is
+a term-stamped command or the retained snapshot, both fenced by the followers.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+from daemon.cluster.detector import PhiAccrualDetector
+from daemon.cluster.election import Election
+from daemon.cluster.primitives import Negotiator
+from daemon.cluster.scheduler import Scheduler
+from daemon.contracts.clock import Clock
+from daemon.contracts.config import Config
+from daemon.contracts.messages import (
+    ClusterState,
+    Command,
+    Heartbeat,
+    Request,
+    Status,
+    Topics,
+    encode,
+)
+
+log = logging.getLogger("chaosd.leader")
+
+
+class RoleHost(Protocol):
+    """What the role needs of the node that hosts it (the agent's ``NodeAgent``).
+
+    A protocol, so that the pure cluster logic never imports the asyncio agent, and the
+    unit tests can host a role on a fake.
+    """
+
+    me: str
+    cfg: Config
+    clock: Clock
+    topics: Topics
+    election: Election
+    detector: PhiAccrualDetector
+    view: ClusterState | None
+    presence: dict[str, Status]
+
+    def own_status(self) -> Status: ...
+    def step_of(self, node: str) -> int: ...
+    def daemon_alive(self, node: str) -> bool: ...
+    def silence(self, node: str) -> float | None: ...
+    def queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None: ...
+
+
+class SchedulerRole:
+    """The scheduler duties of ``agent`` for its current term."""
+
+    def __init__(self, agent: RoleHost, previous: str | None) -> None:
+        self.agent = agent
+        self.term = agent.election.term
+        self.sched = Scheduler(agent.me, self.term, agent.view, agent.clock)
+        self.neg = Negotiator(self.sched, agent.clock, agent.step_of, agent.daemon_alive,
+                              strategy=agent.cfg.replication.strategy)
+        self._cmd_seq = 0
+        self.sched.observe_status(agent.own_status())
+        for st in agent.presence.values():
+            self.sched.observe_status(st)
+        silence = agent.silence(previous) if previous else None
+        log.warning("elected scheduler, term %d (previous: %s)", self.term, previous)
+        self.sched.record("scheduler-elected", node=agent.me, previous=previous,
+                          term_previous=agent.view.term if agent.view else 0,
+                          delay_ms=None if silence is None else silence * 1000.0)
+
+    # --- outputs --------------------------------------------------------------------------
+    def command(self, node: str, op: str, **args: Any) -> None:
+        """Queue a term-stamped command to ``node`` (the scheduler's only way to act)."""
+        self._cmd_seq += 1
+        cmd = Command(term=self.term, leader=self.agent.me, seq=self._cmd_seq, op=op,
+                      args=args)
+        self.agent.queue(self.agent.topics.cmd(node), encode(cmd))
+
+    def flush(self) -> None:
+        """Send what the negotiator decided."""
+        out, self.neg.out = self.neg.out, []
+        for node, op, args in out:
+            self.command(node, op, **args)
+
+    def snapshot(self) -> ClusterState:
+        self.sched.prune()
+        return self.sched.snapshot()
+
+    # --- inputs ---------------------------------------------------------------------------
+    def on_request(self, req: Request) -> None:
+        log.info("request %s from %s", req.op, req.node)
+        error = self.neg.handle(req.node, req.op, req.args)
+        self.command(req.node, "reply", req_id=req.req_id, error=error)
+        self.flush()
+
+    def on_heartbeat(self, hb: Heartbeat, addr: str) -> None:
+        self.sched.observe_heartbeat(hb, addr)
+        self.neg.observe_progress()
+
+    def on_status(self, st: Status) -> None:
+        verdict = self.sched.observe_status(st)
+        if verdict == "lost":
+            self.fail(st.node, "last-will")
+        elif verdict == "left":
+            self.neg.gone(st.node, "daemon-left")
+            self.flush()
+
+    def fail(self, node: str, reason: str) -> None:
+        """Declare ``node`` failed (``node-failed``) and scale it in (a new policy at once)."""
+        self.sched.fail(node, reason, self.agent.silence(node))
+        self.neg.gone(node, "failure")
+        self.flush()
+
+    def judge(self, live: set[str]) -> None:
+        """Fail every admitted node that is not ``live``."""
+        agent = self.agent
+        for node in self.sched.live():
+            if node == agent.me:
+                continue
+            if node not in agent.detector.known():
+                # Admitted (status "up") but not heard yet: start the clock now, so a node
+                # frozen before its first heartbeat is still caught by the detector.
+                agent.detector.heartbeat(node, seed=True)
+                continue
+            if node not in live:
+                st = agent.presence.get(node)
+                self.fail(node, "last-will" if st is not None and not st.online else
+                          "heartbeat")

@@ -1,0 +1,289 @@
+"""chaosd configuration: one typed, frozen config, checked once at start-up.
+
+Precedence (lowest first): built-in defaults, the TOML file, command-line flags. Any unknown
+key or bad value raises :class:`ConfigError` naming the key, and chaosd stops with that line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import socket
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from daemon.contracts.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 boxes
+    import tomli as tomllib
+
+DEFAULT_CONFIG = Path("/etc/chaos/chaosd.toml")
+DEFAULT_SOCKET = "/run/chaos/chaosd.sock"
+DEFAULT_DATA_DIR = "/var/lib/chaos"
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    username: str = ""
+    password: str = ""
+    ca_file: str = ""
+    tls_insecure: bool = False
+    # The broker fires our last will after 1.5x keepalive of silence (MQTT 3.1.1, 3.1.2.10).
+    keepalive_s: int = 3
+    embedded_bind: str = "127.0.0.1"
+    embedded_port: int = 1883
+    reconnect_min_s: float = 0.2
+    reconnect_max_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Phi-accrual on heartbeats. Defaults: Akka's threshold 8, a tighter LAN pause.
+
+    With 0.5 s heartbeats, a 1 s acceptable pause and a 0.1 s floor on the deviation, a silent
+    node crosses phi=8 about 2.1 s after its last heartbeat, whatever the cluster's size: each
+    node's history is judged on its own.
+    """
+
+    heartbeat_interval_s: float = 0.5
+    phi_threshold: float = 8.0
+    acceptable_pause_s: float = 1.0
+    min_std_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class ElectionConfig:
+    stagger_s: float = 0.3
+    grace_s: float = 1.5
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Link monitoring (netprobe): RTT probes to overlay neighbours, bandwidth on demand and
+    periodically at a low duty cycle."""
+
+    enabled: bool = True
+    rtt_interval_s: float = 1.0
+    # A neighbour link is declared failed after this many missed probes in a row, i.e. within
+    # rtt_interval_s * fail_after + rtt_interval_s (4 s by default).
+    fail_after: int = 3
+    bandwidth_period_s: float = 60.0
+    iperf3: str = "iperf3"
+    bw_port: int = 0  # 0: pick a free port at start-up
+
+
+#: Strategies a training cluster can use; the other two of DESIGN.md are bench baselines.
+TRAINING_STRATEGIES = ("chaos", "single")
+BENCH_ONLY_STRATEGIES = ("multi-source", "stop-resume")
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """Scale-out state replication. ``strategy`` is the cluster's: the elected scheduler puts
+    its own in every ``replicate`` command, so give every node the same. The rest are this
+    node's own limits."""
+
+    strategy: str = "chaos"  # chaos: planned split over all neighbours; single: EDL+
+    # What this node sends to one joining node, in Mbit/s; 0 leaves it uncapped. A box on a
+    # thin uplink keeps room for its own all-reduce while it serves.
+    serve_mbps: float = 0.0
+    # A joining node measures its source links (iperf3, all at once) before planning when its
+    # model holds at least this many MiB; below, probing would cost more than a bad split.
+    probe_min_mib: float = 16.0
+    # A source snapshots its state for a joining node only if this much memory stays free
+    # after the copy; otherwise it declines, and the new node plans with the other sources.
+    snapshot_reserve_mib: float = 256.0
+
+
+@dataclass(frozen=True)
+class Config:
+    node_id: str = field(default_factory=socket.gethostname)
+    cluster: str = "default"
+    broker: str = "embedded"
+    socket: str = DEFAULT_SOCKET
+    advertise: str = "127.0.0.1"
+    data_dir: str = DEFAULT_DATA_DIR
+    log_level: LogLevel = "info"
+    # Shared by every node of the cluster; keys the data plane's HMAC handshake.
+    secret: str = ""
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
+    election: ElectionConfig = field(default_factory=ElectionConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+
+    @property
+    def data_key(self) -> bytes:
+        """The data plane's HMAC key. Without a secret it derives from the cluster name,
+        which keeps strangers' clusters apart but is no protection (chaosd warns)."""
+        seed = self.secret or f"chaos-default-secret:{self.cluster}"
+        return hashlib.sha256(seed.encode()).digest()
+
+    @property
+    def broker_endpoint(self) -> tuple[str, str, int]:
+        """(scheme, host, port) of the broker; ``embedded`` maps to the embedded listener."""
+        if self.broker == "embedded":
+            return "embedded", self.mqtt.embedded_bind, self.mqtt.embedded_port
+        parts = urlsplit(self.broker)
+        default = 8883 if parts.scheme == "mqtts" else 1883
+        return parts.scheme, parts.hostname or "", parts.port or default
+
+
+_SECTIONS: dict[str, type] = {
+    "mqtt": MqttConfig,
+    "detector": DetectorConfig,
+    "election": ElectionConfig,
+    "probe": ProbeConfig,
+    "replication": ReplicationConfig,
+}
+# Flags the CLI may override; the names match the TOML keys.
+OVERRIDABLE = ("node_id", "cluster", "broker", "socket", "advertise", "data_dir", "log_level")
+
+
+def _check_type(key: str, value: Any, default: Any) -> Any:
+    # bool is an int in Python; keep them apart so `keepalive_s = true` is refused.
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"config: {key} must be true or false, not {value!r}")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"config: {key} must be an integer, not {value!r}")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config: {key} must be a number, not {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"config: {key} must be a string, not {value!r}")
+    return value
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    known = {f.name: f for f in fields(cls)}
+    defaults = cls()
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in known:
+            raise ConfigError(
+                f"config: unknown key '{dotted}' (known: {', '.join(sorted(known))})"
+            )
+        if key in _SECTIONS and not prefix:
+            if not isinstance(value, dict):
+                raise ConfigError(f"config: [{key}] must be a table")
+            kwargs[key] = _build(_SECTIONS[key], value, f"{key}.")
+        else:
+            kwargs[key] = _check_type(dotted, value, getattr(defaults, key))
+    return cls(**kwargs)
+
+
+def _positive(key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"config: {key} must be > 0, not {value}")
+
+
+def validate(cfg: Config) -> Config:
+    """Check values that types alone don't catch; return ``cfg`` unchanged."""
+    for key in ("node_id", "cluster"):
+        if not NAME_RE.match(getattr(cfg, key)):
+            raise ConfigError(
+                f"config: {key} {getattr(cfg, key)!r} must be 1-64 of A-Z a-z 0-9 _ . -"
+            )
+    if cfg.log_level not in ("debug", "info", "warning", "error"):
+        raise ConfigError(
+            f"config: log_level must be debug|info|warning|error, not {cfg.log_level!r}"
+        )
+    if cfg.broker != "embedded":
+        parts = urlsplit(cfg.broker)
+        try:
+            port = parts.port
+        except ValueError:
+            raise ConfigError(f"config: broker {cfg.broker!r} has a bad port") from None
+        if parts.scheme not in ("mqtt", "mqtts") or not parts.hostname:
+            raise ConfigError(
+                f"config: broker must be embedded, mqtt://host:port or mqtts://host:port, "
+                f"not {cfg.broker!r}"
+            )
+        if port is not None and not 0 < port < 65536:
+            raise ConfigError(f"config: broker port {port} out of range")
+    if not 0 < cfg.mqtt.embedded_port < 65536:
+        raise ConfigError(f"config: mqtt.embedded_port {cfg.mqtt.embedded_port} out of range")
+    if cfg.mqtt.ca_file and not Path(cfg.mqtt.ca_file).is_file():
+        raise ConfigError(f"config: mqtt.ca_file {cfg.mqtt.ca_file!r} does not exist")
+    if not 1 <= cfg.mqtt.keepalive_s <= 3600:
+        raise ConfigError(f"config: mqtt.keepalive_s must be 1..3600, not {cfg.mqtt.keepalive_s}")
+    _positive("mqtt.reconnect_min_s", cfg.mqtt.reconnect_min_s)
+    if cfg.mqtt.reconnect_max_s < cfg.mqtt.reconnect_min_s:
+        raise ConfigError("config: mqtt.reconnect_max_s must be >= mqtt.reconnect_min_s")
+    for key in ("heartbeat_interval_s", "phi_threshold", "min_std_s"):
+        _positive(f"detector.{key}", getattr(cfg.detector, key))
+    if cfg.detector.acceptable_pause_s < 0:
+        raise ConfigError("config: detector.acceptable_pause_s must be >= 0")
+    _positive("probe.rtt_interval_s", cfg.probe.rtt_interval_s)
+    _positive("probe.bandwidth_period_s", cfg.probe.bandwidth_period_s)
+    if not 1 <= cfg.probe.fail_after <= 100:
+        raise ConfigError(f"config: probe.fail_after must be 1..100, not {cfg.probe.fail_after}")
+    if not 0 <= cfg.probe.bw_port < 65536:
+        raise ConfigError(f"config: probe.bw_port {cfg.probe.bw_port} out of range")
+    rep = cfg.replication
+    if rep.strategy in BENCH_ONLY_STRATEGIES:
+        raise ConfigError(f"config: replication.strategy {rep.strategy!r} is a baseline of "
+                          "`chaosctl bench scaleout`, not for training; use chaos or single")
+    if rep.strategy not in TRAINING_STRATEGIES:
+        raise ConfigError(f"config: replication.strategy must be chaos or single, "
+                          f"not {rep.strategy!r}")
+    for key in ("serve_mbps", "probe_min_mib", "snapshot_reserve_mib"):
+        if getattr(rep, key) < 0:
+            raise ConfigError(f"config: replication.{key} must be >= 0")
+    _positive("election.stagger_s", cfg.election.stagger_s)
+    _positive("election.grace_s", cfg.election.grace_s)
+    if not cfg.socket:
+        raise ConfigError("config: socket must not be empty")
+    return cfg
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> Config:
+    """Load defaults, then the TOML file, then non-None ``overrides``; validate the result.
+
+    Args:
+        path: a TOML file. ``None`` reads :data:`DEFAULT_CONFIG` if it exists.
+        **overrides: values from command-line flags, keyed like the top-level TOML keys.
+
+    Raises:
+        ConfigError: naming the first bad key.
+    """
+    data: dict[str, Any] = {}
+    if path is None and DEFAULT_CONFIG.is_file():
+        path = DEFAULT_CONFIG
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config: file {str(path)!r} not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config: cannot read {str(path)!r}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {path} is not valid TOML: {exc}") from None
+    for key, value in overrides.items():
+        if key not in OVERRIDABLE:
+            raise ConfigError(f"config: --{key.replace('_', '-')} is not a known flag")
+        if value is not None:
+            data[key] = value
+    return validate(_build(Config, data, ""))
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain data, with the password masked (for logs and `ping`)."""
+    out = dataclasses.asdict(cfg)
+    if out["mqtt"]["password"]:
+        out["mqtt"]["password"] = "***"
+    return out

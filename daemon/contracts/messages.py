@@ -1,0 +1,309 @@
+"""Versioned, validated MQTT messages and the topic names they travel on.
+
+Every payload is a compact JSON object ``{"v": 1, "kind": ..., ...}``. :func:`decode` checks the
+size, the version, the kind and every field's type (recursively, from the dataclass
+annotations) and raises :class:`MessageError` on anything off, so a bad payload is one log line
+and never a crash or a half-applied state. Unknown extra keys are ignored, which lets a newer
+daemon of the same protocol version add fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from daemon.contracts.config import NAME_RE
+from daemon.contracts.errors import MessageError
+
+PROTOCOL_VERSION = 1
+MAX_PAYLOAD = 256 * 1024
+NODE_STATES = ("standby", "joining", "active", "leaving", "failed", "left")
+EVENT_KINDS = (
+    "scale-out", "scale-in", "connect-link", "disconnect-link",
+    "node-failed", "link-failed", "scheduler-elected", "partition",
+)
+
+
+class Topics:
+    """Topic names under ``chaos/<cluster>/``, as DESIGN.md fixes them."""
+
+    def __init__(self, cluster: str) -> None:
+        self.root = f"chaos/{cluster}"
+
+    def hb(self, node: str) -> str:
+        return f"{self.root}/node/{node}/hb"
+
+    def status(self, node: str) -> str:
+        return f"{self.root}/node/{node}/status"
+
+    def cmd(self, node: str) -> str:
+        return f"{self.root}/node/{node}/cmd"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.root}/sched/leader"
+
+    @property
+    def req(self) -> str:
+        return f"{self.root}/sched/req"
+
+    @property
+    def state(self) -> str:
+        return f"{self.root}/cluster/state"
+
+    def node_of(self, topic: str) -> str | None:
+        """The node id in a ``node/<id>/...`` topic, if it is one."""
+        parts = topic.split("/")
+        if len(parts) == 5 and parts[2] == "node" and NAME_RE.match(parts[3]):
+            return parts[3]
+        return None
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    KIND: ClassVar[str] = "hb"
+    node: str
+    seq: int
+    incarnation: int
+    step: int
+    state: str
+    cpu_percent: float
+    mem_percent: float
+    battery_percent: float | None = None
+
+
+@dataclass(frozen=True)
+class Status:
+    """Retained presence. The last will is a Status with ``online=False, reason="lost"``."""
+
+    KIND: ClassVar[str] = "status"
+    node: str
+    online: bool
+    reason: str  # "up" | "left" | "lost"
+    incarnation: int
+    addr: str = ""
+    ts: float = 0.0
+    probe_port: int = 0   # UDP RTT responder
+    bw_port: int = 0      # bandwidth probe server
+    bw_kind: str = ""     # "iperf3" or "bulk": both ends must speak the same tool
+
+
+@dataclass(frozen=True)
+class LeaderClaim:
+    KIND: ClassVar[str] = "leader"
+    id: str
+    term: int
+    ts: float = 0.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """A node's request to whoever the scheduler is."""
+
+    KIND: ClassVar[str] = "req"
+    node: str
+    req_id: str
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A scheduler's command; ``term`` fences it against stale schedulers."""
+
+    KIND: ClassVar[str] = "cmd"
+    term: int
+    leader: str
+    seq: int
+    op: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    state: str
+    addr: str = ""
+    neighbors: list[str] = field(default_factory=list)
+    incarnation: int = 0
+    joined_at: float = 0.0
+    since: float = 0.0
+    step: int = 0
+    data_addr: str = ""  # host:port of the node's training worker, once attached
+
+
+@dataclass(frozen=True)
+class LinkRecord:
+    a: str
+    b: str
+    state: str
+    rtt_ms: float | None = None
+    bandwidth_mbps: float | None = None
+    measured_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    seq: int
+    ts: float
+    kind: str
+    node: str | None = None
+    peer: str | None = None
+    term: int = 0
+    delay_ms: float | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """The scheduler's retained snapshot; a newly elected one resumes from it."""
+
+    KIND: ClassVar[str] = "state"
+    term: int
+    leader: str
+    version: int
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    links: list[LinkRecord] = field(default_factory=list)
+    policy_version: int = 0
+    step: int = 0
+    events: list[Event] = field(default_factory=list)
+    policy: dict[str, Any] = field(default_factory=dict)  # see docs/training-protocol.md
+    # The last few policies, oldest first: two published within one snapshot interval must
+    # both reach the workers, since each governs its own range of rounds.
+    policies: list[dict[str, Any]] = field(default_factory=list)
+
+
+Message = Heartbeat | Status | LeaderClaim | Request | Command | ClusterState
+_KINDS: dict[str, type] = {c.KIND: c for c in (Heartbeat, Status, LeaderClaim, Request, Command,
+                                              ClusterState)}
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it (dataclasses built)."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise MessageError(f"{where}: expected true/false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise MessageError(f"{where}: expected an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise MessageError(f"{where}: expected a number")
+        if not math.isfinite(value):
+            raise MessageError(f"{where}: not finite")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise MessageError(f"{where}: expected a string")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise MessageError(f"{where}: expected a list")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise MessageError(f"{where}: expected an object")
+        _, item = typing.get_args(tp)
+        return {str(k): _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return _build(tp, value, where)
+    raise MessageError(f"{where}: unsupported type {tp!r}")  # pragma: no cover
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise MessageError(f"{where}: expected an object")
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise MessageError(f"{where}: missing field '{f.name}'")
+    obj = cls(**kwargs)
+    _check_semantics(obj, where)
+    return obj
+
+
+def _check_semantics(obj: Any, where: str) -> None:
+    # Ids end up in topics and file names: hold them to the config's charset.
+    for key in ("node", "id", "leader"):
+        value = getattr(obj, key, None)
+        if isinstance(value, str) and not NAME_RE.match(value):
+            raise MessageError(f"{where}.{key}: bad node id {value[:40]!r}")
+    if isinstance(obj, (NodeRecord, Heartbeat)) and obj.state not in NODE_STATES:
+        raise MessageError(f"{where}.state: unknown node state {obj.state[:20]!r}")
+    if isinstance(obj, Event) and obj.kind not in EVENT_KINDS:
+        raise MessageError(f"{where}.kind: unknown event kind {obj.kind[:20]!r}")
+    if isinstance(obj, ClusterState):
+        for node_id in obj.nodes:
+            if not NAME_RE.match(node_id):
+                raise MessageError(f"{where}.nodes: bad node id {node_id[:40]!r}")
+    if isinstance(obj, (LeaderClaim, Command, ClusterState)) and obj.term < 0:
+        raise MessageError(f"{where}.term: negative")
+
+
+def encode(msg: Message) -> bytes:
+    """Serialise a message with its version and kind."""
+    body = {"v": PROTOCOL_VERSION, "kind": msg.KIND, **dataclasses.asdict(msg)}
+    data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    if len(data) > MAX_PAYLOAD:
+        raise MessageError(f"{msg.KIND}: payload of {len(data)} bytes exceeds {MAX_PAYLOAD}")
+    return data
+
+
+def decode(payload: bytes | bytearray | str, expect: type | None = None) -> Message:
+    """Parse and validate one payload.
+
+    Args:
+        payload: the raw MQTT payload.
+        expect: if given, the message class the topic carries; anything else is rejected.
+
+    Raises:
+        MessageError: with a short reason; the caller logs it and drops the message.
+    """
+    if len(payload) > MAX_PAYLOAD:
+        raise MessageError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    try:
+        data = json.loads(payload, parse_constant=_reject_constant)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise MessageError(f"not JSON: {str(exc)[:80]}") from None
+    if not isinstance(data, dict):
+        raise MessageError("not a JSON object")
+    if data.get("v") != PROTOCOL_VERSION:
+        raise MessageError(f"unsupported protocol version {str(data.get('v'))[:20]!r}")
+    kind = data.get("kind")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise MessageError(f"unknown kind {str(kind)[:20]!r}")
+    if expect is not None and cls is not expect:
+        raise MessageError(f"expected {expect.KIND!r} here, got {kind!r}")  # type: ignore[attr-defined]
+    msg: Message = _build(cls, data, cls.KIND)  # type: ignore[attr-defined]
+    return msg

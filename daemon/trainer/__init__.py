@@ -1,0 +1,25 @@
+"""The worker-side training library: ``Trainer`` and the calls a training script makes.
+
+Runs inside the user's training process, with threads (peer-link readers, snapshot servers,
+fetchers), never asyncio. It reaches the local chaosd only through the control socket, and
+its peers through :mod:`daemon.dataplane` and :mod:`daemon.replication`. It never imports
+:mod:`daemon.agent`. Scripts import it as :mod:`chaos_edge`.
+
+- :mod:`~daemon.trainer.api`: ``Trainer`` (``update``, ``check_state_replication``,
+  ``request_node_exit``) and ``capture_exit_event``.
+- :mod:`~daemon.trainer.session`: the worker's session with chaosd (polling, commands, links).
+- :mod:`~daemon.trainer.policy`: the policies a worker holds and which governs a round.
+- :mod:`~daemon.trainer.join`: the new node's side of scale-out (offers, plan, pull).
+- :mod:`~daemon.trainer.transfer`: the sources' side of scale-out (snapshot and serve).
+- :mod:`~daemon.trainer.control`: the worker's errors over the control client.
+"""
+
+from daemon.trainer.api import (
+    StateDiverged,
+    StepTiming,
+    Trainer,
+    TrainerError,
+    capture_exit_event,
+)
+
+__all__ = ["StateDiverged", "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]

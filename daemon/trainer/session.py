@@ -1,0 +1,269 @@
+"""The worker's link to its daemon: polling, commands, links to neighbours, exit signals.
+
+:class:`Session` owns the control-socket client, the PeerLinks, the policy book and the
+state transfer. It turns ``worker.poll`` answers into policies and command effects
+(``connect``/``disconnect``/``replicate``), keeps the tree links up (the lower id dials), and
+queues reports from link threads until the training thread flushes them with the next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from daemon.dataplane import AuthError, PeerGone, PeerLinks
+from daemon.trainer.control import DaemonClient, TrainerError
+from daemon.trainer.policy import PolicyBook, Published, parse_addr
+from daemon.trainer.transfer import StateTransfer
+
+log = logging.getLogger("chaos.trainer")
+EXIT_EVENT = threading.Event()
+DIAL_RETRY_S = 0.2
+DIAL_FOR_S = 30.0
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """A ``replicate`` command.
+
+    Attributes:
+        version_step: The step whose state is replicated.
+        new: The joining node.
+        sources: Source node -> its data-plane address.
+        policy_version: The policy that makes ``new`` a member (-1 if the command lacks it).
+        strategy: ``chaos`` (planned split over the sources) or ``single`` (EDL+).
+        links: Source -> what the scheduler knows of the link (``rtt_ms``,
+            ``bandwidth_mbps``; None where unmeasured).
+    """
+
+    version_step: int
+    new: str
+    sources: Mapping[str, str]
+    policy_version: int = -1
+    strategy: str = "chaos"
+    links: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def install_signal_handlers() -> None:
+    """SIGINT/SIGTERM set the exit flag; a second SIGINT interrupts at once (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if EXIT_EVENT.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # the second Ctrl-C: the user wants out now
+        EXIT_EVENT.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+class Session:
+    """Everything between the Trainer and the outside world.
+
+    Args:
+        socket: Control socket path (default ``$CHAOS_SOCKET``).
+        call_timeout: Seconds one control call may take.
+    """
+
+    def __init__(self, socket: str | os.PathLike[str] | None, call_timeout: float) -> None:
+        self.client = DaemonClient(socket, call_timeout)
+        self.book = PolicyBook()
+        # Bind where told (CHAOS_DATA_BIND), else everywhere; an empty host in worker.attach
+        # makes the daemon advertise its own --advertise address for us.
+        bind = os.environ.get("CHAOS_DATA_BIND", "0.0.0.0")
+        # The credentials come from worker.attach, which needs our address first: listen under
+        # a placeholder identity that no peer can authenticate against, then set the real one.
+        self.links = PeerLinks("unattached", "unattached", os.urandom(32),
+                               is_member=self._admit, host=bind)  # fmt: skip
+        self.host, self.port = self.links.start()
+        self.transfer = StateTransfer(self.links, host=bind)
+        self.probe_min_bytes = 16 << 20  # from chaosd's [replication] at attach
+        self.node_id = ""
+        self.replications: list[Replicate] = []  # not yet handled
+        self.leave_requested = False
+        self._lock = threading.Lock()
+        self._reports: list[dict[str, Any]] = []
+        self._wanted: dict[str, tuple[str, int]] = {}  # peers we keep linked, and their address
+        self._dialing: set[str] = set()
+        self._quiet_down: set[str] = set()  # peers we disconnected on purpose
+        self._closing: set[str] = set()  # peers to disconnect once no round needs them
+        self._closed = threading.Event()
+        self.links.add_down_listener(self._on_down)
+
+    def attach(self) -> dict[str, Any]:
+        """``worker.attach``; sets this node's identity on the data plane."""
+        data = self.client.call(
+            "worker.attach",
+            {"pid": os.getpid(), "host": "" if self.host == "0.0.0.0" else self.host,
+             "port": self.port},
+        )
+        try:
+            node, cluster, secret = str(data["node"]), str(data["cluster"]), str(data["secret"])
+            self.links.set_identity(node, cluster, bytes.fromhex(secret))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TrainerError(f"chaosd sent a malformed worker.attach reply: {exc!r}") from None
+        self.node_id = node
+        rep = data.get("replication") or {}
+        mbps = rep.get("serve_mbps") or 0
+        self.transfer.serve_bps = float(mbps) * 1e6 / 8 if mbps else None
+        self.probe_min_bytes = int(float(rep.get("probe_min_mib", 16)) * (1 << 20))
+        self.transfer.reserve_bytes = int(float(rep.get("snapshot_reserve_mib", 256)) * (1 << 20))
+        return dict(data)
+
+    def poll(self, step: int, state: str) -> Published | None:
+        """``worker.poll``: flush reports, take in the policy and commands; the new policy."""
+        self.flush_reports()
+        data = self.client.call("worker.poll", {"step": step, "state": state,
+                                                "policy_version": self.book.newest_version})
+        data = data or {}
+        new = None
+        for doc in [*(data.get("policies") or []), data.get("policy")]:
+            added = self.book.add(doc)
+            if added is not None and (new is None or added.policy.version > new.policy.version):
+                new = added
+        if new is not None:
+            self._follow_tree(new)
+        for cmd in data.get("commands") or []:
+            self._command(cmd)
+        if data.get("leave"):
+            self.leave_requested = True
+            EXIT_EVENT.set()
+        return new
+
+    def report(self, kind: str, **fields: Any) -> None:
+        """Queue a ``worker.report`` (sent with the next poll; safe from any thread)."""
+        with self._lock:
+            self._reports.append({"kind": kind, **fields})
+
+    def flush_reports(self) -> None:
+        """Send queued reports; a report that fails is dropped with a log line."""
+        with self._lock:
+            reports, self._reports = self._reports, []
+        for rep in reports:
+            if rep.get("kind") == "link-failed" and self.links.state(str(rep["peer"])) == "up":
+                continue  # a duplicate connection was dropped; the link itself is up
+            try:
+                self.client.call("worker.report", rep)
+            except TrainerError as exc:
+                log.warning("dropping report %s: %s", rep.get("kind"), exc)
+
+    def close(self) -> None:
+        """Close links and the control connection."""
+        self._closed.set()
+        self.links.close()
+        self.transfer.close()
+        self.client.close()
+
+    # -- commands and links ----------------------------------------------------------------
+    def _command(self, cmd: Mapping[str, Any]) -> None:
+        op, args = cmd.get("op"), cmd.get("args") or {}
+        try:
+            if op == "connect":
+                self.want(str(args["peer"]), str(args["addr"]))
+            elif op == "disconnect":
+                # Closed at the step boundary where no governing policy needs it any more
+                # (settle): the policy without the link takes effect at a later step, and
+                # closing at once left the rounds before it without a tree edge, aborting
+                # and rerunning the same step under the same policy for ever.
+                self._closing.add(str(args["peer"]))
+            elif op == "replicate":
+                sources = {str(k): str(v) for k, v in dict(args["sources"]).items()}
+                version = args.get("policy_version")
+                links = {str(k): dict(v) for k, v in dict(args.get("links") or {}).items()
+                         if isinstance(v, Mapping)}  # fmt: skip
+                rep = Replicate(int(args["version_step"]), str(args["new"]), sources,
+                                version if isinstance(version, int) else -1,
+                                str(args.get("strategy") or "chaos"), links)  # fmt: skip
+                if rep.new != self.node_id:
+                    self.links.allow(rep.new)  # the new node may dial us for the state
+                # A newer command for the same node supersedes the older ones.
+                self.replications = [r for r in self.replications if r.new != rep.new]
+                self.replications.append(rep)
+            else:
+                log.warning("ignoring unknown worker command %r", op)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("ignoring malformed worker command %r: %r", op, exc)
+
+    def settle(self, governing: Published | None) -> None:
+        """Close the links we were told to drop once ``governing`` (the policy of our next
+        round) no longer has them as tree edges."""
+        for peer in list(self._closing):
+            p = governing.policy if governing is not None else None
+            if p is not None and self.node_id in p.members and (
+                    peer == p.parent(self.node_id) or peer in p.children(self.node_id)):
+                continue
+            self._closing.discard(peer)
+            self._wanted.pop(peer, None)
+            self._quiet_down.add(peer)
+            self.links.disconnect(peer, reason="disconnect-link")
+
+    def want(self, peer: str, addr: str) -> None:
+        """Keep a link to ``peer``; the lower id dials, the other end accepts."""
+        self._closing.discard(peer)
+        self._quiet_down.discard(peer)
+        self.links.allow(peer)
+        self._wanted[peer] = parse_addr(addr)
+        # Only the lower id dials, even for a new node and its sources: when both ends dialled,
+        # frames sent on the connection that lost the tie were dropped with it.
+        if self.node_id < peer:
+            self._dial(peer)
+
+    def _follow_tree(self, pub: Published) -> None:
+        if self.node_id not in pub.policy.members:
+            return
+        p = pub.policy
+        for peer in (*((p.parent(self.node_id),) if p.parent(self.node_id) else ()),
+                     *p.children(self.node_id)):  # fmt: skip
+            addr = pub.addrs.get(peer) if peer else None
+            if peer and addr and peer not in self._wanted:
+                self.want(peer, addr)
+
+    def _dial(self, peer: str) -> None:
+        with self._lock:
+            if peer in self._dialing:
+                return
+            self._dialing.add(peer)
+        threading.Thread(target=self._dial_loop, args=(peer,), daemon=True,
+                         name=f"dial-{peer}").start()  # fmt: skip
+
+    def _dial_loop(self, peer: str) -> None:
+        # The peer may not know we are a member yet (its policy lags ours): retry, bounded.
+        deadline = time.monotonic() + DIAL_FOR_S
+        try:
+            while not self._closed.is_set() and time.monotonic() < deadline:
+                addr = self._wanted.get(peer)
+                if addr is None or self.links.state(peer) == "up":
+                    return
+                try:
+                    self.links.connect_to(peer, *addr)
+                    return
+                except (AuthError, PeerGone) as exc:
+                    log.debug("dialling %s: %s", peer, exc)
+                self._closed.wait(DIAL_RETRY_S)
+        finally:
+            with self._lock:
+                self._dialing.discard(peer)
+
+    def redial(self) -> None:
+        """Re-dial wanted links that are down (after an abort)."""
+        for peer in list(self._wanted):
+            if self.links.state(peer) != "up" and self.node_id < peer:
+                self._dial(peer)
+
+    def _admit(self, peer: str) -> bool:
+        return self.book.knows(peer) or any(r.new == peer for r in self.replications) or (
+            peer in self._wanted
+        )
+
+    def _on_down(self, peer: str, reason: str) -> None:
+        if peer in self._quiet_down or self._closed.is_set() or self.links.state(peer) == "up":
+            return  # on purpose, or one of two connections (both ends dialled) was dropped
+        self.report("link-failed", peer=peer, reason=reason[:200])

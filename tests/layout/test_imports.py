@@ -1,0 +1,121 @@
+"""The layout's promises, read from the source: no import cycles, and one import direction.
+
+Every ``import``/``from`` statement counts, including those under ``TYPE_CHECKING`` and inside
+functions, because a cycle that only a type checker or a late import hides is still one that a
+newcomer has to untangle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("chaos_edge", "daemon", "chaosctl", "netprobe")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, name: str) -> set[str]:
+    """Modules of ours that ``path`` imports (``from pkg import mod`` resolves to ``pkg.mod``)."""
+    out: set[str] = set()
+    is_pkg = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = name.split(".")
+                anchor = anchor[: len(anchor) - node.level + (1 if is_pkg else 0)]
+                base = ".".join([*anchor, base] if base else anchor)
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in out if m.split(".")[0] in PACKAGES}
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        # An import of a package counts as an import of its __init__; drop the importer's
+        # own parent packages, which Python runs first anyway and which are not edges.
+        deps = {m for m in _imports(path, name) if m in files and m != name}
+        graph[name] = {d for d in deps if not name.startswith(d + ".")}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                return [*stack[stack.index(dep):], dep]
+            if dep not in state and (found := visit(dep)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def _edges(graph: dict[str, set[str]], src: str, dst: str) -> list[tuple[str, str]]:
+    def under(mod: str, pkg: str) -> bool:
+        return mod == pkg or mod.startswith(pkg + ".")
+
+    return [(a, b) for a, deps in graph.items() if under(a, src) for b in deps if under(b, dst)]
+
+
+def test_no_import_cycles() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+@pytest.mark.parametrize(("src", "dst"), [
+    ("netprobe", "daemon"), ("netprobe", "chaosctl"), ("daemon", "chaosctl"),
+    ("daemon.agent", "daemon.trainer"), ("daemon.trainer", "daemon.agent"),
+    ("daemon.cluster", "daemon.agent"), ("daemon.contracts", "daemon.agent"),
+    ("daemon.contracts", "daemon.cluster"), ("daemon.contracts", "daemon.trainer"),
+    ("daemon.dataplane", "daemon.trainer"), ("daemon.replication", "daemon.trainer"),
+    ("daemon.replication.planning", "daemon.replication.transfer"),
+])
+def test_import_direction(src: str, dst: str) -> None:
+    assert _edges(_graph(), src, dst) == []
+
+
+def test_cluster_logic_does_no_io() -> None:
+    """The pure cluster logic imports no asyncio, sockets, MQTT or subprocesses."""
+    banned = {"asyncio", "socket", "aiomqtt", "subprocess", "threading"}
+    for path in (ROOT / "daemon" / "cluster").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                 for a in n.names}
+        names |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
+                  if isinstance(n, ast.ImportFrom)}
+        assert not names & banned, f"{path.name} imports {sorted(names & banned)}"
+
+
+def test_chaosctl_uses_only_the_contracts_outside_bench() -> None:
+    """chaosctl is a client of the socket: outside its benches it needs only the contracts."""
+    graph = _graph()
+    wrong = [(a, b) for a, b in _edges(graph, "chaosctl", "daemon")
+             if not a.startswith("chaosctl.bench") and not b.startswith("daemon.contracts")
+             and b != "daemon"]
+    assert wrong == []
