@@ -25,7 +25,7 @@ so the duty cycle is 0.1 % for every link of 35 Mbit/s or more and stays under 1
 2,097,152 / (0.01 * 60) bit/s = 3.5 Mbit/s: the paper's 100-1000 Mbit/s range has a tenfold
 margin. If the estimate is k times too high the probe is k times too big, so the duty cycle is
 k * 0.1 %, and never more than 16 MiB per period. The very first probe of a link, before any
-estimate, uses the floor. ``bench/netprobe_duty_cycle.py`` measures the real cost on the wire,
+estimate, uses the floor. ``chaosctl bench duty-cycle`` measures the real cost on the wire,
 headers, ACKs and iperf3's control connection included.
 
 Treat the periodic figure as a freshness signal; scale-out and connect-link still run a longer

@@ -1,7 +1,7 @@
 """All-reduce throughput on loopback against a plain socket copy of the same bytes.
 
-    python bench/allreduce_bench.py --out DIR [--mb 100] [--nodes 4] [--repeats 5]
-        [--chunk-kb 1024 4096] [--result fresh reuse]
+``chaosctl bench allreduce [--mb 100] [--nodes 4] [--repeats 5] [--chunk-kb 1024,4096]
+[--result fresh,reuse] [--out DIR]``
 
 A chain of ``--nodes`` processes all-reduces a ``--mb`` MB float32 gradient through
 ``daemon.dataplane`` (reduce to the chain's centre, then broadcast). The baseline copies the
@@ -19,7 +19,6 @@ Prints a table and writes ``DIR/allreduce_bench.json`` (with every run, to show 
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -27,11 +26,14 @@ import platform
 import socket
 import statistics
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from chaosctl.client import CtlError
 
 SECRET = b"bench"
 
@@ -155,7 +157,8 @@ def bench_allreduce(
             for node in ids:
                 pipes[node].send("go")
             stats = [pipes[node].recv() for node in ids]
-            assert all(s[3] for s in stats), "wrong all-reduce result"
+            if not all(s[3] for s in stats):
+                raise CtlError("the all-reduce returned a wrong sum: a bug, not a slow box")
             runs.append(
                 {
                     "seconds": max(s[1] for s in stats) - min(s[0] for s in stats),
@@ -187,52 +190,47 @@ def _row(case: str, runs: list[dict[str, float]], nbytes: int, copy_s: float) ->
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--mb", type=int, default=100)
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--chunk-kb", type=int, nargs="+", default=[1024, 4096])
-    ap.add_argument("--result", nargs="+", choices=["fresh", "reuse"], default=["fresh", "reuse"])
-    ap.add_argument("--sock-buf", type=int, default=0, help="bytes; 0 = kernel autotuning")
-    args = ap.parse_args()
-    nbytes = args.mb * 1_000_000 // 4 * 4
+def run(mb: int, nodes: int, repeats: int, chunk_kbs: list[int], results: list[str],
+        sock_buf: int, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    """The copy, then every (chunk size, result mode) all-reduce; writes and returns the JSON."""
+    nbytes = mb * 1_000_000 // 4 * 4
     load_before = os.getloadavg()
-    copy = bench_copy(nbytes, args.repeats, args.sock_buf)
+    say(f"socket copy of {mb} MB, {repeats} repeats")
+    copy = bench_copy(nbytes, repeats, sock_buf)
     copy_s = statistics.median(r["seconds"] for r in copy)
     rows = [_row("socket copy (2 procs)", copy, nbytes, copy_s)]
-    for chunk_kb in args.chunk_kb:
-        for result in args.result:
-            runs = bench_allreduce(
-                nbytes, args.nodes, args.repeats, chunk_kb, args.sock_buf, result == "reuse"
-            )
-            case = f"all-reduce chain x{args.nodes}, {chunk_kb} KiB, {result} out"
+    for chunk_kb in chunk_kbs:
+        for result in results:
+            case = f"all-reduce chain x{nodes}, {chunk_kb} KiB, {result} out"
+            say(case)
+            runs = bench_allreduce(nbytes, nodes, repeats, chunk_kb, sock_buf, result == "reuse")
             rows.append(_row(case, runs, nbytes, copy_s))
-    print(f"{'case':42} {'wall s':>7} {'min s':>7} {'MB/s':>7} {'CPU s':>6} {'CPU s/GB':>8} "
-          f"{'ratio':>6}")  # fmt: skip
-    for row in rows:
-        print(
-            f"{row['case']:42} {row['seconds']:7.3f} {row['min_seconds']:7.3f} "
-            f"{row['throughput_MBps']:7.0f} {row['cpu_seconds']:6.3f} {row['cpu_s_per_GB']:8.2f} "
-            f"{row['ratio']:6.2f}"
-        )
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     doc = {
-        "mb": args.mb,
-        "nodes": args.nodes,
-        "repeats": args.repeats,
-        "sock_buf": args.sock_buf,
+        "mb": mb,
+        "nodes": nodes,
+        "repeats": repeats,
+        "sock_buf": sock_buf,
         "cpus": os.cpu_count(),
         "machine": platform.platform(),
         "loadavg_before_after": [load_before, os.getloadavg()],
         "goal_ratio": 0.8,
         "rows": rows,
     }
-    (args.out / "allreduce_bench.json").write_text(json.dumps(doc, indent=2))
+    path = out / "allreduce_bench.json"
+    path.write_text(json.dumps(doc, indent=2))
+    say(f"wrote {path}")
+    return doc
 
 
-if __name__ == "__main__":
-    main()
+def table(rows: list[dict[str, Any]]) -> str:
+    """The fixed-width table of the rows."""
+    lines = [f"{'case':42} {'wall s':>7} {'min s':>7} {'MB/s':>7} {'CPU s':>6} "
+             f"{'CPU s/GB':>8} {'ratio':>6}"]  # fmt: skip
+    for row in rows:
+        lines.append(
+            f"{row['case']:42} {row['seconds']:7.3f} {row['min_seconds']:7.3f} "
+            f"{row['throughput_MBps']:7.0f} {row['cpu_seconds']:6.3f} {row['cpu_s_per_GB']:8.2f} "
+            f"{row['ratio']:6.2f}"
+        )
+    return "\n".join(lines)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from chaosctl.client import CtlUsageError
@@ -16,6 +17,50 @@ bench_app = typer.Typer(
     help="Benchmarks: tables on screen, JSON/markdown/PNG under --out.",
     no_args_is_help=True,
 )
+
+
+def _say(line: str) -> None:
+    """Progress, dimmed, between the tables."""
+    console.print(f"[dim]{escape(line)}[/]")
+
+
+def _ints(text: str, option: str, lo: int, hi: int) -> list[int]:
+    """A comma-separated list of integers in ``[lo, hi]``."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CtlUsageError(f"{option} must be comma-separated integers, not {text!r}") from None
+    if not values or any(v < lo or v > hi for v in values):
+        raise CtlUsageError(f"{option}: each value must be between {lo} and {hi}")
+    return values
+
+
+def _choices(text: str, option: str, allowed: list[str]) -> list[str]:
+    """A comma-separated list of names, each one of ``allowed``."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in allowed]
+    if not names or bad:
+        raise CtlUsageError(f"{option}: {', '.join(bad) or 'nothing given'} is not one of "
+                            f"{', '.join(allowed)}")
+    return names
+
+
+def _models(text: str, synthetic: bool) -> list[str]:
+    """Model names that exist (``synth-MIB`` too where the bench takes it)."""
+    from chaosctl.bench.models import model_entries, model_names
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise CtlUsageError("--models needs at least one model")
+    for name in names:
+        if not synthetic and name not in model_names():
+            raise CtlUsageError(f"--models: unknown model {name!r}; choose from "
+                                f"{', '.join(model_names())}")
+        try:
+            model_entries(name)
+        except ValueError as exc:
+            raise CtlUsageError(f"--models: {exc}") from None
+    return names
 
 
 def _sizes(text: str) -> list[int]:
@@ -71,11 +116,11 @@ def scaleout(
     """Scale-out delay and cluster idle time of the four strategies on the netns testbed."""
     from chaosctl.bench import scaleout as bench_scaleout
     from chaosctl.bench import scaleout_report as bench_scaleout_report
-    from chaosctl.testbed.topo import PlanError, parse_bw
+    from chaosctl.testbed.topo import TopologyError, parse_bw
 
     try:
         rates = parse_bw(bw)
-    except PlanError as exc:
+    except TopologyError as exc:
         raise CtlUsageError(str(exc)) from None
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:
@@ -89,3 +134,110 @@ def scaleout(
     for row in doc["rows"]:
         table.add_row(*bench_scaleout_report.cells(row))
     console.print(table)
+
+
+@bench_app.command("allreduce")
+def allreduce(
+    mb: Annotated[int, typer.Option(min=1, max=4000, help="Gradient size, MB.")] = 100,
+    nodes: Annotated[int, typer.Option(min=2, max=16, help="Processes in the chain.")] = 4,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Rounds after one warm-up.")] = 5,
+    chunk_kb: Annotated[str, typer.Option(help="Chunk sizes, KiB, comma-separated.")]
+    = "1024,4096",
+    result: Annotated[str, typer.Option(help="fresh, reuse or both, comma-separated.")]
+    = "fresh,reuse",
+    sock_buf: Annotated[int, typer.Option(min=0, help="Socket buffers, bytes; 0 = autotuned.")]
+    = 0,
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/allreduce"),
+) -> None:
+    """All-reduce throughput on loopback against a plain socket copy of the same bytes."""
+    from chaosctl.bench import allreduce as bench_allreduce
+
+    chunks = _ints(chunk_kb, "--chunk-kb", 4, 1 << 20)
+    modes = _choices(result, "--result", ["fresh", "reuse"])
+    doc = bench_allreduce.run(mb, nodes, repeats, chunks, modes, sock_buf, out, _say)
+    typer.echo(bench_allreduce.table(doc["rows"]))
+
+
+@bench_app.command("planner")
+def planner(
+    quick: Annotated[bool, typer.Option(help="Fewer sizes, repeats and trials.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the neighbours and states.")] = 2024,
+    models: Annotated[str, typer.Option(help="Paper models, comma-separated "
+                                        "(default: all; with --quick, gpt2-large).")] = "",
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/planner"),
+) -> None:
+    """Planner run time, and the optimality gap of Algorithms 1 and 2."""
+    from chaosctl.bench import planner as bench_planner
+
+    names = _models(models, synthetic=False) if models else None
+    result = bench_planner.run(quick, seed, names, out, _say)
+    typer.echo(bench_planner.tables(result))
+
+
+@bench_app.command("loopback")
+def loopback(
+    quick: Annotated[bool, typer.Option(help="ResNet101 and AlexNet, 2 repeats.")] = False,
+    repeats: Annotated[int | None, typer.Option(min=1, max=20, help="Repeats per model "
+                                                "(default 3, 2 with --quick).")] = None,
+    models: Annotated[str, typer.Option(help="Models (paper_models.json) or synth-MIB, "
+                                        "comma-separated.")] = "",
+    nodes: Annotated[int, typer.Option(min=1, max=32, help="Cluster nodes before the join.")]
+    = 6,
+    neighbors: Annotated[int, typer.Option(min=1, max=32, help="The new node's neighbours.")]
+    = 3,
+    bw_scale: Annotated[float, typer.Option(min=0.001, help="Times the 100-1000 Mbit/s caps.")]
+    = 1.0,
+    planner: Annotated[str, typer.Option(help="Planner of the chaos strategy.")] = "chaos",
+    seed: Annotated[int, typer.Option(help="Seed of the caps and states.")] = 1,
+    out: Annotated[Path, typer.Option(help="Where results go.")]
+    = Path("bench/results/scaleout-loopback"),
+) -> None:
+    """Scale-out delay of the four strategies on one loopback cluster with capped links."""
+    from chaosctl.bench import loopback as bench_loopback
+    from daemon.replication.planning.planner import PLANNERS
+
+    if neighbors > nodes:
+        raise CtlUsageError(f"--neighbors ({neighbors}) cannot exceed --nodes ({nodes})")
+    _choices(planner, "--planner", list(PLANNERS))
+    names = (_models(models, synthetic=True) if models
+             else bench_loopback.QUICK if quick else bench_loopback.FULL)
+    opts = bench_loopback.Options(repeats or (2 if quick else 3), nodes, neighbors, bw_scale,
+                                  planner, seed)
+    doc = bench_loopback.run(names, opts, out, _say)
+    typer.echo(bench_loopback.caption(opts))
+    typer.echo(bench_loopback.table(doc["rows"]))
+
+
+@bench_app.command("stall")
+def stall(
+    nodes: Annotated[int, typer.Option(min=3, max=16, help="Chain length.")] = 4,
+    events: Annotated[int, typer.Option(min=1, max=1000, help="Events of each kind.")] = 50,
+    gap: Annotated[float, typer.Option(min=0.0, help="Seconds between link commands.")] = 0.3,
+    out: Annotated[Path | None, typer.Option(help="Directory for stall.json, .md and .png.")]
+    = None,
+    keep: Annotated[Path | None, typer.Option(help="Copy the step records, events and logs "
+                                              "here.")] = None,
+    source: Annotated[Path | None, typer.Option("--from", help="Report on what a --keep run "
+                                                "left in this directory; run nothing.")] = None,
+) -> None:
+    """The training-loop stall each primitive costs a chain of real workers (Table I)."""
+    from chaosctl.bench import stall as bench_stall
+
+    _, table = bench_stall.run(nodes, events, gap, out, keep, source, _say)
+    typer.echo(table)
+
+
+@bench_app.command("duty-cycle")
+def duty_cycle(
+    rates: Annotated[str, typer.Option(help="Link rates, Mbit/s, comma-separated.")]
+    = "100,500,1000",
+    gap: Annotated[float, typer.Option(min=0.0, help="Seconds between probes.")] = 0.5,
+    probes: Annotated[int, typer.Option(min=1, max=100, help="Probes per rate.")] = 5,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the rows here.")]
+    = None,
+) -> None:
+    """What periodic bandwidth probing costs a tbf-shaped link (root, namespaces, iperf3)."""
+    from chaosctl.bench import duty_cycle as bench_duty
+
+    rows = bench_duty.run(_ints(rates, "--rates", 1, 10_000), gap, probes, json_out, _say)
+    typer.echo(bench_duty.table(rows))

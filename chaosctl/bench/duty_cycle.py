@@ -10,19 +10,22 @@ ACKs and iperf3's control connection. Reported per rate:
 - ``wire_bytes_per_probe``: the measured cost of one steady-state probe;
 - ``duty_at_default_period``: that cost as a share of the link over one 60 s period.
 
-Needs root. Usage: ``python bench/netprobe_duty_cycle.py [--gap 0.5] [--probes 5] [--json F]``
+Needs root and iperf3. Usage: ``chaosctl bench duty-cycle [--rates 100,500,1000] [--gap 0.5]
+[--probes 5] [--json F]``
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import sys
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from chaosctl.client import CtlError
 from netprobe import netns, tc
 from netprobe.bandwidth import BandwidthProber
+from netprobe.errors import NetprobeError
 from netprobe.periodic import DEFAULT_NBYTES, DEFAULT_PERIOD_S, PeriodicBandwidthProbe
 
 RATES_MBPS = (100, 500, 1000)
@@ -43,7 +46,7 @@ async def run_rate(prefix: str, rate_mbps: int, gap_s: float, probes: int) -> di
         client = BandwidthProber(exec_prefix=netns.exec_prefix(a))
         server_side = BandwidthProber(exec_prefix=netns.exec_prefix(b))
         if client.kind != "iperf3":
-            sys.exit("this bench measures the iperf3 path; install iperf3 first")
+            raise CtlError("bench duty-cycle measures the iperf3 path: apt-get install iperf3")
         async with server_side.make_server("10.79.0.2", PORT):
             # The production defaults (60 s period, 0.1 % target), no capacity hint: the probe
             # learns the link. Probes run back to back (gap_s apart) instead of a minute apart;
@@ -76,38 +79,45 @@ async def run_rate(prefix: str, rate_mbps: int, gap_s: float, probes: int) -> di
         netns.cleanup(prefix)
 
 
-async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--gap", type=float, default=0.5, help="seconds between probes")
-    parser.add_argument("--probes", type=int, default=5)
-    parser.add_argument("--json", dest="json_out", help="also write the rows to this file")
-    args = parser.parse_args()
-    netns.check_netns()
-    tc.require(["tbf"])
+def run(rates: list[int], gap_s: float, probes: int, json_out: Path | None,
+        say: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every rate in turn on fresh namespaces; the rows (also written to ``json_out``).
+
+    Raises:
+        CtlError: Not root, no ``ip netns`` or tbf, no iperf3, or a probe step failed.
+    """
+    reason = netns.netns_unavailable_reason()
+    if reason is not None:
+        raise CtlError(f"bench duty-cycle needs network namespaces: {reason}")
     rows = []
-    for rate in RATES_MBPS:
-        rows.append(await run_rate(netns.make_prefix(), rate, args.gap, args.probes))
-    print(
+    try:
+        tc.require(["tbf"])
+        for rate in rates:
+            say(f"{rate} Mbit/s: {probes} probes, {gap_s} s apart")
+            rows.append(asyncio.run(run_rate(netns.make_prefix(), rate, gap_s, probes)))
+    except NetprobeError as exc:
+        raise CtlError(f"bench duty-cycle: {exc}") from None
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(rows, indent=2))
+        say(f"wrote {json_out}")
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The defaults line and the markdown table."""
+    lines = [
         f"defaults: period {DEFAULT_PERIOD_S:.0f} s, target duty 0.1 %, probe floor "
-        f"{DEFAULT_NBYTES} B; tbf-shaped veth, both directions"
-    )
-    print(
+        f"{DEFAULT_NBYTES} B; tbf-shaped veth, both directions",
         "| link Mbit/s | probe sizes (B) | probe readings (Mbit/s) | wire B/probe (steady) "
-        "| duty @ 60 s (wire) | duty (probe's own figure) |"
-    )
-    print("|---|---|---|---|---|---|")
+        "| duty @ 60 s (wire) | duty (probe's own figure) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         reported = r["duty_reported_by_probe"]
         own = "n/a" if reported is None else f"{reported:.4%}"
-        print(
+        lines.append(
             f"| {r['rate_mbps']} | {r['probe_nbytes']} | {r['probe_mbps']} | "
             f"{r['wire_bytes_per_probe']} | {r['duty_at_default_period']:.4%} | {own} |"
         )
-    if args.json_out:
-        with open(args.json_out, "w") as fh:
-            json.dump(rows, fh, indent=2)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    return "\n".join(lines)

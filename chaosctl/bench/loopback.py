@@ -1,6 +1,6 @@
 """Scale-out delay of the four strategies side by side on one loopback cluster.
 
-Usage: ``python bench/scaleout_bench.py --out DIR [--quick] [--repeats N] [--bw-scale X]``
+``chaosctl bench loopback [--quick] [--repeats N] [--models M,...] [--bw-scale X] [--out DIR]``
 
 Setup: ``--nodes`` state-server processes (``n0``..), each serving the same snapshot (a file
 mapped read-only, so the page cache holds one copy for all of them). The new node's neighbours are
@@ -9,8 +9,8 @@ nodes along shortest-hop paths through the neighbours (relayed hop by hop). Ever
 bandwidth cap drawn uniformly from 100-1000 Mbit/s times ``--bw-scale`` (the paper's tc range),
 enforced by a token bucket in each sender and shared by all connections over that link, so the
 network, not the CPU, is the bottleneck. States have the sizes of the paper's models (tensor
-shapes from ``shared/models/paper_models.json``, synthetic bytes); ``--quick`` uses ResNet101 and
-AlexNet.
+shapes from the packaged ``paper_models.json``, synthetic bytes; see
+:mod:`chaosctl.bench.models`); ``--quick`` uses ResNet101 and AlexNet.
 
 Reported per model (medians over ``--repeats``): each strategy's delay; the water-filling lower
 bound from the configured caps and from the per-link throughput measured in the chaos run; chaos
@@ -21,11 +21,8 @@ anonymous memory a neighbour process used while serving. Writes ``scaleout_bench
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import math
-import mmap
 import multiprocessing as mp
 import random
 import statistics
@@ -34,20 +31,18 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from daemon.dataplane import auth  # noqa: E402
-from daemon.replication.manifest import Entry, Manifest, block_digests  # noqa: E402
-from daemon.replication.planning.model import Neighbor, PlanInput  # noqa: E402
-from daemon.replication.planning.waterfill import lower_bound  # noqa: E402
-from daemon.replication.transfer import (  # noqa: E402
+from chaosctl.bench.models import make_state, map_state
+from daemon.dataplane import auth
+from daemon.replication.manifest import Manifest
+from daemon.replication.planning.model import Neighbor, PlanInput
+from daemon.replication.planning.waterfill import lower_bound
+from daemon.replication.transfer import (
     STRATEGIES,
     FetchOptions,
     ScaleOutJob,
@@ -56,12 +51,22 @@ from daemon.replication.transfer import (  # noqa: E402
     serve,
 )
 
-MODELS = ROOT.parent / "shared" / "models" / "paper_models.json"
 QUICK = ["resnet101", "alexnet"]
 FULL = ["resnet101", "alexnet", "vgg11", "gpt2", "gpt2-medium", "gpt2-large"]
-ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8}
 SECRET = b"scaleout-bench"
 MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one run measures; the CLI checks the values."""
+
+    repeats: int
+    nodes: int = 6  # cluster nodes before the join
+    neighbors: int = 3  # the new node's neighbours
+    bw_scale: float = 1.0  # times the 100-1000 Mbit/s caps
+    planner: str = "chaos"  # planner of the chaos strategy
+    seed: int = 1
 
 
 def ident(node: str) -> auth.Identity:
@@ -82,8 +87,7 @@ def _node_main(
 ) -> None:
     """A cluster node: serve the mapped snapshot; sample memory; obey the bench's commands."""
     manifest = Manifest.from_json(manifest_json)
-    with open(path, "rb") as f:
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    data = map_state(path)
     server = serve(Snapshot.create(manifest, data), ident(node), rate=caps.get)
     conn.send(server.address)
     peak, base, stop = [0], [rss_anon()], threading.Event()
@@ -108,31 +112,8 @@ def _node_main(
     conn.send("ok")
 
 
-def model_entries(name: str) -> list[Entry]:
-    """Manifest entries with the model's real tensor names, shapes and dtypes."""
-    model = json.loads(MODELS.read_text())["models"][name]
-    entries, off = [], 0
-    for t in model["tensors"] + model.get("buffers", []):
-        n = math.prod(t["shape"]) * ITEMSIZE[t["dtype"]]
-        entries.append(Entry(t["name"], t["dtype"], tuple(t["shape"]), off, n))
-        off += n
-    return entries
-
-
-def make_state(name: str, path: Path, seed: int) -> Manifest:
-    """Write synthetic bytes of the model's size to ``path``; return their manifest."""
-    entries = model_entries(name)
-    total = entries[-1].offset + entries[-1].nbytes
-    rng = np.random.default_rng(seed)
-    with open(path, "wb") as f:
-        for i in range(0, total, 64 * MIB):
-            f.write(rng.integers(0, 256, min(64 * MIB, total - i), dtype=np.uint8).tobytes())
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        blocks = block_digests(data, MIB)
-    return Manifest(0, total, MIB, blocks, tuple(entries))
-
-
-def topology(n: int, k: int, scale: float, rng: random.Random) -> tuple[dict, dict]:
+def topology(n: int, k: int, scale: float, rng: random.Random
+             ) -> tuple[dict[frozenset[str], float], dict[str, list[str]]]:
     """Link caps (bytes/s, keyed by node pair) and shortest-hop routes from ``new``."""
     edges = [("new", f"n{i}") for i in range(k)] + [(f"n{i}", f"n{(i + 1) % n}") for i in range(n)]
     caps = {frozenset(e): rng.uniform(100, 1000) * scale * 1e6 / 8 for e in edges}
@@ -146,7 +127,8 @@ def topology(n: int, k: int, scale: float, rng: random.Random) -> tuple[dict, di
         u = queue.popleft()
         for v in sorted(adj[u]):
             if v not in prev:
-                prev[v], _ = u, queue.append(v)
+                prev[v] = u
+                queue.append(v)
     routes = {}
     for node in (f"n{i}" for i in range(n)):
         path, u = [], node
@@ -157,14 +139,16 @@ def topology(n: int, k: int, scale: float, rng: random.Random) -> tuple[dict, di
     return caps, routes
 
 
-def run_model(name: str, args: argparse.Namespace, tmp: Path, rng: random.Random) -> dict:
+def run_model(name: str, args: Options, tmp: Path, rng: random.Random) -> dict[str, Any]:
     """Every strategy on one model, ``args.repeats`` times; returns the row."""
     path = tmp / f"{name}.state"
     manifest = make_state(name, path, rng.randrange(1 << 30))
     caps, routes = topology(args.nodes, args.neighbors, args.bw_scale, rng)
     ctx = mp.get_context("spawn")
     nodes = [f"n{i}" for i in range(args.nodes)]
-    procs, pipes, addrs = [], {}, {}
+    procs: list[Any] = []
+    pipes: dict[str, Connection] = {}
+    addrs: dict[str, Any] = {}
     try:
         for node in nodes:
             mine = {next(iter(e - {node})): c for e, c in caps.items() if node in e}
@@ -184,7 +168,8 @@ def run_model(name: str, args: argparse.Namespace, tmp: Path, rng: random.Random
         k_nodes = nodes[: args.neighbors]
         est = {n: Neighbor(n, 0.0, 1.0 / caps[frozenset(("new", n))]) for n in k_nodes}
         sources = [est.get(n) or Neighbor(n, 0.0, 8 / (550e6 * args.bw_scale)) for n in nodes]
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        data = map_state(path)
+        try:
             job = ScaleOutJob(
                 manifest,
                 ident("new"),
@@ -197,8 +182,10 @@ def run_model(name: str, args: argparse.Namespace, tmp: Path, rng: random.Random
                 args.planner,
                 FetchOptions(io_timeout=30.0),
             )
-            runs = [one_repeat(job, pipes, k_nodes, r) for r in range(args.repeats)]
+            runs = [one_repeat(job, pipes, r) for r in range(args.repeats)]
             del job
+        finally:
+            data.release()
     finally:
         for pipe in pipes.values():
             with contextlib.suppress(OSError):
@@ -208,11 +195,12 @@ def run_model(name: str, args: argparse.Namespace, tmp: Path, rng: random.Random
             if p.is_alive():
                 p.kill()
         path.unlink(missing_ok=True)
+        path.with_suffix(".manifest.json").unlink(missing_ok=True)
     lb_cfg = lower_bound(PlanInput.create(est.values(), manifest.segments()))
-    return summarise(name, manifest.total_bytes, lb_cfg, runs, args)
+    return summarise(name, manifest.total_bytes, lb_cfg, runs)
 
 
-def one_repeat(job: ScaleOutJob, pipes: dict, k_nodes: list[str], r: int) -> dict:
+def one_repeat(job: ScaleOutJob, pipes: dict[str, Connection], r: int) -> dict[str, Any]:
     """Run every strategy once (order rotated per repeat); delays and chaos' link rates."""
     names = list(STRATEGIES)
     names = names[r % len(names) :] + names[: r % len(names)]
@@ -243,7 +231,8 @@ def one_repeat(job: ScaleOutJob, pipes: dict, k_nodes: list[str], r: int) -> dic
     return out
 
 
-def summarise(name: str, total: int, lb_cfg: float, runs: list[dict], args: Any) -> dict:
+def summarise(name: str, total: int, lb_cfg: float, runs: list[dict[str, Any]]
+              ) -> dict[str, Any]:
     """Medians and ratios over the repeats."""
     med = {s: statistics.median(r[s]["delay_s"] for r in runs) for s in STRATEGIES}
     lb_meas = statistics.median(
@@ -270,7 +259,7 @@ def summarise(name: str, total: int, lb_cfg: float, runs: list[dict], args: Any)
     }
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     """The markdown table."""
     head = (
         "| model | MiB | chaos s | single s | multi-src s | stop-resume s | LB cfg s | "
@@ -291,13 +280,15 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict], out: Path) -> None:
+def plot(rows: list[dict[str, Any]], out: Path) -> bool:
     """Grouped bars of the four delays per model, with the lower bound marked."""
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
     fig, ax = plt.subplots(figsize=(9, 4.5))
     names = list(STRATEGIES)
     width = 0.8 / len(names)
@@ -320,50 +311,32 @@ def plot(rows: list[dict], out: Path) -> None:
     ax.set_title("Scale-out delay on loopback with capped links (median of repeats)")
     fig.tight_layout()
     fig.savefig(out / "scaleout_bench.png", dpi=120)
+    return True
 
 
-def main() -> None:
-    """Parse arguments, run, and write the results."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--quick", action="store_true", help="ResNet101 and AlexNet only")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--models", nargs="*", default=None)
-    ap.add_argument("--nodes", type=int, default=6, help="cluster nodes before the join")
-    ap.add_argument("--neighbors", type=int, default=3, help="the new node's neighbours")
-    ap.add_argument("--bw-scale", type=float, default=1.0, help="times 100-1000 Mbit/s caps")
-    ap.add_argument("--planner", default="chaos", help="planner of the chaos strategy")
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
-    args.repeats = args.repeats or (2 if args.quick else 3)
-    models = args.models or (QUICK if args.quick else FULL)
-    args.out.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(args.seed)
+def run(models: list[str], opts: Options, out: Path,
+        say: Callable[[str], None]) -> dict[str, Any]:
+    """Every model in turn; writes ``scaleout_bench.json`` (and the PNG) under ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(opts.seed)
     rows = []
-    with tempfile.TemporaryDirectory(dir=args.out) as tmp:
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
         for name in models:
+            say(f"{name}: {opts.nodes} nodes, {opts.repeats} repeats of 4 strategies")
             t0 = time.perf_counter()
-            rows.append(run_model(name, args, Path(tmp), rng))
-            print(f"{name}: done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    meta = {
-        "nodes": args.nodes,
-        "neighbors": args.neighbors,
-        "repeats": args.repeats,
-        "caps_mbps": [100 * args.bw_scale, 1000 * args.bw_scale],
-        "planner": args.planner,
-        "seed": args.seed,
-        "argv": sys.argv,
-    }
-    (args.out / "scaleout_bench.json").write_text(
-        json.dumps({"meta": meta, "rows": rows}, indent=1)
-    )
-    plot(rows, args.out)
-    print(
-        f"caps {100 * args.bw_scale:.0f}-{1000 * args.bw_scale:.0f} Mbit/s per link, "
-        f"{args.nodes} nodes, {args.neighbors} neighbours, {args.repeats} repeats, medians"
-    )
-    print(table(rows))
+            rows.append(run_model(name, opts, Path(tmp), rng))
+            say(f"{name}: done in {time.perf_counter() - t0:.0f} s")
+    meta = {**asdict(opts), "caps_mbps": [100 * opts.bw_scale, 1000 * opts.bw_scale],
+            "argv": sys.argv}
+    doc = {"meta": meta, "rows": rows}
+    (out / "scaleout_bench.json").write_text(json.dumps(doc, indent=1))
+    say(f"wrote {out / 'scaleout_bench.json'}")
+    if plot(rows, out):
+        say(f"wrote {out / 'scaleout_bench.png'}")
+    return doc
 
 
-if __name__ == "__main__":
-    main()
+def caption(opts: Options) -> str:
+    """The line above the table."""
+    return (f"caps {100 * opts.bw_scale:.0f}-{1000 * opts.bw_scale:.0f} Mbit/s per link, "
+            f"{opts.nodes} nodes, {opts.neighbors} neighbours, {opts.repeats} repeats, medians")

@@ -1,55 +1,47 @@
 """Planner benchmark: run time per planner, and the optimality gap of Algorithms 1 and 2.
 
-Usage: ``python bench/planner_bench.py --out DIR [--quick] [--seed N]``
+``chaosctl bench planner [--quick] [--seed N] [--models M,...] [--out DIR]``
 
 1. Run time of every fast planner for 2..64 neighbours on states from 1 MiB to 3 GiB: the
-   paper's models (tensor shapes from ``shared/models/paper_models.json``) and synthetic tensor
-   lists. Median and p95 over repeats of ``time.perf_counter``.
+   paper's models (tensor shapes from the packaged ``paper_models.json``, see
+   :mod:`chaosctl.bench.models`) and synthetic tensor lists. Median and p95 over repeats of
+   ``time.perf_counter``.
 2. Gap of Algorithms 1+2 (``chaos``) and of ``even`` against the water-filling lower bound, over
    random neighbour sets on the paper's models.
 3. Gap of Algorithm 2 against brute force on the same shards (the paper's Fig. 16), for
    heterogeneous and for identical neighbours, with Graham's ``4/3 - 1/(3|U|)`` next to it.
 
-Writes ``planner_bench.json`` (and ``planner_bench.png`` if matplotlib is importable) to DIR and
-prints markdown tables.
+``--models`` picks the paper models of parts 1 and 2 (default: all of them; ``--quick`` times
+only ``gpt2-large``). Writes ``planner_bench.json`` (and ``planner_bench.png`` if matplotlib is
+importable) to DIR and prints markdown tables.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import math
 import random
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from chaosctl.bench.models import model_names, tensor_sizes
+from daemon.replication.planning.exact import assignment_makespan, brute_force_assign
+from daemon.replication.planning.greedy import greedy_assign, lpt_order
+from daemon.replication.planning.model import Neighbor, PlanInput
+from daemon.replication.planning.planner import PLANNERS
+from daemon.replication.planning.waterfill import lower_bound
 
-from daemon.replication.planning.exact import assignment_makespan, brute_force_assign  # noqa: E402
-from daemon.replication.planning.greedy import greedy_assign, lpt_order  # noqa: E402
-from daemon.replication.planning.model import Neighbor, PlanInput  # noqa: E402
-from daemon.replication.planning.planner import PLANNERS  # noqa: E402
-from daemon.replication.planning.waterfill import lower_bound  # noqa: E402
-
-MODELS = ROOT.parent / "shared" / "models" / "paper_models.json"
 FAST = ["chaos", "greedy", "waterfill", "even", "single"]
 MIB = 1 << 20
-ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8}
 
 
-def paper_states() -> dict[str, list[int]]:
-    """Tensor byte sizes (parameters, then buffers) of each of the paper's models."""
-    data = json.loads(MODELS.read_text())
-    out = {}
-    for name, m in data["models"].items():
-        tensors = m["tensors"] + m.get("buffers", [])
-        out[name] = [math.prod(t["shape"]) * ITEMSIZE[t["dtype"]] for t in tensors]
-    return out
+def paper_states(names: list[str] | None = None) -> dict[str, list[int]]:
+    """Tensor byte sizes (parameters, then buffers) of the paper's models (all by default)."""
+    return {name: tensor_sizes(name) for name in names or model_names()}
 
 
 def synthetic_state(total: int, rng: random.Random, n: int = 200) -> list[int]:
@@ -86,10 +78,11 @@ def timeit(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return statistics.median(times), times[min(len(times) - 1, int(0.95 * len(times)))]
 
 
-def bench_runtime(quick: bool, rng: random.Random) -> list[dict[str, Any]]:
+def bench_runtime(quick: bool, rng: random.Random,
+                  names: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run time of each fast planner on synthetic states and the paper's models."""
     states = {f"synthetic-{s}MiB": synthetic_state(s * MIB, rng) for s in (1, 64, 1024, 3072)}
-    models = paper_states()
-    states.update(models if not quick else {"gpt2-large": models["gpt2-large"]})
+    states.update(paper_states(names or (["gpt2-large"] if quick else None)))
     counts = [2, 8, 64] if quick else [2, 4, 8, 16, 32, 64]
     repeats = 5 if quick else 21
     rows = []
@@ -98,7 +91,7 @@ def bench_runtime(quick: bool, rng: random.Random) -> list[dict[str, Any]]:
             inputs = PlanInput.create(edge_neighbors(n, rng), segs)
             row: dict[str, Any] = {"state": state, "mib": sum(segs) / MIB, "neighbors": n}
             for name in FAST:
-                med, p95 = timeit(lambda f=PLANNERS[name], i=inputs: f(i), repeats)
+                med, p95 = timeit(functools.partial(PLANNERS[name], inputs), repeats)
                 row[name] = {"median_ms": med, "p95_ms": p95}
             rows.append(row)
     return rows
@@ -115,9 +108,10 @@ def summary(values: list[float]) -> dict[str, float]:
     }
 
 
-def bench_gap_lb(quick: bool, rng: random.Random) -> dict[str, Any]:
+def bench_gap_lb(quick: bool, rng: random.Random,
+                 names: list[str] | None = None) -> dict[str, Any]:
     """Makespan / water-filling bound of chaos, greedy, even and single on the paper's models."""
-    models = paper_states()
+    models = paper_states(names)
     trials = 5 if quick else 40
     out: dict[str, Any] = {}
     for n in [2, 4, 8, 16, 64]:
@@ -161,28 +155,32 @@ def bench_gap_bruteforce(quick: bool, rng: random.Random) -> dict[str, Any]:
     return out
 
 
-def print_tables(result: dict[str, Any]) -> None:
-    print("\n## Planner run time (ms, median / p95)\n")
-    print("| state | MiB | \\|U\\| | " + " | ".join(FAST) + " |")
-    print("|---|---:|---:|" + "---:|" * len(FAST))
+def tables(result: dict[str, Any]) -> str:
+    """The three markdown tables."""
+    lines: list[str] = []
+    add = lines.append
+    add("\n## Planner run time (ms, median / p95)\n")
+    add("| state | MiB | \\|U\\| | " + " | ".join(FAST) + " |")
+    add("|---|---:|---:|" + "---:|" * len(FAST))
     for r in result["runtime"]:
         cells = [f"{r[k]['median_ms']:.2f} / {r[k]['p95_ms']:.2f}" for k in FAST]
-        print(f"| {r['state']} | {r['mib']:.0f} | {r['neighbors']} | " + " | ".join(cells) + " |")
-    print("\n## Makespan / water-filling lower bound (paper models; mean, p95, max)\n")
-    print("| \\|U\\| | " + " | ".join(FAST) + " |")
-    print("|---:|" + "---|" * len(FAST))
+        add(f"| {r['state']} | {r['mib']:.0f} | {r['neighbors']} | " + " | ".join(cells) + " |")
+    add("\n## Makespan / water-filling lower bound (paper models; mean, p95, max)\n")
+    add("| \\|U\\| | " + " | ".join(FAST) + " |")
+    add("|---:|" + "---|" * len(FAST))
     for n, row in result["gap_lower_bound"].items():
         cells = [f"{row[k]['mean']:.4f}, {row[k]['p95']:.4f}, {row[k]['max']:.4f}" for k in FAST]
-        print(f"| {n} | " + " | ".join(cells) + " |")
-    print("\n## Algorithm 2 vs brute force on the same shards (ratio; Fig. 16)\n")
-    print("| neighbours | greedy mean | greedy max | even mean | Graham bound | > bound |")
-    print("|---|---:|---:|---:|---:|---:|")
+        add(f"| {n} | " + " | ".join(cells) + " |")
+    add("\n## Algorithm 2 vs brute force on the same shards (ratio; Fig. 16)\n")
+    add("| neighbours | greedy mean | greedy max | even mean | Graham bound | > bound |")
+    add("|---|---:|---:|---:|---:|---:|")
     for key, row in result["gap_bruteforce"].items():
         g, e = row["greedy_vs_bruteforce"], row["even_vs_bruteforce"]
-        print(
+        add(
             f"| {key} | {g['mean']:.4f} | {g['max']:.4f} | {e['mean']:.4f} | "
             f"{row['graham_bound']:.4f} | {row['bound_violations']}/{g['n']} |"
         )
+    return "\n".join(lines)
 
 
 def plot(result: dict[str, Any], path: Path) -> bool:
@@ -193,7 +191,12 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in result["runtime"] if r["state"] == "gpt2-large"]
+    # The largest paper model timed (gpt2-large unless --models left it out).
+    model = max((r for r in result["runtime"] if not r["state"].startswith("synthetic-")),
+                key=lambda r: r["mib"], default=None)
+    if model is None:
+        return False
+    rows = [r for r in result["runtime"] if r["state"] == model["state"]]
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in FAST:
         ax.plot(
@@ -201,35 +204,27 @@ def plot(result: dict[str, Any], path: Path) -> bool:
         )
     ax.axhline(10, color="grey", ls="--", lw=1)
     ax.set(xscale="log", yscale="log", xlabel="neighbours", ylabel="median ms")
-    ax.set_title("planner run time, GPT-2 large state (2.9 GiB)")
+    ax.set_title(f"planner run time, {model['state']} state ({model['mib'] / 1024:.1f} GiB)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for JSON and PNG")
-    parser.add_argument("--quick", action="store_true", help="fewer sizes, repeats and trials")
-    parser.add_argument("--seed", type=int, default=2024)
-    args = parser.parse_args(argv)
-    rng = random.Random(args.seed)
-    result = {
-        "seed": args.seed,
-        "quick": args.quick,
-        "runtime": bench_runtime(args.quick, rng),
-        "gap_lower_bound": bench_gap_lb(args.quick, rng),
-        "gap_bruteforce": bench_gap_bruteforce(args.quick, rng),
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "planner_bench.json").write_text(json.dumps(result, indent=1))
-    print_tables(result)
-    if plot(result, args.out / "planner_bench.png"):
-        print(f"\nwrote {args.out / 'planner_bench.png'}")
-    print(f"wrote {args.out / 'planner_bench.json'}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(quick: bool, seed: int, names: list[str] | None, out: Path,
+        say: Callable[[str], None]) -> dict[str, Any]:
+    """Run the three parts; write ``planner_bench.json`` (and the PNG) under ``out``."""
+    rng = random.Random(seed)
+    say("planner run time")
+    result: dict[str, Any] = {"seed": seed, "quick": quick, "models": names,
+                              "runtime": bench_runtime(quick, rng, names)}
+    say("gap to the water-filling bound")
+    result["gap_lower_bound"] = bench_gap_lb(quick, rng, names)
+    say("gap to brute force")
+    result["gap_bruteforce"] = bench_gap_bruteforce(quick, rng)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "planner_bench.json").write_text(json.dumps(result, indent=1))
+    say(f"wrote {out / 'planner_bench.json'}")
+    if plot(result, out / "planner_bench.png"):
+        say(f"wrote {out / 'planner_bench.png'}")
+    return result

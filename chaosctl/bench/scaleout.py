@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from chaosctl.bench import scaleout_report as report
-from chaosctl.bench.scaleout_node import make_state, model_entries
+from chaosctl.bench.models import make_state, model_entries
 from chaosctl.client import CtlError, CtlUsageError
 from chaosctl.testbed.core import Testbed
 from daemon.replication.manifest import Manifest

@@ -20,18 +20,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
-import mmap
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from chaosctl.bench.models import map_state
 from daemon.dataplane import auth
-from daemon.replication.manifest import Entry, Manifest, block_digests, verify_buffer
+from daemon.replication.manifest import Manifest, verify_buffer
 from daemon.replication.planning.model import Neighbor
 from daemon.replication.transfer import (
     FetchOptions,
@@ -43,9 +40,6 @@ from daemon.replication.transfer import (
 )
 
 SECRET = b"chaos-bench-scaleout"
-MODELS_FILE = Path(__file__).resolve().parents[2] / "shared" / "models" / "paper_models.json"
-ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8}
-MIB = 1 << 20
 SAMPLE_S = 0.01
 
 
@@ -58,44 +52,6 @@ def answer(doc: Any) -> None:
     """One JSON line to the bench."""
     sys.stdout.write(json.dumps(doc) + "\n")
     sys.stdout.flush()
-
-
-def map_state(path: str) -> memoryview:
-    """The state file, mapped read-only."""
-    with open(path, "rb") as f:
-        return memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-
-
-def model_entries(name: str) -> list[Entry]:
-    """The model's tensors (real names, shapes, dtypes); ``synth-M`` is one M-MiB tensor."""
-    if name.startswith("synth-"):
-        n = int(float(name[6:]) * MIB) // 4 * 4
-        return [Entry("synthetic", "float32", (n // 4,), 0, n)]
-    models = json.loads(MODELS_FILE.read_text())["models"]
-    if name not in models:
-        raise ValueError(f"unknown model {name!r}; choose from {', '.join(models)} or synth-MIB")
-    entries, off = [], 0
-    for t in models[name]["tensors"] + models[name].get("buffers", []):
-        n = math.prod(t["shape"]) * ITEMSIZE[t["dtype"]]
-        entries.append(Entry(t["name"], t["dtype"], tuple(t["shape"]), off, n))
-        off += n
-    return entries
-
-
-def make_state(name: str, path: Path, seed: int) -> Manifest:
-    """Write synthetic bytes of the model's size to ``path`` and its manifest beside it."""
-    entries = model_entries(name)
-    total = entries[-1].offset + entries[-1].nbytes
-    rng = np.random.default_rng(seed)
-    with open(path, "wb") as f:
-        for i in range(0, total, 64 * MIB):
-            f.write(rng.integers(0, 256, min(64 * MIB, total - i), dtype=np.uint8).tobytes())
-    data = map_state(str(path))
-    blocks = block_digests(data, MIB)
-    data.release()
-    manifest = Manifest(0, total, MIB, blocks, tuple(entries))
-    path.with_suffix(".manifest.json").write_text(manifest.to_json())
-    return manifest
 
 
 class BusyMeter:

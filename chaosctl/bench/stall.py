@@ -1,9 +1,9 @@
 """Training-loop stall caused by the primitives (the paper's Table I: under 1 ms).
 
-    python bench/stall_bench.py --nodes 4 --events 50 --out bench/results/stall
+    chaosctl bench stall --nodes 4 --events 50 --out bench/results/stall
 
 Runs a LocalCluster (a real broker, real chaosd, real workers through ``chaosctl join``) that
-trains ``tests/training/_worker.py`` on a chain ``node-1 - node-2 - ... - node-N``, then:
+trains :mod:`chaosctl.bench.stall_worker` on a chain ``node-1 - node-2 - ... - node-N``, then:
 
 - ``connect-link`` / ``disconnect-link``: ``chaosctl link add|del`` between the chain's ends,
   ``--events`` times each (the chain stays connected, so no partition);
@@ -25,7 +25,7 @@ Prints a table, writes ``stall.json``, ``stall.md`` and (with matplotlib) ``stal
 
 from __future__ import annotations
 
-import argparse
+import functools
 import itertools
 import json
 import shutil
@@ -33,13 +33,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaosctl.client import call_once
+from chaosctl.client import CtlUsageError, call_once
 from chaosctl.cluster import LocalCluster
 
-WORKER = Path(__file__).resolve().parent.parent / "tests" / "training" / "_worker.py"
+WORKER_MODULE = "chaosctl.bench.stall_worker"  # shipped in the package, run with -m
+Say = Callable[[str], None]
+Rows = dict[str, list[dict[str, Any]]]
 KINDS = ("connect-link", "disconnect-link", "scale-in", "scale-out")
 
 
@@ -114,17 +117,19 @@ def summarize(values: list[float]) -> dict[str, float]:
             "p99_ms": round(percentile(values, 99), 3), "max_ms": round(max(values), 3)}
 
 
-def run_cluster(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any]],
-                                                                dict[str, list[dict[str, Any]]]]:
+def run_cluster(nodes: int, events: int, gap: float, tmp: Path,
+                say: Say) -> tuple[list[dict[str, Any]], Rows]:
+    """Train on a chain, cause the events; returns the daemon's event log and the step rows."""
     kind = "mosquitto" if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists() \
         else "embedded"
-    with LocalCluster(tmp / "c", args.nodes, cluster="stall", broker_kind=kind) as c:
+    say(f"{nodes} chaosd with {kind}, workers joining as a chain")
+    with LocalCluster(tmp / "c", nodes, cluster="stall", broker_kind=kind) as c:
         c.start()
         c.wait(lambda: c.agreed(), 30, "a scheduler")
         ids = c.node_ids
 
         def join(node: str, nbrs: list[str]) -> None:
-            argv = [sys.executable, str(WORKER), "--steps", "1000000", "--sleep", "0.01",
+            argv = [sys.executable, "-m", WORKER_MODULE, "--steps", "1000000", "--sleep", "0.01",
                     "--out", str(tmp / f"{node}.jsonl")]
             call_once(c.socket_of(node), "join", {"neighbors": nbrs, "command": argv},
                       timeout=10)
@@ -138,27 +143,29 @@ def run_cluster(args: argparse.Namespace, tmp: Path) -> tuple[list[dict[str, Any
 
         for i, node in enumerate(ids):
             join(node, ids[i - 1 : i])  # a chain
-            c.wait(lambda node=node: active(node), 90, f"{node} to join")
+            c.wait(functools.partial(active, node), 90, f"{node} to join")
         a, b = ids[0], ids[-1]
-        for i in range(args.events):
+        for i in range(events):
             for action in ("add", "del"):
                 call_once(c.socket_of(a), "link", {"action": action, "peer": b}, timeout=10)
-                time.sleep(args.gap)
-            print(f"link add/del {i + 1}/{args.events}", file=sys.stderr, flush=True)
-        for i in range(args.events):
+                time.sleep(gap)
+            say(f"link add/del {i + 1}/{events}")
+        for i in range(events):
             call_once(c.socket_of(b), "leave", timeout=10)
             c.wait(lambda: worker_gone(b), 60, f"{b}'s worker to leave")
             join(b, [ids[-2]])
             c.wait(lambda: active(b), 120, f"{b} to rejoin")
-            print(f"leave and rejoin {i + 1}/{args.events}", file=sys.stderr, flush=True)
+            say(f"leave and rejoin {i + 1}/{events}")
         time.sleep(2.0)  # the last rows reach the files
         # All of them (the daemon keeps the last 1000; the default answer is the last 200).
-        events = call_once(c.socket_of(a), "events", {"limit": 0}, timeout=10) or []
-    return events, {n: rows_of(tmp / f"{n}.jsonl") for n in ids}
+        log = call_once(c.socket_of(a), "events", {"limit": 0}, timeout=10) or []
+    return log, {n: rows_of(tmp / f"{n}.jsonl") for n in ids}
 
 
-def report(events: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
-           out: Path | None) -> dict[str, Any]:
+def report(events: list[dict[str, Any]], rows: Rows, out: Path | None,
+           say: Say) -> tuple[dict[str, Any], str]:
+    """Stall per kind of event against the baseline; writes the files under ``out`` if given.
+    Returns the result and its markdown table."""
     base, typical = baseline(rows)
     result: dict[str, Any] = {"baseline": {"steps": len(base), **summarize(base)},
                               "typical_update_ms": typical, "kinds": {}}
@@ -182,32 +189,35 @@ def report(events: list[dict[str, Any]], rows: dict[str, list[dict[str, Any]]],
                       for e in evs for c in [event_cost(e, rows, typical)]]
         stalls, excess = [c[0] for c in costs], [c[1] for c in costs]
         samples[kind] = stalls
-        k = {"events": len(evs), "measured": len(costs), "stall": summarize(stalls),
+        k: dict[str, Any] = {"events": len(evs), "measured": len(costs), "stall": summarize(stalls),
              "step_excess": summarize(excess)}
         result["kinds"][kind] = k
         lines.append(f"| {kind} | {len(evs)} | {len(costs)} | {k['stall']['p50_ms']} | "
                      f"{k['stall']['p99_ms']} | {k['stall']['max_ms']} | "
                      f"{k['step_excess']['p50_ms']} | {k['step_excess']['p99_ms']} |")
     table = "\n".join(lines)
-    print(table)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         doc = {**result, "events": per_event, "samples": samples}
         (out / "stall.json").write_text(json.dumps(doc, indent=1))
         (out / "stall.md").write_text(table + "\n")
-        plot(samples, out / "stall.png")
-    return result
+        say(f"wrote {out / 'stall.json'} and stall.md")
+        if plot(samples, out / "stall.png"):
+            say(f"wrote {out / 'stall.png'}")
+        else:
+            say("matplotlib missing (pip install 'chaos-edge[bench]'): no plot")
+    return result, table
 
 
-def plot(samples: dict[str, list[float]], path: Path) -> None:
+def plot(samples: dict[str, list[float]], path: Path) -> bool:
+    """CDF of the stalls per kind; False without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib missing (pip install -e '.[bench]'): no plot", file=sys.stderr)
-        return
+        return False
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, values in samples.items():
         xs = sorted(values)
@@ -220,39 +230,31 @@ def plot(samples: dict[str, list[float]], path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    return True
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=4)
-    ap.add_argument("--events", type=int, default=50)
-    ap.add_argument("--gap", type=float, default=0.3, help="seconds between link commands")
-    ap.add_argument("--out", default="", help="directory for stall.json, .md and .png")
-    ap.add_argument("--keep", default="", help="copy the step records, events and logs here")
-    ap.add_argument("--from", dest="source", default="",
-                    help="report on the records a --keep run left in this directory; run nothing")
-    args = ap.parse_args()
-    if args.nodes < 3:
-        ap.error("--nodes must be at least 3 (a chain whose ends can be linked)")
-    events: list[dict[str, Any]] = []
-    if args.source:
-        src = Path(args.source)
-        if not (src / "events.json").exists():
-            ap.error(f"{src}/events.json is missing: not a directory that --keep wrote")
-        events = json.loads((src / "events.json").read_text())
-        rows = {p.stem: rows_of(p) for p in sorted(src.glob("*.jsonl"))}
+def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None,
+        source: Path | None, say: Say) -> tuple[dict[str, Any], str]:
+    """Run the cluster (or read what a ``keep`` run left in ``source``) and report.
+
+    Raises:
+        CtlUsageError: ``source`` is not a directory that a ``keep`` run wrote.
+    """
+    log: list[dict[str, Any]] = []
+    if source is not None:
+        if not (source / "events.json").exists():
+            raise CtlUsageError(f"{source}/events.json is missing: not a directory that --keep "
+                                "wrote")
+        log = json.loads((source / "events.json").read_text())
+        rows = {p.stem: rows_of(p) for p in sorted(source.glob("*.jsonl"))}
     else:
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                events, rows = run_cluster(args, Path(tmp))
-                (Path(tmp) / "events.json").write_text(json.dumps(events))
+                log, rows = run_cluster(nodes, events, gap, Path(tmp), say)
+                (Path(tmp) / "events.json").write_text(json.dumps(log))
             finally:  # the logs matter most when the run failed
-                if args.keep:
-                    shutil.copytree(tmp, args.keep, dirs_exist_ok=True,
+                if keep is not None:
+                    shutil.copytree(tmp, keep, dirs_exist_ok=True,
                                     ignore=shutil.ignore_patterns("*.sock"))
-    report(events, rows, Path(args.out) if args.out else None)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                    say(f"kept the records in {keep}")
+    return report(log, rows, out, say)

@@ -1,81 +1,17 @@
-"""Test worker: a tiny deterministic model trained with the Trainer API.
+"""Test worker: the package's training worker (:mod:`chaosctl.bench.stall_worker`), by path.
 
-Writes one JSON line per committed step to ``--out``: ``{"step", "digest", "loss"}``.
+The training tests start it as ``python tests/training/_worker.py ARGS`` (the stall bench as
+``python -m chaosctl.bench.stall_worker``); one script, so the tests measure what the bench runs.
+Writes one JSON line per committed step to ``--out``: ``{"step", "digest", "loss", ...}``.
 ``--fault EVENT:INDEX:FROM_STEP`` kills this process with SIGKILL at the first data-plane
 hook ``EVENT`` with ``INDEX`` once round ``FROM_STEP`` or later runs (fault injection).
 """
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
-import json
-import logging
-import os
-import signal
 import sys
-import time
 
-import torch
-
-from daemon.trainer.api import Trainer, capture_exit_event
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--fault", default="")
-    ap.add_argument("--wait-members", type=int, default=1)
-    ap.add_argument("--sleep", type=float, default=0.0)
-    ap.add_argument("--leave-at", type=int, default=-1)
-    ap.add_argument("--width", type=int, default=16, help="hidden units (state size)")
-    ap.add_argument("--chunk", type=int, default=256, help="all-reduce chunk bytes")
-    args = ap.parse_args()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand
-    level = os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper()  # INFO when debugging
-    logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Tanh(),
-                                torch.nn.Linear(args.width, 2))
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk, timeout=60.0)
-    node = trainer.node_id
-    if args.fault:
-        event, index, from_step = args.fault.split(":")
-
-        def hook(ev: str, i: int) -> None:
-            if ev == event and i == int(index) and trainer.step + 1 >= int(from_step):
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        trainer.reducer.fault_hook = hook
-    gen = torch.Generator().manual_seed(sum(map(ord, node)))
-    w_true = torch.randn(8, 2, generator=torch.Generator().manual_seed(1))
-    with open(args.out, "a") as out:
-        while trainer.step < args.steps:
-            while trainer.step == 0 and trainer._s.book.newest is not None and len(
-                    trainer._s.book.newest.policy.members) < args.wait_members:
-                trainer.check_state_replication()
-                time.sleep(0.01)
-            x = torch.randn(16, 8, generator=gen)
-            loss = torch.nn.functional.mse_loss(model(x), x @ w_true)
-            loss.backward()
-            trainer.update()
-            trainer.check_state_replication()
-            t = trainer.stalls[-1]
-            out.write(json.dumps({"step": trainer.step, "digest": trainer.state_digest(),
-                                  "loss": float(loss.detach()), "stall_ms": round(t.stall_ms, 4),
-                                  "update_ms": round(t.total_ms, 4), "reruns": t.reruns,
-                                  "policy_version": trainer.policy_version}) + "\n")
-            out.flush()
-            if args.sleep:
-                time.sleep(args.sleep)
-            if capture_exit_event() or trainer.step == args.leave_at:
-                trainer.request_node_exit()
-                return 0
-    trainer.close()
-    return 0
-
+from chaosctl.bench.stall_worker import main
 
 if __name__ == "__main__":
     sys.exit(main())
