@@ -2,30 +2,66 @@
 
     from chaos_edge import Trainer, capture_exit_event
 
-    trainer = Trainer(model, optimizer)
-    while trainer.step < total_steps:
+    trainer = Trainer(model, optimizer)      # attaches to the local chaosd; joins (scale-out)
+    while trainer.step < total_steps:        # the cluster's global step
         loss = loss_fn(model(x), y); loss.backward()
-        trainer.update()
-        trainer.check_state_replication()
-        if capture_exit_event():
-            trainer.request_node_exit()
+        trainer.update()                     # all-reduce under the current sync policy
+        trainer.check_state_replication()    # serve a new node's state if a plan names us
+        if capture_exit_event():             # Ctrl-C, SIGTERM or `chaosctl leave`
+            trainer.request_node_exit()      # graceful scale-in
             break
 
-The implementation lives in ``daemon.trainer``; ``daemon`` is also the import name of the
-python-daemon library, so this module checks first that ``daemon`` is ours and says in one
-line what to do when it is not.
+- :class:`Trainer`: ``step``, ``update()``, ``check_state_replication()``,
+  ``request_node_exit()``, ``close()``, ``node_id``, ``policy_version``, ``state_digest()``.
+- :func:`capture_exit_event`: True once this process should leave.
+- :class:`TrainerError` (its subclass :class:`StateDiverged`): what the Trainer raises when it
+  cannot go on; :class:`DaemonUnreachable`: chaosd's control socket does not answer. Both are
+  :class:`ChaosError`, the one class a script catches.
+- :class:`StepTiming`: where one ``update()`` spent its time.
+- :class:`DaemonPackageClash`: an ImportError, raised on first use when ``daemon`` is not
+  Chaos's package (python-daemon has the same import name).
+- ``python -m chaos_edge.examples.digits``: a complete training script (needs the
+  ``examples`` extra).
+
+The implementation lives in :mod:`daemon.trainer`, which keeps working as an import path.
+The names load on first use, after the clash check: so ``import chaos_edge.cli`` (the
+``chaosd`` entry point) neither loads torch nor fails before it can print its one line.
 """
 
-from chaos_edge._guard import ensure_own_daemon_package
+from __future__ import annotations
 
-ensure_own_daemon_package()
+from typing import TYPE_CHECKING, Any
 
-from daemon.trainer import (  # noqa: E402  (only once the guard has passed)
-    StateDiverged,
-    StepTiming,
-    Trainer,
-    TrainerError,
-    capture_exit_event,
-)
+from chaos_edge._guard import DaemonPackageClash, ensure_own_daemon_package
 
-__all__ = ["StateDiverged", "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
+if TYPE_CHECKING:
+    from daemon.trainer import (
+        ChaosError,
+        DaemonUnreachable,
+        StateDiverged,
+        StepTiming,
+        Trainer,
+        TrainerError,
+        capture_exit_event,
+    )
+
+__all__ = ["ChaosError", "DaemonPackageClash", "DaemonUnreachable", "StateDiverged",
+           "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
+_TRAINER_NAMES = ("ChaosError", "DaemonUnreachable", "StateDiverged", "StepTiming", "Trainer",
+                  "TrainerError", "capture_exit_event")
+
+
+def __getattr__(name: str) -> Any:
+    """Load the Trainer's names from :mod:`daemon.trainer` once the clash check passes."""
+    if name not in _TRAINER_NAMES:
+        raise AttributeError(f"module 'chaos_edge' has no attribute {name!r}")
+    ensure_own_daemon_package()  # raises DaemonPackageClash, an ImportError, in one line
+    import daemon.trainer as impl
+
+    for each in _TRAINER_NAMES:
+        globals()[each] = getattr(impl, each)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -7,13 +7,22 @@ import sys
 from chaos_edge._guard import DaemonPackageClash, ensure_own_daemon_package
 
 
-def chaosd() -> None:
-    """``chaosd``: stop with one line (exit 2) if python-daemon shadows our package."""
+def chaosd() -> int:
+    """``chaosd``: stop with one line (exit 2) if python-daemon shadows our package.
+
+    Returns:
+        The daemon's exit status (the console script passes it to ``sys.exit``).
+    """
     try:
         ensure_own_daemon_package()
     except DaemonPackageClash as exc:
         print(f"chaosd: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        return 2
+    # Only now: before the guard, ``daemon.agent`` could name python-daemon's package.
     from daemon.agent.main import main
 
-    main()
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(chaosd())

@@ -25,7 +25,7 @@ from chaosctl.client import CtlUsageError
 from chaosctl.cluster import ClusterError, LocalCluster
 from chaosctl.common import console
 from chaosctl.demo.script import Cast, Script, Timings
-from chaosctl.demo.train import TrainingAct, losses
+from chaosctl.demo.train import TrainingAct, example_command, losses
 from chaosctl.demo.view import DemoView
 
 
@@ -85,6 +85,8 @@ def demo(
     model training while nodes join, leave, fail and links change."""
     if train and nodes < 5:
         raise CtlUsageError("the training act needs --nodes 5 or more (or --no-train)")
+    if train:
+        example_command()  # fail now, not after the first act, if scikit-learn is missing
     workdir = Path(tempfile.mkdtemp(prefix="chaos-demo-"))
     live = not no_live and console.is_terminal
     view = DemoView(console, f"chaosctl demo: {nodes} nodes, cluster 'demo', dir {workdir}", live)

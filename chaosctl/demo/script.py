@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from chaosctl.cluster import ClusterError, LocalCluster
 from chaosctl.demo.view import DemoView
+from chaosctl.polling import agreed
 
 T = TypeVar("T")
 POLL_S = 0.2
@@ -95,18 +96,7 @@ class Script:
 
     def agreed(self, ids: list[str]) -> tuple[str, int] | None:
         """The scheduler that every node in ``ids`` sees and that sees them all up."""
-        seen = set()
-        for node_id in ids:
-            status = self.cluster.query(node_id, "status")
-            if not isinstance(status, dict):
-                return None
-            counts = status.get("nodes") or {}
-            up = sum(v for k, v in counts.items() if k in UP_STATES and isinstance(v, int))
-            sched = self.scheduler_of(node_id)
-            if sched is None or up < len(ids):
-                return None
-            seen.add(sched)
-        return seen.pop() if len(seen) == 1 else None
+        return agreed(self.cluster.query, ids, check_leader=False)
 
     def state_of(self, node_id: str) -> str | None:
         """The state of ``node_id`` in the observer's table."""
