@@ -24,8 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from chaosctl.client import CtlError, call_once
-from chaosctl.polling import wait_for
+from chaosctl.client import ControlFailure, CtlError, call_once
+from chaosctl.polling import agreed, wait_until
 
 T = TypeVar("T")
 READY_RE = re.compile(rb"^ready (\d+)\s*$", re.MULTILINE)
@@ -111,6 +111,7 @@ class LocalCluster:
     port: int = 0
     broker_kind: str = "embedded"  # "embedded" (python -m daemon.agent.broker) or "mosquitto"
     config: str = ""  # chaosd.toml text every node loads (flags still win)
+    node_config: dict[str, str] = field(default_factory=dict)  # node -> its own, instead
     broker: Child | None = None
     nodes: dict[str, Child] = field(default_factory=dict)
 
@@ -197,9 +198,10 @@ class LocalCluster:
     def node_argv(self, node_id: str) -> list[str]:
         """The ``chaosd`` command line of ``node_id``."""
         extra: list[str] = []
-        if self.config:
-            conf = self.workdir / "chaosd.toml"
-            conf.write_text(self.config)
+        text = self.node_config.get(node_id, self.config)
+        if text:
+            conf = self.workdir / f"{node_id}.toml"
+            conf.write_text(text)
             extra = ["--config", str(conf)]
         return [
             *chaosd_command(), *extra,
@@ -251,7 +253,7 @@ class LocalCluster:
         """Ask ``node_id``'s control socket; return ``None`` if it does not answer well."""
         try:
             return call_once(self.socket_of(node_id), op, timeout=timeout)
-        except CtlError:
+        except ControlFailure:
             return None
 
     def agreed(self, nodes: list[str] | None = None,
@@ -261,20 +263,7 @@ class LocalCluster:
         Also requires that exactly that node says it leads, and (with ``states``) that every
         node counts members per state exactly so.
         """
-        nodes = self.node_ids if nodes is None else nodes
-        seen = set()
-        for node in nodes:
-            st = self.query(node, "status")
-            if not isinstance(st, dict) or not st.get("scheduler"):
-                return None
-            if states is not None and st.get("nodes") != states:
-                return None
-            seen.add((st["scheduler"]["id"], st["scheduler"]["term"]))
-        if len(seen) != 1:
-            return None
-        (sched,) = seen
-        leaders = [n for n in nodes if (self.query(n, "ping") or {}).get("leader")]
-        return (str(sched[0]), int(sched[1])) if leaders == [sched[0]] else None
+        return agreed(self.query, self.node_ids if nodes is None else nodes, states)
 
     def events(self, node_id: str, kind: str, since_ts: float = 0.0) -> list[dict[str, Any]]:
         """Events of ``kind`` that ``node_id`` has seen, stamped after ``since_ts``."""
@@ -284,7 +273,7 @@ class LocalCluster:
     @staticmethod
     def wait(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.05) -> T:
         """Poll ``pred`` until it returns something truthy, or raise :class:`ClusterError`."""
-        return wait_for(pred, timeout, what, every, ClusterError)
+        return wait_until(pred, timeout, what, every, ClusterError)
 
     def close(self, grace: float = TERM_GRACE_S) -> None:
         """Stop every child: SIGTERM to each group, wait up to ``grace``, then SIGKILL.

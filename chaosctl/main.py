@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover - older typer runs on click itself
 
 from chaosctl import actions, read
 from chaosctl.bench.cli import bench_app
-from chaosctl.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT_S, SOCKET_ENV, CtlError
+from chaosctl.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT_S, SOCKET_ENV, ControlFailure
 from chaosctl.common import CliState
 from chaosctl.demo import run as demo
 from chaosctl.testbed.cli import testbed_app
@@ -90,7 +90,7 @@ def run(argv: list[str] | None = None) -> int:
     command = typer.main.get_command(app)
     try:
         rv = command.main(args=argv, prog_name="chaosctl", standalone_mode=False)
-    except CtlError as exc:
+    except ControlFailure as exc:
         print(f"chaosctl: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except click_exc.NoArgsIsHelpError as exc:

@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.text import Text
 
 from chaosctl import views
-from chaosctl.client import ControlClient, CtlError
+from chaosctl.client import ControlClient, ControlFailure
 from chaosctl.common import CliState, console, print_json, state_of
 
 WATCH_INTERVAL_S = 1.0
@@ -48,7 +48,7 @@ def _watch(
                     time.sleep(WATCH_INTERVAL_S)
                     try:
                         print_json(client.call(op), compact=True)
-                    except CtlError as exc:
+                    except ControlFailure as exc:
                         print(f"chaosctl: {exc}", file=sys.stderr, flush=True)
                 return
             with Live(_framed(view, state, None), console=console, auto_refresh=False) as live:
@@ -57,7 +57,7 @@ def _watch(
                     error = None
                     try:
                         view = render(client.call(op))
-                    except CtlError as exc:
+                    except ControlFailure as exc:
                         error = str(exc)
                     live.update(_framed(view, state, error), refresh=True)
         except KeyboardInterrupt:
@@ -158,7 +158,7 @@ def _follow(client: ControlClient, rows: list[dict[str, Any]], as_json: bool, li
                 lost = False
             batch = views.expect_rows(client.call("events", {"since": last, "limit": limit}),
                                       "events")
-        except CtlError as exc:
+        except ControlFailure as exc:
             if not lost:
                 print(f"chaosctl: {exc}; retrying", file=sys.stderr, flush=True)
             lost = True

@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from chaosctl.client import ProtocolError
+from chaosctl.client import ControlProtocolError
 
 DASH = "-"
 SCHEDULER_MARK = "★"
@@ -46,16 +46,16 @@ EVENT_KEYS = ("seq", "ts", "kind", "node", "peer", "term", "delay_ms")
 
 
 def expect_dict(data: Any, op: str) -> dict[str, Any]:
-    """Return ``data`` if it is a JSON object, else raise :class:`ProtocolError`."""
+    """Return ``data`` if it is a JSON object, else raise :class:`ControlProtocolError`."""
     if not isinstance(data, dict):
-        raise ProtocolError(f"chaosd's answer to '{op}' is not an object")
+        raise ControlProtocolError(f"chaosd's answer to '{op}' is not an object")
     return data
 
 
 def expect_rows(data: Any, op: str) -> list[dict[str, Any]]:
-    """Return ``data`` if it is a list of JSON objects, else raise :class:`ProtocolError`."""
+    """Return ``data`` if it is a list of JSON objects, else raise :class:`ControlProtocolError`."""
     if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
-        raise ProtocolError(f"chaosd's answer to '{op}' is not a list of objects")
+        raise ControlProtocolError(f"chaosd's answer to '{op}' is not a list of objects")
     return data
 
 

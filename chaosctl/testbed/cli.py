@@ -23,7 +23,7 @@ from chaosctl.testbed import view as testbed_view
 from chaosctl.testbed.core import DEFAULT_DIR, Testbed
 from chaosctl.testbed.procs import requirements
 from chaosctl.testbed.state import TestbedError, TestbedState, clean_dir
-from chaosctl.testbed.topo import TOPOLOGIES, PlanError, parse_bw
+from chaosctl.testbed.topo import TOPOLOGIES, TopologyError, parse_bw
 from netprobe import tc
 from netprobe.errors import TcError
 
@@ -94,7 +94,7 @@ def up(
     try:
         tb = Testbed(directory, nodes, topology, parse_bw(bw), seed, degree, redraw_period,
                      qdisc)
-    except PlanError as exc:
+    except TopologyError as exc:
         raise CtlUsageError(str(exc)) from None
     problems = requirements(qdisc)
     if problems:  # before touching a testbed left in --dir

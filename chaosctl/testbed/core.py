@@ -24,8 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from chaosctl.client import SOCKET_ENV, CtlError, call_once
-from chaosctl.polling import wait_for
+from chaosctl.client import SOCKET_ENV, ControlFailure, call_once
+from chaosctl.polling import agreed, wait_until
 from chaosctl.testbed import net as net
 from chaosctl.testbed import procs as procs
 from chaosctl.testbed import topo as topo
@@ -66,7 +66,7 @@ class Testbed:
                  seed: int = 0, degree: int = topo.DEFAULT_DEGREE, redraw_period_s: float = 0.0,
                  qdisc: str = "tbf", run_id: str | None = None) -> None:
         if qdisc not in ("tbf", "htb"):
-            raise topo.PlanError(f"--qdisc must be tbf or htb, not {qdisc!r}")
+            raise topo.TopologyError(f"--qdisc must be tbf or htb, not {qdisc!r}")
         self.dir = Path(directory).resolve()
         plan = topo.Plan.make(nodes, topology, bw, seed, degree)
         prefix = netns.make_prefix(run_id)
@@ -278,26 +278,17 @@ class Testbed:
         """Ask ``node``'s chaosd; None when it does not answer well (for polling loops)."""
         try:
             return call_once(self.socket_of(node), op, args, timeout=timeout)
-        except CtlError:
+        except ControlFailure:
             return None
 
     def agreed(self, nodes: list[str] | None = None) -> tuple[str, int] | None:
         """``(scheduler, term)`` when every node in ``nodes`` names it and sees them all."""
-        nodes = self.nodes if nodes is None else nodes
-        seen = set()
-        for node in nodes:
-            st = self.query(node, "status")
-            if not isinstance(st, dict) or not st.get("scheduler"):
-                return None
-            if sum((st.get("nodes") or {}).values()) < len(nodes):
-                return None
-            seen.add((str(st["scheduler"]["id"]), int(st["scheduler"]["term"])))
-        return next(iter(seen)) if len(seen) == 1 else None
+        return agreed(self.query, self.nodes if nodes is None else nodes)
 
     @staticmethod
     def wait(pred: Callable[[], T | None], timeout: float, what: str, every: float = 0.1) -> T:
         """Poll ``pred`` until it returns something truthy, or raise :class:`TestbedError`."""
-        return wait_for(pred, timeout, what, every, TestbedError)
+        return wait_until(pred, timeout, what, every, TestbedError)
 
     def _node(self, node: str) -> NodeRecord:
         try:

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from chaosctl.client import CtlError
+from chaosctl.client import ControlFailure
 from chaosctl.cluster import chaosd_command, mosquitto_binary
 from chaosctl.testbed.state import TestbedError, TestbedState
 from chaosctl.testbed.topo import HUB_ADDR
@@ -29,11 +29,11 @@ def requirements(qdisc: str = "tbf") -> list[str]:
     problems = tc.missing(["tbf" if qdisc == "tbf" else "htb"])
     try:
         mosquitto_binary()
-    except CtlError as exc:
+    except ControlFailure as exc:
         problems.append(str(exc))
     try:
         chaosd_command()
-    except CtlError as exc:
+    except ControlFailure as exc:
         problems.append(str(exc))
     return problems
 

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from chaosctl.client import CtlError, CtlUsageError, call_once
+from chaosctl.client import ControlFailure, CtlUsageError, call_once
 from chaosctl.testbed.core import Testbed
 from chaosctl.testbed.state import TestbedError
-from chaosctl.testbed.topo import PlanError, parse_bw
+from chaosctl.testbed.topo import TopologyError, parse_bw
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -101,7 +101,7 @@ def load(path: str | Path) -> Scenario:
     names = {f"n{i}" for i in range(1, nodes + 1)}
     try:
         parse_bw(str(tb.get("bw", "100-1000")))
-    except PlanError as exc:
+    except TopologyError as exc:
         raise ScenarioError(f"scenario: 'testbed.bw': {exc}") from None
     tr = _need(doc, "training", dict, "")
     command = _need(tr, "command", list, "training.")
@@ -257,7 +257,7 @@ class Runner:
                 try:
                     self._do(tb, ev)
                     entry["ok"] = True
-                except (CtlError, OSError) as exc:
+                except (ControlFailure, OSError) as exc:
                     entry.update(ok=False, error=str(exc))
                 self.log.append(entry)
                 self.say(f"t={entry['at']:6.1f}s {ev.action} {ev.args} "

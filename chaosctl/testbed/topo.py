@@ -31,7 +31,7 @@ _BW_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(?:-\s*(\d+(?:\.\d+)?))?\s*$")
 Link = tuple[str, str]
 
 
-class PlanError(ValueError):
+class TopologyError(ValueError):
     """A testbed parameter is out of range (the CLI turns it into a usage error)."""
 
 
@@ -44,10 +44,10 @@ def node_index(node: str) -> int:
     """The number of node ``n<i>``.
 
     Raises:
-        PlanError: ``node`` is not of the form ``n<i>``.
+        TopologyError: ``node`` is not of the form ``n<i>``.
     """
     if not re.fullmatch(r"n[1-9]\d*", node):
-        raise PlanError(f"node names are n1, n2, ...; got {node!r}")
+        raise TopologyError(f"node names are n1, n2, ...; got {node!r}")
     return int(node[1:])
 
 
@@ -85,12 +85,12 @@ def topology(kind: str, count: int, rng: random.Random, degree: int = DEFAULT_DE
         degree: Neighbours each new node gets in ``random``.
 
     Raises:
-        PlanError: An unknown kind or a count/degree out of range.
+        TopologyError: An unknown kind or a count/degree out of range.
     """
     if not 1 <= count <= MAX_NODES:
-        raise PlanError(f"--nodes must be between 1 and {MAX_NODES}, not {count}")
+        raise TopologyError(f"--nodes must be between 1 and {MAX_NODES}, not {count}")
     if degree < 1:
-        raise PlanError(f"--degree must be at least 1, not {degree}")
+        raise TopologyError(f"--degree must be at least 1, not {degree}")
     names = node_names(count)
     links: set[Link] = set()
     if kind == "line":
@@ -108,7 +108,7 @@ def topology(kind: str, count: int, rng: random.Random, degree: int = DEFAULT_DE
             for j in rng.sample(range(i), min(degree, i)):
                 links.add(norm(names[j], names[i]))
     else:
-        raise PlanError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {kind!r}")
+        raise TopologyError(f"--topology must be one of {', '.join(TOPOLOGIES)}, not {kind!r}")
     return sorted(links, key=lambda ln: (node_index(ln[0]), node_index(ln[1])))
 
 
@@ -116,15 +116,16 @@ def parse_bw(text: str) -> tuple[float, float]:
     """Parse ``--bw``: ``LOW-HIGH`` or a single ``RATE``, in Mbit/s.
 
     Raises:
-        PlanError: Not a number or range, non-positive, or LOW above HIGH.
+        TopologyError: Not a number or range, non-positive, or LOW above HIGH.
     """
     match = _BW_RE.match(text)
     if not match:
-        raise PlanError(f"--bw must be MBIT or LOW-HIGH in Mbit/s (e.g. 100-1000), not {text!r}")
+        raise TopologyError(
+            f"--bw must be MBIT or LOW-HIGH in Mbit/s (e.g. 100-1000), not {text!r}")
     low = float(match.group(1))
     high = float(match.group(2) or low)
     if low <= 0 or high < low:
-        raise PlanError(f"--bw needs 0 < LOW <= HIGH, got {text!r}")
+        raise TopologyError(f"--bw needs 0 < LOW <= HIGH, got {text!r}")
     return low, high
 
 

@@ -52,7 +52,9 @@ class Daemon:
                 return await result if inspect.isawaitable(result) else result
             return call
 
-        return {op: bind(fn) for op, fn in {**HANDLERS, **OPS}.items()}
+        out: dict[str, Handler] = {op: bind(fn) for op, fn in HANDLERS.items()}
+        out.update((op, bind(fn)) for op, fn in OPS.items())
+        return out
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 from daemon.agent.node import NodeAgent
 from daemon.contracts.config import NAME_RE
 from daemon.contracts.errors import ControlError
+from daemon.contracts.kinds import WORKER_REPORT_KINDS, WORKER_STATES, ActionOp, WorkerOp, member
 
 REPLY_TIMEOUT_S = 5.0
 MAX_PROBE_PEERS = 64
@@ -60,7 +62,7 @@ async def leave(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
     if agent.worker.attached:
         agent.worker.leave_requested = True
         return {"node": agent.me, "state": "leaving"}
-    if agent.supervisor.running:  # started but never attached: just stop it
+    if agent.supervisor.supervising:  # not attached (starting, or restarting): stop it
         await agent.supervisor.stop()
         return {"node": agent.me, "state": "standby"}
     raise ControlError("this node is not training", code="failed")
@@ -99,12 +101,13 @@ async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
     if w.attached and w.pid != pid:
         raise ControlError(f"another worker (pid {w.pid}) is attached", code="failed")
     w.pid, w.data_addr, w.state = pid, f"{host}:{port}", "joining"
-    w.attached_at = w.last_poll = time.monotonic()
+    w.attached_at = w.last_poll = agent.clock.monotonic()
     rtts: dict[str, float] = {}
     if agent.monitor is not None and not w.neighbors:
         # The scheduler picks neighbours by RTT: measure to every live peer at once.
         peers = {n: ep for n in agent.presence if (ep := agent.endpoint(n)) is not None}
-        rtts = await agent.monitor.rtts(peers)
+        with w.serving(agent.clock):  # the worker waits on us: no hang
+            rtts = await agent.monitor.rtts(peers)
     agent.request("join", addr=w.data_addr, neighbors=w.neighbors, rtts=rtts)
     await agent.flush()
     rep = agent.cfg.replication
@@ -119,10 +122,10 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     if not w.attached:
         raise ControlError("no worker is attached; call worker.attach first", code="failed")
     w.step = agent.step = _int(args, "step", agent.step)
-    state = args.get("state", w.state)
-    if state in ("joining", "active", "leaving"):
+    state = member(args.get("state", w.state), WORKER_STATES)
+    if state is not None and state != "standby":
         w.state = state
-    w.last_poll = time.monotonic()
+    w.last_poll = agent.clock.monotonic()
     known = args.get("policy_version", -1)
     if isinstance(known, bool) or not isinstance(known, int):
         raise ControlError("'policy_version' must be an integer")
@@ -133,9 +136,8 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
-    kind = args.get("kind")
-    if kind not in ("link-failed", "round-aborted", "replicated", "stall"):
-        raise ControlError("'kind' must be link-failed, round-aborted, replicated or stall")
+    if member(args.get("kind"), WORKER_REPORT_KINDS) is None:
+        raise ControlError(f"'kind' must be one of {', '.join(WORKER_REPORT_KINDS)}")
     agent.request("report", **args)
     await agent.flush()
     return {}
@@ -192,15 +194,16 @@ async def worker_probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]
     ids = [_node_id(p, "each peer") for p in peers]
     nbytes = _int(args, "bytes") or None
     # reverse: the state flows from each source to us.
-    results = await asyncio.gather(*(_probe_one(agent, p, nbytes, reverse=True) for p in ids),
-                                   return_exceptions=True)
+    with agent.worker.serving(agent.clock):  # iperf3 tests take seconds; the worker waits
+        results = await asyncio.gather(
+            *(_probe_one(agent, p, nbytes, reverse=True) for p in ids), return_exceptions=True)
     out: dict[str, Any] = {}
     for peer, res in zip(ids, results, strict=True):
         out[peer] = res if isinstance(res, dict) else {"error": str(res)}
     return out
 
 
-HANDLERS = {
+HANDLERS: dict[ActionOp | WorkerOp, Callable[[NodeAgent, dict[str, Any]], Any]] = {
     "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
     "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
     "probe": probe, "worker.probe": worker_probe, "worker.detach": worker_detach,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from daemon.agent.node import NodeAgent
 from daemon.contracts.errors import ControlError
+from daemon.contracts.kinds import ReadOp
 
 
 def node_ids(agent: NodeAgent) -> list[str]:
@@ -101,6 +103,6 @@ def ping(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
                        "restarts": agent.supervisor.restarts}}
 
 
-HANDLERS = {
+HANDLERS: dict[ReadOp, Callable[[NodeAgent, dict[str, Any]], Any]] = {
     "status": status, "nodes": nodes, "links": links, "events": events, "ping": ping,
 }

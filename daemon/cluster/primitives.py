@@ -16,14 +16,24 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from typing_extensions import assert_never
+
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock
+from daemon.contracts.errors import PolicyError
+from daemon.contracts.kinds import (
+    MEMBER_STATES,
+    REPORT_KINDS,
+    REQUEST_OPS,
+    WORKER_EXIT_REASONS,
+    EventKind,
+    ReportKind,
+    member,
+)
 from daemon.contracts.messages import Event, LinkRecord
 from daemon.contracts.policy import SyncPolicy, spanning_tree
-from daemon.dataplane.errors import PolicyError
 
 log = logging.getLogger("chaosd.primitives")
-MEMBER_STATES = ("joining", "active")
 AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
 STEP_MARGIN = 2        # at least this many steps of slack before a planned change
 POLICY_LEAD_S = 0.5    # and at least this much time: the policy must reach every worker first
@@ -49,6 +59,7 @@ class Negotiator:
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
         self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
         self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
+        self._declined: dict[str, dict[str, str]] = {}  # joining node -> {source: why}
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
 
     # --- helpers --------------------------------------------------------------------------
@@ -119,7 +130,7 @@ class Negotiator:
         return max(STEP_MARGIN, math.ceil(rate * POLICY_LEAD_S))
 
     # --- policy ---------------------------------------------------------------------------
-    def publish_policy(self, effective_step: int) -> dict[str, Any]:
+    def publish_policy(self, effective_step: int) -> SyncPolicy | None:
         """Publish the next sync policy, effective at ``effective_step``.
 
         A joining node must not become a member before the step its replica is taken for,
@@ -135,13 +146,13 @@ class Negotiator:
         return self._publish(max(self._join_steps[n] for n in early), exclude=())
 
     def _publish(self, effective_step: int, exclude: tuple[str, ...] | list[str]
-                 ) -> dict[str, Any]:
+                 ) -> SyncPolicy | None:
         self._set_neighbors()
         members = [m for m in self.members() if m not in exclude]
         if not members:
-            self.sched.policy = {}
+            self.sched.policy = None
             self.sched.dirty = True
-            return {}
+            return None
         weights = {link_key(lk.a, lk.b): (lk.bandwidth_mbps or 1.0)
                    for lk in self.sched.links if lk.state == "up"}
         plan = spanning_tree(members, weights)
@@ -155,14 +166,13 @@ class Negotiator:
             log.warning("partition %s: %s keeps training", parts, kept)
             members = kept
         try:
-            pol = SyncPolicy.build(self.sched.policy_version + 1, members, plan.edges, plan.root)
+            policy = SyncPolicy.build(self.sched.policy_version + 1, members, plan.edges,
+                                      plan.root, effective_step,
+                                      {n: self.sched.nodes[n].data_addr for n in members})
         except PolicyError as exc:  # pragma: no cover - spanning_tree guarantees a tree
             log.error("could not build a sync policy: %s", exc)
             return self.sched.policy
-        policy = pol.to_dict()
-        policy["addrs"] = {n: self.sched.nodes[n].data_addr for n in members}
-        policy["effective_step"] = effective_step
-        self.sched.policy_version = pol.version
+        self.sched.policy_version = policy.version
         self.sched.policy = policy
         self.sched.policies.append(policy)
         self.sched.dirty = True
@@ -184,7 +194,7 @@ class Negotiator:
             self.sched.set_node(node, state="active")
             policy = self.publish_policy(effective_step=0)
             self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
-                              policy_version=policy.get("version"))
+                              policy_version=policy.version if policy else None)
             return
         self._joins[node] = self.clock.monotonic()
         # Self-loops and strangers are dropped; without a valid wish, the nearest members by
@@ -206,7 +216,7 @@ class Negotiator:
         sources = {p: self.sched.nodes[p].data_addr for p in chosen}
         estimates = {p: {"rtt_ms": (rtts or {}).get(p), "bandwidth_mbps": None} for p in chosen}
         args = {"version_step": version_step, "new": node, "sources": sources,
-                "neighbors": chosen, "policy_version": policy.get("version"),
+                "neighbors": chosen, "policy_version": policy.version if policy else None,
                 "strategy": self.strategy, "links": estimates}
         for target in [node, *sources]:
             self._cmd(target, "replicate", **args)
@@ -222,6 +232,9 @@ class Negotiator:
         # The worker's own transfer time is a detail; delay_ms is request-to-applied.
         detail = {("transfer_ms" if k == "delay_ms" else k): v for k, v in report.items()
                   if k not in ("kind", "node", "peer", "term", "ts", "seq")}
+        declined = self._declined.pop(node, None)
+        if declined:
+            detail["declined"] = declined
         self.sched.record("scale-out", node=node, delay_ms=delay,
                           **{"policy_version": self.sched.policy_version, **detail})
 
@@ -234,6 +247,7 @@ class Negotiator:
         t0 = self.clock.monotonic()
         self._joins.pop(node, None)
         self._join_steps.pop(node, None)
+        self._declined.pop(node, None)
         effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
         self.sched.set_node(node, state="left")  # first, so only survivors are told
         self._drop_links(node)
@@ -241,17 +255,20 @@ class Negotiator:
         policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="leave",
                           delay_ms=(self.clock.monotonic() - t0) * 1000.0,
-                          policy_version=policy.get("version"), effective_step=effective)
+                          policy_version=policy.version if policy else None,
+                          effective_step=effective)
 
     def gone(self, node: str, reason: str) -> None:
         """Scale-in on failure: a new policy at once; rounds in flight are rerun."""
-        was_member = node in self.sched.policy.get("members", []) or node in self._joins
+        was_member = ((self.sched.policy is not None and node in self.sched.policy.members)
+                      or node in self._joins)
         if self._leaving.pop(node, -1) > self.max_step():
             # A leaver that went before its leave took effect: the rounds until then wait
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
         self._joins.pop(node, None)
         self._join_steps.pop(node, None)
+        self._declined.pop(node, None)
         self._drop_links(node)
         if not was_member:
             return
@@ -259,7 +276,7 @@ class Negotiator:
             self.sched.set_node(node, state="standby")
         policy = self.publish_policy(effective_step=0)
         self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
-                          policy_version=policy.get("version"))
+                          policy_version=policy.version if policy else None)
 
     def link(self, a: str, b: str, up: bool, failed: bool = False) -> str | None:
         """connect-link / disconnect-link between two members; returns an error or None."""
@@ -281,7 +298,7 @@ class Negotiator:
                     self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n])
             else:
                 self.publish_policy(effective_step=self.max_step() + self.lead())
-            kind = "connect-link"
+            kind: EventKind = "connect-link"
         else:
             if self._link(a, b) is None:
                 return None
@@ -308,47 +325,73 @@ class Negotiator:
 
     def handle(self, node: str, op: str, args: dict[str, Any]) -> str | None:
         """Dispatch one request from ``node``; returns an error line for the requester."""
-        if op == "join":
+        req = member(op, REQUEST_OPS)
+        if req is None:
+            return f"unknown request {op!r}"
+        if req == "join":
             addr = args.get("addr")
             wanted = args.get("neighbors") or []
             if not isinstance(addr, str) or not isinstance(wanted, list):
                 return "join needs 'addr' and a list of 'neighbors'"
             rtts = args.get("rtts") if isinstance(args.get("rtts"), dict) else {}
             self.join(node, addr, [str(n) for n in wanted], rtts)
-        elif op == "leave":
+        elif req == "leave":
             self.leave(node, int(args.get("step") or 0))
-        elif op == "link":
+        elif req == "link":
             peer, action = args.get("peer"), args.get("action")
             if not isinstance(peer, str) or action not in ("add", "del"):
                 return "link needs 'peer' and action add|del"
             return self.link(node, peer, up=action == "add")
-        elif op == "report":
-            kind = args.get("kind")
-            if kind == "replicated":
-                self.replicated(node, args)
-            elif kind == "link-failed" and isinstance(args.get("peer"), str):
-                if not self.alive(args["peer"]):
-                    # The peer itself is going (its last will is being confirmed): that is
-                    # a node failure, handled as one, not a cut link or a partition.
-                    log.info("link %s-%s failed with its peer; awaiting the node failure",
-                             node, args["peer"])
-                    return None
-                return self.link(node, args["peer"], up=False, failed=True)
-            elif kind == "link-recovered" and isinstance(args.get("peer"), str):
-                peer = args["peer"]
-                if self.alive(peer) and peer in self.sched.nodes:
-                    return self.link(node, peer, up=True)
-            elif kind == "stall":
-                self.stall(node, args)
-            elif kind == "link-metrics" and isinstance(args.get("peer"), str):
-                self.metrics(node, args["peer"], args)
-            else:
-                log.info("report from %s: %s", node, args)
-        elif op == "worker-exit":
-            self.gone(node, "worker-exit")
+        elif req == "report":
+            kind = member(args.get("kind"), REPORT_KINDS)
+            if kind is None:
+                return f"unknown report kind {args.get('kind')!r}"
+            return self.report(node, kind, args)
+        elif req == "worker-exit":  # the reason: it exited, or it hung and was killed
+            self.gone(node, member(args.get("reason"), WORKER_EXIT_REASONS) or "worker-exit")
         else:
-            return f"unknown request {op!r}"
+            assert_never(req)
         return None
+
+    def report(self, node: str, kind: ReportKind, args: dict[str, Any]) -> str | None:
+        """One ``report`` request; mypy checks that every kind a node sends has a branch."""
+        peer = args.get("peer")
+        if kind == "replicated":
+            self.replicated(node, args)
+        elif kind == "link-failed":
+            if not isinstance(peer, str):
+                return "link-failed needs 'peer'"
+            if not self.alive(peer):
+                # The peer itself is going (its last will is being confirmed): that is
+                # a node failure, handled as one, not a cut link or a partition.
+                log.info("link %s-%s failed with its peer; awaiting the node failure",
+                         node, peer)
+                return None
+            return self.link(node, peer, up=False, failed=True)
+        elif kind == "link-recovered":
+            if isinstance(peer, str) and self.alive(peer) and peer in self.sched.nodes:
+                return self.link(node, peer, up=True)
+        elif kind == "stall":
+            self.stall(node, args)
+        elif kind == "link-metrics":
+            if isinstance(peer, str):
+                self.metrics(node, peer, args)
+        elif kind == "serve-declined":
+            self.serve_declined(node, args)
+        elif kind == "round-aborted":
+            log.info("round aborted on %s: %s", node, args)
+        else:
+            assert_never(kind)
+        return None
+
+    def serve_declined(self, source: str, report: dict[str, Any]) -> None:
+        """A source refused to serve a new node (its memory guard): the new node plans with
+        its other sources, and the scale-out event will say who declined and why."""
+        new, why = report.get("new"), str(report.get("reason") or "no reason given")[:200]
+        if not isinstance(new, str):
+            return
+        log.warning("%s declined to serve %s: %s", source, new, why)
+        self._declined.setdefault(new, {})[source] = why
 
     def stall(self, node: str, report: dict[str, Any]) -> None:
         """Attach a worker's measured stall to the event of that policy version."""

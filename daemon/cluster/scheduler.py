@@ -14,13 +14,13 @@ from dataclasses import replace
 from typing import Any
 
 from daemon.contracts.clock import Clock
+from daemon.contracts.kinds import LIVE_STATES, EventKind
 from daemon.contracts.messages import ClusterState, Event, Heartbeat, LinkRecord, NodeRecord, Status
+from daemon.contracts.policy import POLICY_KEEP, SyncPolicy, parse
 
 log = logging.getLogger("chaosd.scheduler")
 EVENT_KEEP = 100          # events carried in the retained snapshot
-POLICIES_KEEP = 8         # policies carried in the retained snapshot
 FORGET_AFTER_S = 600.0    # failed/left nodes drop out of the snapshot after this long
-LIVE_STATES = ("standby", "joining", "active", "leaving")
 
 
 class Scheduler:
@@ -33,9 +33,10 @@ class Scheduler:
         self.nodes: dict[str, NodeRecord] = dict(base.nodes) if base else {}
         self.links: list[LinkRecord] = list(base.links) if base else []
         self.policy_version = base.policy_version if base else 0
-        self.policy: dict[str, Any] = dict(base.policy) if base else {}
-        self.policies: deque[dict[str, Any]] = deque(base.policies if base else (),
-                                                     maxlen=POLICIES_KEEP)
+        self.policy: SyncPolicy | None = parse(base.policy) if base else None
+        self.policies: deque[SyncPolicy] = deque(
+            (p for doc in (base.policies if base else ()) if (p := parse(doc)) is not None),
+            maxlen=POLICY_KEEP)
         self.step = base.step if base else 0
         self.version = base.version if base else 0
         self.events: deque[Event] = deque(base.events if base else (), maxlen=EVENT_KEEP)
@@ -43,7 +44,7 @@ class Scheduler:
         self.dirty = True
 
     # --- events -------------------------------------------------------------------------
-    def record(self, kind: str, node: str | None = None, peer: str | None = None,
+    def record(self, kind: EventKind, node: str | None = None, peer: str | None = None,
                delay_ms: float | None = None, **detail: Any) -> Event:
         """Append an event to the log that every node mirrors."""
         self._seq += 1
@@ -122,5 +123,6 @@ class Scheduler:
         return ClusterState(term=self.term, leader=self.me, version=self.version,
                             nodes=dict(self.nodes), links=list(self.links),
                             policy_version=self.policy_version, step=self.step,
-                            events=list(self.events), policy=dict(self.policy),
-                            policies=list(self.policies))
+                            events=list(self.events),
+                            policy=self.policy.to_dict() if self.policy else {},
+                            policies=[p.to_dict() for p in self.policies])

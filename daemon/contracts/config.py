@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from daemon.contracts.control import DEFAULT_SOCKET
 from daemon.contracts.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -24,10 +25,11 @@ else:  # pragma: no cover - Python 3.10 boxes
     import tomli as tomllib
 
 DEFAULT_CONFIG = Path("/etc/chaos/chaosd.toml")
-DEFAULT_SOCKET = "/run/chaos/chaosd.sock"
 DEFAULT_DATA_DIR = "/var/lib/chaos"
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 LogLevel = Literal["debug", "info", "warning", "error"]
+# Below this, a poll that a loaded box delays would read as a hang (workers poll every 50 ms).
+MIN_POLL_SILENCE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,16 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True)
+class WorkerConfig:
+    """Supervision of the training worker that ``chaosctl join -- CMD`` starts."""
+
+    # A worker polls its daemon every 20-50 ms, even inside long steps; one silent this long
+    # is hung (deadlock, stuck I/O, swapping, SIGSTOP) and is killed, dropped from the rounds
+    # and restarted. 0 turns the watchdog off: a hung worker then stalls every member.
+    poll_silence_s: float = 4.0
+
+
+@dataclass(frozen=True)
 class Config:
     node_id: str = field(default_factory=socket.gethostname)
     cluster: str = "default"
@@ -119,6 +131,7 @@ class Config:
     election: ElectionConfig = field(default_factory=ElectionConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
 
     @property
     def data_key(self) -> bytes:
@@ -143,6 +156,7 @@ _SECTIONS: dict[str, type] = {
     "election": ElectionConfig,
     "probe": ProbeConfig,
     "replication": ReplicationConfig,
+    "worker": WorkerConfig,
 }
 # Flags the CLI may override; the names match the TOML keys.
 OVERRIDABLE = ("node_id", "cluster", "broker", "socket", "advertise", "data_dir", "log_level")
@@ -244,6 +258,10 @@ def validate(cfg: Config) -> Config:
     for key in ("serve_mbps", "probe_min_mib", "snapshot_reserve_mib"):
         if getattr(rep, key) < 0:
             raise ConfigError(f"config: replication.{key} must be >= 0")
+    silence = cfg.worker.poll_silence_s
+    if silence != 0 and not MIN_POLL_SILENCE_S <= silence <= 3600:
+        raise ConfigError(f"config: worker.poll_silence_s must be 0 (off) or "
+                          f"{MIN_POLL_SILENCE_S:g}..3600, not {silence:g}")
     _positive("election.stagger_s", cfg.election.stagger_s)
     _positive("election.grace_s", cfg.election.grace_s)
     if not cfg.socket:

@@ -19,14 +19,10 @@ from typing import Any, ClassVar, Union
 
 from daemon.contracts.config import NAME_RE
 from daemon.contracts.errors import MessageError
+from daemon.contracts.kinds import EVENT_KINDS, NODE_STATES
 
 PROTOCOL_VERSION = 1
 MAX_PAYLOAD = 256 * 1024
-NODE_STATES = ("standby", "joining", "active", "leaving", "failed", "left")
-EVENT_KINDS = (
-    "scale-out", "scale-in", "connect-link", "disconnect-link",
-    "node-failed", "link-failed", "scheduler-elected", "partition",
-)
 
 
 class Topics:

@@ -1,20 +1,27 @@
 """Sync policies: which spanning tree the all-reduce runs on, and how to pick one.
 
-A :class:`SyncPolicy` is plain data (JSON round-trip) that the scheduler sends to every
-member. :func:`spanning_tree` is a pure function that chooses the tree from measured links.
+A :class:`SyncPolicy` is the one type of a policy everywhere: the scheduler builds it, the
+retained cluster state and ``worker.poll`` carry its :meth:`~SyncPolicy.to_dict`, and the
+worker and its all-reduce run under it. :func:`spanning_tree` is a pure function that chooses
+the tree from measured links. Every holder keeps the newest :data:`POLICY_KEEP` versions.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from daemon.dataplane.errors import PolicyError
+from daemon.contracts.errors import PolicyError
 
 Edge = tuple[str, str]
+log = logging.getLogger("chaos.policy")
+# Versions each holder keeps (scheduler snapshot, daemon, worker). An older one can no longer
+# govern a round once a newer one is effective, and planned changes are at most a few ahead.
+POLICY_KEEP = 8
 
 
 def _norm(a: str, b: str) -> Edge:
@@ -30,16 +37,21 @@ class SyncPolicy:
         members: Nodes taking part, sorted.
         edges: Undirected tree edges, each sorted, the list sorted.
         root: The node that finishes the reduction and starts the broadcast.
+        effective_step: The first round it governs (0: at once, rounds in flight rerun).
+        addrs: Data-plane address (``host:port``) per member.
     """
 
     version: int
     members: tuple[str, ...]
     edges: tuple[Edge, ...]
     root: str
+    effective_step: int = 0
+    addrs: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @classmethod
     def build(
-        cls, version: int, members: Iterable[str], edges: Iterable[Edge], root: str
+        cls, version: int, members: Iterable[str], edges: Iterable[Edge], root: str,
+        effective_step: int = 0, addrs: Mapping[str, str] | None = None,
     ) -> SyncPolicy:
         """Normalise and validate a policy.
 
@@ -52,14 +64,16 @@ class SyncPolicy:
             tuple(sorted(set(members))),
             tuple(sorted({_norm(a, b) for a, b in edges})),
             root,
+            int(effective_step),
+            {str(k): str(v) for k, v in (addrs or {}).items()},
         )
         policy.validate()
         return policy
 
     def validate(self) -> None:
         """Raise PolicyError unless ``edges`` form a spanning tree of ``members``."""
-        if self.version < 0:
-            raise PolicyError("policy version must be >= 0")
+        if self.version < 0 or self.effective_step < 0:
+            raise PolicyError("policy version and effective step must be >= 0")
         if self.root not in self.members:
             raise PolicyError(f"root {self.root!r} is not a member")
         nodes = set(self.members)
@@ -91,6 +105,8 @@ class SyncPolicy:
             "members": list(self.members),
             "edges": [list(e) for e in self.edges],
             "root": self.root,
+            "effective_step": self.effective_step,
+            "addrs": dict(self.addrs),
         }
 
     @classmethod
@@ -102,7 +118,9 @@ class SyncPolicy:
         """
         try:
             edges = [(str(a), str(b)) for a, b in doc["edges"]]
-            return cls.build(int(doc["version"]), map(str, doc["members"]), edges, str(doc["root"]))
+            return cls.build(int(doc["version"]), map(str, doc["members"]), edges,
+                             str(doc["root"]), int(doc.get("effective_step") or 0),
+                             dict(doc.get("addrs") or {}))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"malformed sync policy: {exc!r}") from None
 
@@ -120,6 +138,20 @@ class SyncPolicy:
         if not isinstance(doc, dict):
             raise PolicyError("sync policy must be a JSON object")
         return cls.from_dict(doc)
+
+
+def parse(doc: Mapping[str, Any] | None) -> SyncPolicy | None:
+    """A policy document off the wire, validated; None for none, or (logged) a malformed one.
+
+    A bad policy is dropped where it arrives, never crashing a daemon or a training loop.
+    """
+    if not doc:
+        return None
+    try:
+        return SyncPolicy.from_dict(doc)
+    except PolicyError as exc:
+        log.warning("ignoring a malformed sync policy: %s", exc)
+        return None
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from daemon.contracts.errors import ChaosError, PolicyError
 
-class DataPlaneError(Exception):
+__all__ = ["AuthError", "DataPlaneError", "FrameError", "PeerGone", "PolicyError",
+           "RoundAborted"]
+
+
+class DataPlaneError(ChaosError):
     """Base class of every error raised by ``daemon.dataplane``."""
 
 
@@ -35,8 +40,6 @@ class PeerGone(DataPlaneError):
         self.reason = reason
 
 
-class PolicyError(DataPlaneError):
-    """A sync policy is inconsistent (not a tree, unknown root, node not a member)."""
 
 
 class RoundAborted(DataPlaneError):

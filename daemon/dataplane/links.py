@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
 from typing import Literal
 
@@ -22,6 +21,7 @@ from daemon.dataplane.conn import FrameHandler, Link, LinkConfig
 from daemon.dataplane.errors import AuthError, DataPlaneError, PeerGone
 from daemon.dataplane.frames import FrameHeader, Kind, encode_header
 from daemon.dataplane.sockets import send_all, set_buffers, tune_established
+from daemon.dataplane.threads import ThreadSet
 
 log = logging.getLogger("chaos.dataplane.links")
 LinkState = Literal["up", "down", "unknown"]
@@ -61,7 +61,7 @@ class PeerLinks:
         self._allowed: set[str] = set()
         self._handlers: dict[Kind, FrameHandler] = {}
         self._listeners: list[DownListener] = []
-        self._threads: set[threading.Thread] = set()
+        self._threads = ThreadSet()
         self._listener: socket.socket | None = None
         self._closing = threading.Event()
         self._pending = threading.BoundedSemaphore(self.config.max_pending)
@@ -94,10 +94,7 @@ class PeerLinks:
             self._listener.close()
         for peer in list(self._links):
             self.disconnect(peer, reason="shutting down")
-        deadline = time.monotonic() + 2 * self.config.io_poll + 1.0
-        for t in list(self._threads):
-            if t is not threading.current_thread():
-                t.join(max(0.0, deadline - time.monotonic()))
+        self._threads.join(2 * self.config.io_poll + 1.0)
 
     def __enter__(self) -> PeerLinks:
         return self
@@ -222,15 +219,7 @@ class PeerLinks:
 
     # -- internals -------------------------------------------------------------------------
     def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
-        def run() -> None:
-            try:
-                target(*args)
-            finally:
-                self._threads.discard(threading.current_thread())
-
-        t = threading.Thread(target=run, name=name, daemon=True)
-        self._threads.add(t)
-        t.start()
+        self._threads.start(target, name, *args)
 
     def _may_accept(self, peer: str) -> bool:
         try:

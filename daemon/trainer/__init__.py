@@ -8,12 +8,14 @@ its peers through :mod:`daemon.dataplane` and :mod:`daemon.replication`. It neve
 - :mod:`~daemon.trainer.api`: ``Trainer`` (``update``, ``check_state_replication``,
   ``request_node_exit``) and ``capture_exit_event``.
 - :mod:`~daemon.trainer.session`: the worker's session with chaosd (polling, commands, links).
+- :mod:`~daemon.trainer.poller`: the thread that polls chaosd, even while a round blocks.
 - :mod:`~daemon.trainer.policy`: the policies a worker holds and which governs a round.
 - :mod:`~daemon.trainer.join`: the new node's side of scale-out (offers, plan, pull).
 - :mod:`~daemon.trainer.transfer`: the sources' side of scale-out (snapshot and serve).
 - :mod:`~daemon.trainer.control`: the worker's errors over the control client.
 """
 
+from daemon.contracts.errors import ChaosError, DaemonUnreachable
 from daemon.trainer.api import (
     StateDiverged,
     StepTiming,
@@ -22,4 +24,5 @@ from daemon.trainer.api import (
     capture_exit_event,
 )
 
-__all__ = ["StateDiverged", "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
+__all__ = ["ChaosError", "DaemonUnreachable", "StateDiverged", "StepTiming", "Trainer",
+           "TrainerError", "capture_exit_event"]

@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from daemon.contracts.errors import ControlFailure
 from daemon.replication.manifest import Manifest
 from daemon.replication.planning.model import Neighbor, PlanInput
 from daemon.replication.planning.waterfill import lower_bound
 from daemon.replication.transfer.fetch_types import FetchOptions
 from daemon.replication.transfer.strategies import ScaleOutJob, run_strategy
-from daemon.trainer.control import TrainerError
 from daemon.trainer.policy import parse_addr
 from daemon.trainer.session import Replicate, Session
 from daemon.trainer.transfer import LINK_WAIT_S, OFFER_WAIT_S, Offer, TransferFailed
@@ -119,7 +119,7 @@ def _measure(s: Session, rep: Replicate, sources: Sequence[str], local_bytes: in
         return {}
     try:
         data = s.client.call("worker.probe", {"peers": need}, timeout=PROBE_TIMEOUT_S)
-    except TrainerError as exc:
+    except ControlFailure as exc:
         log.warning("could not measure the links to %s: %s", need, exc)
         return {}
     out = {str(k): v for k, v in dict(data or {}).items() if isinstance(v, Mapping)}

@@ -29,11 +29,13 @@ import psutil
 
 from daemon.dataplane import PeerGone, PeerLinks
 from daemon.dataplane.frames import FrameHeader, Kind
+from daemon.dataplane.threads import ThreadSet
 from daemon.replication.errors import ManifestError
 from daemon.replication.manifest import Manifest
 from daemon.replication.state import StateSpace
 from daemon.replication.transfer.serve import StateServer
 from daemon.replication.transfer.snapshot import Snapshot
+from daemon.trainer.control import TrainerError
 
 log = logging.getLogger("chaos.trainer.transfer")
 MAX_OFFER = 8 << 20  # bytes of one STATE_MANIFEST/STATE_END payload
@@ -43,8 +45,8 @@ REASK_S = 5.0  # a source that has not answered is asked again this often
 _KINDS = (Kind.STATE_REQ, Kind.STATE_MANIFEST, Kind.STATE_DATA, Kind.STATE_END)
 
 
-class TransferFailed(Exception):
-    """No source could offer the state."""
+class TransferFailed(TrainerError):
+    """No source could offer the state (the join retries)."""
 
 
 def snapshot_room(nbytes: int, reserve_bytes: int, available: int | None = None) -> str | None:
@@ -92,6 +94,7 @@ class StateTransfer:
         self._answers: dict[str, Offer | str] = {}  # source -> its offer, or why not
         self._first_offer = 0.0
         self._waiting: set[tuple[str, int]] = set()  # source side: requests not answered yet
+        self._threads = ThreadSet()  # askers, answerers and closers, joined on close
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
 
@@ -111,7 +114,7 @@ class StateTransfer:
             self._declined.pop(new_node, None)
             self._cond.notify_all()
         if old is not None:
-            _close_later([old])
+            self._close_later([old])
         log.info("offering the state of step %d to %s (%d bytes, port %d)",
                  state.manifest.version, new_node, state.manifest.total_bytes,
                  server.address[1])  # fmt: skip
@@ -130,7 +133,7 @@ class StateTransfer:
                 self._declined.pop(n, None)
             gone = [self._servers.pop(n) for n in nodes if n in self._servers]
         if gone:
-            _close_later(gone)
+            self._close_later(gone)
 
     def serving(self) -> dict[str, int]:
         """New node -> bytes sent to it so far, for the offers still open."""
@@ -206,8 +209,8 @@ class StateTransfer:
                     # (a peer restarted); asking again is cheap and a source answers each ask.
                     next_ask = now + REASK_S
                     for peer in [p for p in self._asked if p not in self._answers]:
-                        threading.Thread(target=self._ask_again, args=(peer, self._asked[peer]),
-                                         daemon=True, name=f"state-ask-{peer}").start()
+                        self._threads.start(self._ask_again, f"state-ask-{peer}", peer,
+                                            self._asked[peer])
                 self._cond.wait(0.05)
             answers, asked = dict(self._answers), list(self._asked)
             self._asked = {}
@@ -230,6 +233,17 @@ class StateTransfer:
             servers, self._servers = list(self._servers.values()), {}
         for s in servers:
             s.close(timeout=1.0)
+        stuck = self._threads.join(2.0)
+        if stuck:
+            log.warning("state transfer threads still running at close: %s", ", ".join(stuck))
+
+    def _close_later(self, servers: list[StateServer]) -> None:
+        """Close servers off the training thread: joining their threads takes up to a poll."""
+        def run() -> None:
+            for s in servers:
+                s.close()
+
+        self._threads.start(run, "state-close")
 
     # -- FrameHandler (reader threads) -----------------------------------------------------
     def buffer_for(
@@ -242,8 +256,7 @@ class StateTransfer:
                 if (peer, h.aux) in self._waiting:
                     return None  # a thread already waits to answer exactly this
                 self._waiting.add((peer, h.aux))
-            threading.Thread(target=self._serve_request, args=(peer, h.aux), daemon=True,
-                             name=f"state-offer-{peer}").start()  # fmt: skip
+            self._threads.start(self._serve_request, f"state-offer-{peer}", peer, h.aux)
             return None
         with self._cond:
             wanted = peer in self._asked and peer not in self._answers
@@ -278,8 +291,7 @@ class StateTransfer:
         if self.links.state(peer) == "up":
             # One of two connections (both ends dialled) was dropped; the request may have
             # gone with it, so ask again on the one that stays (a source answers each ask).
-            threading.Thread(target=self._ask_again, args=(peer, step), daemon=True,
-                             name=f"state-ask-{peer}").start()  # fmt: skip
+            self._threads.start(self._ask_again, f"state-ask-{peer}", peer, step)
             return
         self._answer(peer, f"link lost: {reason}")
 
@@ -289,11 +301,3 @@ class StateTransfer:
         except PeerGone as exc:
             self._answer(peer, f"link lost: {exc.reason}")
 
-
-def _close_later(servers: list[StateServer]) -> None:
-    """Close servers off the training thread: joining their threads takes up to a poll."""
-    def run() -> None:
-        for s in servers:
-            s.close()
-
-    threading.Thread(target=run, daemon=True, name="state-close").start()

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chaosctl import polling
 from chaosctl.cluster import LocalCluster
 
 BROKERS = ["mosquitto", "embedded"]
@@ -17,13 +17,7 @@ BROKERS = ["mosquitto", "embedded"]
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
     """Poll ``pred`` until it returns something truthy; fail the test with ``what`` if not."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+    return polling.wait_until(pred, timeout, what, every, AssertionError)
 
 
 def need_mosquitto(kind: str) -> None:

@@ -80,17 +80,7 @@ def retained(port: int, topics: list[str], wait_s: float = 1.5) -> dict[str, byt
 
 def agreed(c: LocalCluster, nodes: list[str]) -> tuple[str, int] | None:
     """The (scheduler, term) every node reports, if they agree and exactly that one leads."""
-    seen = set()
-    for node in nodes:
-        st = c.query(node, "status")
-        if not st or not st["scheduler"] or st["nodes"] != {"standby": len(nodes)}:
-            return None
-        seen.add((st["scheduler"]["id"], st["scheduler"]["term"]))
-    if len(seen) != 1:
-        return None
-    ((sched, term),) = seen
-    leaders = [n for n in nodes if (c.query(n, "ping") or {}).get("leader")]
-    return (sched, term) if leaders == [sched] else None
+    return c.agreed(nodes, {"standby": len(nodes)})
 
 
 def counter(c: LocalCluster, node: str, name: str) -> int:

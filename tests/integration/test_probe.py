@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from chaosctl.client import CtlError, call_once
+from chaosctl.client import ControlRefused, call_once
 from chaosctl.cluster import LocalCluster
 from tests.integration.test_cli_live import chaosctl, one_error_line
 
@@ -49,5 +49,5 @@ def test_worker_probe_measures_every_source_at_once(
     for peer in (b, d):
         assert out[peer]["rtt_ms"] > 0 and out[peer]["bandwidth_mbps"] > 0, out
     assert "not online" in out["ghost"]["error"]
-    with pytest.raises(CtlError, match="'peers' must be a list"):
+    with pytest.raises(ControlRefused, match="'peers' must be a list"):
         call_once(c.socket_of(a), "worker.probe", {"peers": []}, timeout=10)

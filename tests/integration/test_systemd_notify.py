@@ -24,7 +24,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
-from chaosctl.client import CtlError, call_once
+from chaosctl.client import ControlFailure, call_once
 from chaosctl.cluster import LocalCluster, chaosd_command
 from daemon.contracts.messages import Status, decode
 from tests.integration.conftest import BROKERS, wait_until
@@ -81,7 +81,7 @@ class Notified:
     def query(self, op: str) -> Any:
         try:
             return call_once(self.sock, op, timeout=1.0)
-        except CtlError:
+        except ControlFailure:
             return None
 
 

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from chaosctl.client import CtlError, call_once
+from chaosctl.client import ControlFailure, call_once
 from chaosctl.cluster import chaosd_command, free_port, mosquitto_binary
+from chaosctl.polling import agreed
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -99,7 +100,7 @@ class TlsSetup:
     def query(self, node: str, op: str) -> Any:
         try:
             return call_once(self.sock(node), op, timeout=1.0)
-        except CtlError:
+        except ControlFailure:
             return None
 
     def log_of(self, name: str) -> str:
@@ -165,17 +166,7 @@ def _port_open(port: int) -> bool:
 
 
 def _agreed(t: TlsSetup, nodes: list[str]) -> tuple[str, int] | None:
-    seen = set()
-    for node in nodes:
-        st = t.query(node, "status")
-        if not st or not st["scheduler"] or st["nodes"] != {"standby": len(nodes)}:
-            return None
-        seen.add((st["scheduler"]["id"], st["scheduler"]["term"]))
-    if len(seen) != 1:
-        return None
-    ((sched, term),) = seen
-    leaders = [n for n in nodes if (t.query(n, "ping") or {}).get("leader")]
-    return (sched, term) if leaders == [sched] else None
+    return agreed(t.query, nodes, {"standby": len(nodes)})
 
 
 def test_tls_with_password_elects_one_scheduler(tls: TlsSetup) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from netprobe.clock import ManualClock
+from netprobe.clock import FakeClock
 from netprobe.linkstate import LinkTracker
 
 pytestmark = pytest.mark.timeout(30)
@@ -12,14 +12,14 @@ pytestmark = pytest.mark.timeout(30)
 ADDR = ("10.0.0.2", 7000)
 
 
-def make(clock: ManualClock, **kw: float) -> LinkTracker:
+def make(clock: FakeClock, **kw: float) -> LinkTracker:
     tracker = LinkTracker(clock=clock, **kw)  # type: ignore[arg-type]
     tracker.add_peer("b", ADDR)
     return tracker
 
 
 def test_first_probe_is_due_immediately_then_every_interval() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, interval_s=1.0)
     probes, _ = tracker.poll()
     assert [p.peer for p in probes] == ["b"]
@@ -31,7 +31,7 @@ def test_first_probe_is_due_immediately_then_every_interval() -> None:
 
 
 def test_reply_records_rtt_and_ewma() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, ewma_alpha=0.5)
     (probe,), _ = tracker.poll()
     clock.advance(0.010)
@@ -48,7 +48,7 @@ def test_reply_records_rtt_and_ewma() -> None:
 
 
 def test_fails_after_consecutive_misses_within_the_bound() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, interval_s=1.0, timeout_s=0.5, fail_after=3)
     (probe,), _ = tracker.poll()
     tracker.on_reply(probe.seq)
@@ -75,7 +75,7 @@ def test_fails_after_consecutive_misses_within_the_bound() -> None:
 
 
 def test_one_reply_recovers_and_resets_misses() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, interval_s=1.0, timeout_s=1.0, fail_after=2)
     events = []
     for _ in range(4):
@@ -90,7 +90,7 @@ def test_one_reply_recovers_and_resets_misses() -> None:
 
 
 def test_intermittent_loss_below_threshold_never_fails() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, interval_s=1.0, timeout_s=0.5, fail_after=3)
     for i in range(30):
         probes, events = tracker.poll()
@@ -103,7 +103,7 @@ def test_intermittent_loss_below_threshold_never_fails() -> None:
 
 
 def test_late_reply_is_counted_not_used() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, interval_s=1.0, timeout_s=0.5)
     (probe,), _ = tracker.poll()
     clock.advance(0.6)
@@ -114,13 +114,13 @@ def test_late_reply_is_counted_not_used() -> None:
 
 
 def test_unknown_sequence_numbers_are_ignored() -> None:
-    tracker = make(ManualClock())
+    tracker = make(FakeClock(0.0))
     assert tracker.on_reply(123456) is None
     assert tracker.stats("b").received == 0
 
 
 def test_remove_peer_forgets_outstanding_probes() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, fail_after=1)
     tracker.poll()
     tracker.remove_peer("b")
@@ -131,7 +131,7 @@ def test_remove_peer_forgets_outstanding_probes() -> None:
 
 
 def test_readding_with_new_address_resets_stats() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock)
     tracker.poll()
     tracker.add_peer("b", ADDR)  # same address: kept
@@ -141,7 +141,7 @@ def test_readding_with_new_address_resets_stats() -> None:
 
 
 def test_next_deadline_covers_probes_and_timeouts() -> None:
-    clock = ManualClock(100.0)
+    clock = FakeClock(100.0)
     tracker = make(clock, interval_s=1.0, timeout_s=0.3)
     assert tracker.next_deadline() == 100.0
     tracker.poll()
@@ -149,7 +149,7 @@ def test_next_deadline_covers_probes_and_timeouts() -> None:
 
 
 def test_a_late_caller_does_not_burst() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     tracker = make(clock, interval_s=1.0)
     tracker.poll()
     clock.advance(10.0)

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from netprobe.clock import ManualClock
+from netprobe.clock import FakeClock
 from netprobe.linkstate import PeerStats
 from netprobe.rtt import KIND_PING, KIND_PONG, PACKET_SIZE, RttPacket, RttProber, RttResponder
 
@@ -104,7 +104,7 @@ async def test_garbage_datagrams_are_counted_and_ignored() -> None:
 
 
 async def test_fail_and_recover_callbacks_with_manual_clock() -> None:
-    clock = ManualClock()
+    clock = FakeClock(0.0)
     failed: list[PeerStats] = []
     recovered: list[PeerStats] = []
     prober = RttProber(

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from chaosctl import polling
 from chaosctl.testbed.core import Testbed
 from netprobe import netns
 
@@ -106,4 +107,4 @@ def reach(tb: Testbed, src: str, dst: str, port: int = 9) -> str:
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
     """Poll ``pred`` until truthy; fail the test naming ``what``."""
-    return Testbed.wait(lambda: pred() or None, timeout, what)
+    return polling.wait_until(pred, timeout, what, 0.1, AssertionError)

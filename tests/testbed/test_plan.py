@@ -64,7 +64,7 @@ def test_addresses_and_devices() -> None:
     assert topo.mgmt_addr("n7") == "10.254.0.7"
     assert topo.link_dev("n12") == "e12"
     assert topo.norm("n10", "n9") == ("n9", "n10")
-    with pytest.raises(topo.PlanError):
+    with pytest.raises(topo.TopologyError):
         topo.node_index("x1")
 
 
@@ -78,13 +78,13 @@ def test_parse_bw(text: str, expected: tuple[float, float]) -> None:
 
 @pytest.mark.parametrize("text", ["", "fast", "10-5", "0-10", "-5", "1-2-3"])
 def test_parse_bw_refuses(text: str) -> None:
-    with pytest.raises(topo.PlanError, match="--bw"):
+    with pytest.raises(topo.TopologyError, match="--bw"):
         topo.parse_bw(text)
 
 
 @pytest.mark.parametrize(("kind", "count"), [("mesh", 4), ("line", 0), ("line", 201)])
 def test_bad_plans(kind: str, count: int) -> None:
-    with pytest.raises(topo.PlanError):
+    with pytest.raises(topo.TopologyError):
         topo.topology(kind, count, random.Random(0))
 
 

@@ -33,9 +33,9 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 def run(tmp_path: Path) -> Iterator[Any]:
     made: list[Run] = []
 
-    def make(size: int, config: str = "") -> Run:
+    def make(size: int, config: str = "", node_config: dict[str, str] | None = None) -> Run:
         c = LocalCluster(tmp_path / "c", size, cluster="train", broker_kind="mosquitto",
-                         config=config)
+                         config=config, node_config=node_config or {})
         r = Run(c, tmp_path)
         made.append(r)
         c.start()

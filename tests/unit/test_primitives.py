@@ -7,7 +7,6 @@ import pytest
 from daemon.cluster.primitives import Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
-from daemon.contracts.policy import SyncPolicy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -34,7 +33,7 @@ def test_first_node_bootstraps_alone() -> None:
     neg, _ = make()
     neg.join("a", "127.0.0.1:1", [])
     assert neg.sched.nodes["a"].state == "active"
-    assert neg.sched.policy["members"] == ["a"] and neg.sched.policy["root"] == "a"
+    assert neg.sched.policy.members == ("a",) and neg.sched.policy.root == "a"
     assert neg.sched.events[-1].kind == "scale-out" and neg.sched.events[-1].detail["bootstrap"]
     assert not neg.out  # no one to connect to or copy from
 
@@ -47,9 +46,9 @@ def test_scale_out_links_replicates_and_takes_effect_later() -> None:
     assert neg.sched.nodes["c"].state == "joining"
     assert sorted(n for n, _ in cmds(neg, "connect")) == ["b", "c"]
     policy = neg.sched.policy
-    assert policy["members"] == ["a", "b", "c"]
-    assert policy["effective_step"] == 41 + 2 + 1  # after the margin, one past the snapshot
-    SyncPolicy.from_dict(policy)  # a valid spanning tree
+    assert policy.members == ("a", "b", "c")
+    assert policy.effective_step == 41 + 2 + 1  # after the margin, one past the snapshot
+    policy.validate()  # a valid spanning tree
     rep = cmds(neg, "replicate")
     assert sorted(n for n, _ in rep) == ["b", "c"]
     assert rep[0][1]["sources"] == {"b": neg.sched.nodes["b"].data_addr}
@@ -81,13 +80,13 @@ def test_graceful_leave_and_failure() -> None:
     neg.out.clear()
     neg.leave("c", 7)
     assert neg.sched.nodes["c"].state == "left"
-    assert neg.sched.policy["members"] == ["a", "b"] and neg.sched.policy["effective_step"] == 8
+    assert neg.sched.policy.members == ("a", "b") and neg.sched.policy.effective_step == 8
     assert neg.sched.events[-1].kind == "scale-in"
     assert all(n != "c" for n, _ in cmds(neg, "disconnect"))  # only survivors are told
     version = neg.sched.policy_version
     neg.sched.fail("b", "heartbeat", 2.0)
     neg.gone("b", "failure")
-    assert neg.sched.policy["members"] == ["a"] and neg.sched.policy["effective_step"] == 0
+    assert neg.sched.policy.members == ("a",) and neg.sched.policy.effective_step == 0
     assert neg.sched.policy_version == version + 1
     assert neg.sched.events[-1].detail["reason"] == "failure"
 
@@ -108,7 +107,7 @@ def test_link_add_del_and_errors() -> None:
     assert neg.link("a", "c", up=False, failed=True) is None
     kinds = [e.kind for e in neg.sched.events][-2:]
     assert kinds == ["link-failed", "disconnect-link"]
-    assert neg.sched.policy["effective_step"] == 0  # a failure: at once
+    assert neg.sched.policy.effective_step == 0  # a failure: at once
 
 
 def test_partition_keeps_the_largest_part_and_a_link_reunites() -> None:
@@ -120,7 +119,7 @@ def test_partition_keeps_the_largest_part_and_a_link_reunites() -> None:
     assert neg.sched.events[-2].kind == "partition"
     assert neg.sched.events[-2].detail["kept"] == ["a", "b", "c"]
     assert neg.sched.nodes["d"].state == "standby"
-    assert neg.sched.policy["members"] == ["a", "b", "c"]
+    assert neg.sched.policy.members == ("a", "b", "c")
     neg.out.clear()
     neg.link("c", "d", up=True)  # the link back: d rejoins by scale-out
     assert neg.sched.nodes["d"].state == "joining"
@@ -156,7 +155,7 @@ def test_a_fast_cluster_gets_a_longer_lead_before_a_planned_change() -> None:
         neg.observe_progress()
     assert neg.lead() == 20  # half a second of steps: the policy reaches everyone first
     neg.leave("b", steps["b"])
-    assert neg.sched.policy["effective_step"] == steps["a"] + 20
+    assert neg.sched.policy.effective_step == steps["a"] + 20
     for _ in range(30):  # a slow cluster: one step a second
         clock.advance(0.25)
         steps["a"] += 1 if _ % 4 == 0 else 0
@@ -172,16 +171,16 @@ def test_a_leaver_gone_before_its_leave_took_effect_is_dropped_at_once() -> None
     grow(neg, "a", "b", "c")
     neg.leave("c", 10)
     leave = neg.sched.policy
-    assert leave["effective_step"] > 10 and "c" not in leave["members"]
+    assert leave.effective_step > 10 and "c" not in leave.members
     neg.handle("c", "worker-exit", {"code": 0})
     now = neg.sched.policy
-    assert now["version"] == leave["version"] + 1 and now["effective_step"] == 0
-    assert now["members"] == ["a", "b"]
+    assert now.version == leave.version + 1 and now.effective_step == 0
+    assert now.members == ("a", "b")
     # Once the leave has taken effect, the leaver's exit changes nothing.
     neg.join("c", "127.0.0.1:7", [])
     neg.replicated("c", {"kind": "replicated"})
     neg.leave("c", 12)
     steps.update(a=40, b=40)
-    version = neg.sched.policy["version"]
+    version = neg.sched.policy.version
     neg.handle("c", "worker-exit", {"code": 0})
-    assert neg.sched.policy["version"] == version
+    assert neg.sched.policy.version == version

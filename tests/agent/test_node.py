@@ -1,0 +1,416 @@
+"""NodeAgent on a fake bus and a fake clock: election, fencing, failures, requests, bad input.
+
+The agent builds its real :class:`~daemon.agent.bus.Bus`, which does no I/O until ``run()``;
+the tests swap it for :class:`FakeBus`, which keeps what the agent publishes in a list and
+hands messages to the agent's ``on_message`` as the broker would. :class:`Fabric` joins a
+few agents into a cluster on one fake clock. Time moves in 0.1 s ticks, as chaosd's main loop
+does, so nothing sleeps and every test runs in well under a second.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from daemon.agent import ops
+from daemon.agent.bus import Bus, Outgoing
+from daemon.agent.node import WILL_CONFIRM_S, NodeAgent
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.config import Config
+from daemon.contracts.kinds import WORKER_REPORT_KINDS
+from daemon.contracts.messages import (
+    ClusterState,
+    Command,
+    Heartbeat,
+    LeaderClaim,
+    Message,
+    Request,
+    Status,
+    Topics,
+    decode,
+    encode,
+)
+
+pytestmark = pytest.mark.timeout(20)
+TICK_S = 0.1
+T = Topics("t")
+
+
+class FakeBus(Bus):
+    """The agent's bus with the broker replaced by a list of what was published."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        super().__init__(agent.cfg, client_id=f"fake-{agent.me}",
+                         will=Outgoing(agent.topics.status(agent.me), b"", 1, True),
+                         subscriptions=[], on_message=agent.on_message,
+                         on_connect=agent.on_connect, on_disconnect=agent.on_disconnect)
+        self.connected = True
+        self.connects = 1
+        self.sent: list[Outgoing] = []
+
+    async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
+                      retain: bool = False, reliable: bool = False) -> bool:
+        self.sent.append(Outgoing(topic, payload, qos, retain))
+        return True
+
+    def deliver(self, topic: str, msg: Message | bytes) -> None:
+        """Hand one message to the agent, as the broker would."""
+        self._on_message(topic, msg if isinstance(msg, bytes) else encode(msg))
+
+    def published(self, topic: str) -> list[tuple[Outgoing, Message]]:
+        return [(out, decode(out.payload)) for out in self.sent if out.topic == topic]
+
+
+async def attach(node: str, clock: FakeClock) -> tuple[NodeAgent, FakeBus]:
+    """A connected agent on a fake bus."""
+    agent = NodeAgent(Config(node_id=node, cluster="t", data_dir="/nonexistent"), clock)
+    bus = FakeBus(agent)
+    agent.bus = bus
+    await agent.on_connect()
+    return agent, bus
+
+
+@dataclass
+class Peer:
+    """A node that exists only as the messages a test hands to the agent."""
+
+    node: str
+    incarnation: int = 1
+    step: int = 0
+    seq: int = 0
+
+    def status(self, online: bool = True, reason: str = "up") -> Status:
+        return Status(node=self.node, online=online, reason=reason,
+                      incarnation=self.incarnation, addr="127.0.0.1")
+
+    def hb(self) -> Heartbeat:
+        self.seq += 1
+        return Heartbeat(node=self.node, seq=self.seq, incarnation=self.incarnation,
+                         step=self.step, state="active", cpu_percent=1.0, mem_percent=2.0)
+
+
+async def run(agent: NodeAgent, clock: FakeClock, seconds: float,
+              peers: Iterable[Peer] = ()) -> None:
+    """Tick ``agent`` for ``seconds``; ``peers`` beat every 0.5 s meanwhile."""
+    bus = agent.bus
+    assert isinstance(bus, FakeBus)
+    beating = list(peers)
+    for i in range(round(seconds / TICK_S)):
+        clock.advance(TICK_S)
+        if i % 5 == 4:
+            for peer in beating:
+                bus.deliver(T.hb(peer.node), peer.hb())
+        await agent.tick()
+
+
+@dataclass
+class Fabric:
+    """A few agents on one fake clock; what each publishes reaches every agent (itself too)
+    after its tick, except those the test has frozen (SIGSTOP: no ticks, no messages)."""
+
+    clock: FakeClock = field(default_factory=FakeClock)
+    agents: dict[str, NodeAgent] = field(default_factory=dict)
+    frozen: set[str] = field(default_factory=set)
+    _delivered: dict[str, int] = field(default_factory=dict)
+    _ticks: int = 0
+
+    async def add(self, *nodes: str) -> None:
+        for node in nodes:
+            self.agents[node], _ = await attach(node, self.clock)
+            self._delivered[node] = 0
+        self.pump()
+
+    def bus(self, node: str) -> FakeBus:
+        bus = self.agents[node].bus
+        assert isinstance(bus, FakeBus)
+        return bus
+
+    def pump(self) -> None:
+        for src in self.agents:
+            if src in self.frozen:
+                continue
+            sent = self.bus(src).sent
+            new, self._delivered[src] = sent[self._delivered[src]:], len(sent)
+            for out in new:
+                for dst in self.agents:
+                    if dst not in self.frozen:
+                        self.bus(dst).deliver(out.topic, out.payload)
+
+    async def run(self, seconds: float) -> None:
+        for _ in range(round(seconds / TICK_S)):
+            self.clock.advance(TICK_S)
+            self._ticks += 1
+            for node, agent in self.agents.items():
+                if node in self.frozen:
+                    continue
+                if self._ticks % 5 == 0:
+                    await agent.heartbeat()
+                await agent.tick()
+            self.pump()
+
+    async def attach_worker(self, node: str, port: int) -> None:
+        """What ``Trainer()`` does on ``node``: worker.attach, which asks to join."""
+        await ops.worker_attach(self.agents[node], {"pid": os.getpid(), "port": port,
+                                                    "host": "127.0.0.1"})
+        self.pump()
+
+    def events(self, kind: str) -> list[Any]:
+        leader = self.agents["a"]
+        assert leader.scheduler is not None
+        return [e for e in leader.scheduler.events if e.kind == kind]
+
+
+def worker_ops(agent: NodeAgent, op: str) -> list[dict[str, Any]]:
+    return [c["args"] for c in agent.worker.commands if c["op"] == op]
+
+
+async def elected(node: str = "m") -> tuple[NodeAgent, FakeBus, FakeClock]:
+    clock = FakeClock()
+    agent, bus = await attach(node, clock)
+    await run(agent, clock, 2.0)
+    assert agent.role is not None and agent.election.term == 1
+    return agent, bus, clock
+
+
+# --- election -----------------------------------------------------------------------------
+async def test_a_lone_node_claims_after_its_grace_with_a_retained_claim_and_state() -> None:
+    clock = FakeClock()
+    agent, bus = await attach("a", clock)
+    (status, st), = bus.published(T.status("a"))
+    assert status.retain and isinstance(st, Status) and st.online
+    assert [out.qos for out, _ in bus.published(T.hb("a"))] == [0]
+    await run(agent, clock, 1.4)  # grace_s is 1.5: a reconnecting node hears claims first
+    assert agent.role is None and not bus.published(T.leader)
+    await run(agent, clock, 0.2)
+    (out, claim), = bus.published(T.leader)
+    assert out.retain and out.qos == 1
+    assert isinstance(claim, LeaderClaim) and (claim.id, claim.term) == ("a", 1)
+    (out, snap), = bus.published(T.state)
+    assert out.retain and isinstance(snap, ClusterState)
+    assert (snap.leader, snap.term) == ("a", 1) and snap.nodes["a"].state == "standby"
+    assert [e.kind for e in snap.events] == ["scheduler-elected"]
+    assert agent.view == snap
+    await run(agent, clock, 5.1)  # the retained state is refreshed even when nothing changes
+    assert [s.version for _, s in bus.published(T.state)] == [1, 2]  # type: ignore[union-attr]
+
+
+async def test_the_lowest_id_is_elected_and_everyone_follows() -> None:
+    fab = Fabric()
+    await fab.add("c", "a", "b")
+    await fab.run(2.5)
+    assert [n for n, ag in fab.agents.items() if ag.role is not None] == ["a"]
+    assert {(ag.election.term, ag.election.leader) for ag in fab.agents.values()} == {(1, "a")}
+    for node in "bc":
+        view = fab.agents[node].view
+        assert view is not None and (view.leader, view.term) == ("a", 1)
+        assert sorted(view.nodes) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(("rival", "term"), [("z", 2), ("b", 1)])
+async def test_a_better_claim_makes_the_leader_step_down(rival: str, term: int) -> None:
+    agent, bus, clock = await elected("m")
+    peer = Peer(rival)
+    bus.deliver(T.status(rival), peer.status())
+    bus.deliver(T.hb(rival), peer.hb())
+    bus.deliver(T.leader, LeaderClaim(id=rival, term=term))
+    assert agent.role is None and agent.scheduler is None
+    assert (agent.election.term, agent.election.leader) == (term, rival)
+    states = len(bus.published(T.state))
+    await run(agent, clock, 6.0, [peer])
+    assert len(bus.published(T.state)) == states  # no snapshot under a lost term
+    assert len(bus.published(T.leader)) == 1
+
+
+async def test_a_worse_claim_is_answered_by_reasserting_ours() -> None:
+    agent, bus, clock = await elected("m")
+    bus.deliver(T.leader, LeaderClaim(id="z", term=1))  # a stale leader, thawed
+    await run(agent, clock, 0.1)
+    assert agent.role is not None
+    assert [(c.id, c.term) for _, c in bus.published(T.leader)] == [  # type: ignore[union-attr]
+        ("m", 1), ("m", 1)]
+
+
+# --- commands and fencing -----------------------------------------------------------------
+async def test_stale_commands_are_fenced_and_the_leaders_reach_the_worker() -> None:
+    clock = FakeClock()
+    agent, bus = await attach("b", clock)
+    bus.deliver(T.leader, LeaderClaim(id="a", term=2))
+    cmd = T.cmd("b")
+    bus.deliver(cmd, Command(term=1, leader="a", seq=1, op="connect", args={"peer": "x"}))
+    bus.deliver(cmd, Command(term=2, leader="z", seq=1, op="connect", args={"peer": "y"}))
+    assert agent.counters["fenced"] == 2 and not agent.worker.commands
+    bus.deliver(cmd, Command(term=2, leader="a", seq=2, op="connect",
+                             args={"peer": "c", "addr": "127.0.0.1:7003"}))
+    bus.deliver(cmd, Command(term=3, leader="a", seq=3, op="disconnect", args={"peer": "c"}))
+    bus.deliver(cmd, Command(term=2, leader="a", seq=4, op="reply",
+                             args={"req_id": "r1", "error": "no such peer"}))
+    assert [(c["op"], c["args"]["peer"]) for c in agent.worker.drain()] == [
+        ("connect", "c"), ("disconnect", "c")]
+    assert agent.replies == {"r1": "no such peer"}
+    assert agent.counters["commands"] == 3 and agent.counters["fenced"] == 2
+
+
+async def test_a_follower_ignores_requests_and_stale_snapshots() -> None:
+    clock = FakeClock()
+    agent, bus = await attach("b", clock)
+    bus.deliver(T.leader, LeaderClaim(id="a", term=2))
+    bus.deliver(T.req, Request(node="c", req_id="c-1", op="join", args={"addr": "x:1"}))
+    assert agent.counters["requests"] == 0
+    policy = {"version": 4, "members": ["b"]}
+    bus.deliver(T.state, ClusterState(term=2, leader="a", version=7, policy=policy))
+    bus.deliver(T.state, ClusterState(term=1, leader="z", version=99))  # a losing scheduler
+    assert agent.view is not None and agent.view.version == 7
+    assert agent.counters["stale_states"] == 1 and agent.policies == {4: policy}
+    bus.deliver(T.state, ClusterState(term=2, leader="a", version=6))  # reordered, older
+    assert agent.view.version == 7
+
+
+# --- failures -----------------------------------------------------------------------------
+async def test_join_requests_become_commands_and_a_silent_box_is_scaled_in() -> None:
+    fab = Fabric()
+    await fab.add("a", "b", "c")
+    await fab.run(2.0)
+    await fab.attach_worker("b", 7002)
+    await fab.run(0.3)
+    b, c = fab.agents["b"], fab.agents["c"]
+    assert set(b.replies.values()) == {None}
+    assert b.view is not None and b.view.policy["members"] == ["b"]
+    await fab.attach_worker("c", 7003)
+    await fab.run(0.3)
+    assert [x["peer"] for x in worker_ops(b, "connect")] == ["c"]
+    assert [x["peer"] for x in worker_ops(c, "connect")] == ["b"]
+    (rep_b,), (rep_c,) = worker_ops(b, "replicate"), worker_ops(c, "replicate")
+    assert rep_b == rep_c and rep_c["new"] == "c" and rep_c["sources"] == {"b": "127.0.0.1:7002"}
+    assert c.view is not None and c.view.policy["members"] == ["b", "c"]
+    assert c.view.nodes["c"].state == "joining" and c.view.nodes["c"].neighbors == ["b"]
+    await ops.worker_report(c, {"kind": "replicated", "bytes": 10})
+    await fab.run(0.3)
+    assert c.view.nodes["c"].state == "active"
+    assert fab.events("scale-out")[-1].node == "c"
+    b.worker.drain()
+    # c's box goes silent (SIGSTOP, a power cut): no last will, only missing heartbeats.
+    fab.frozen.add("c")
+    frozen_at = fab.clock.monotonic()
+    for _ in range(50):
+        await fab.run(TICK_S)
+        if fab.events("node-failed"):
+            break
+    (failed,) = fab.events("node-failed")
+    assert failed.node == "c" and failed.detail["reason"] == "heartbeat"
+    assert 1.0 < fab.clock.monotonic() - frozen_at < 4.0  # about 2.1 s by default
+    assert fab.events("scale-in")[-1].node == "c"
+    await fab.run(0.2)
+    assert b.view is not None and b.view.policy["members"] == ["b"]
+    assert b.view.policy["effective_step"] == 0  # at once: the round in flight is rerun
+    assert [x["peer"] for x in worker_ops(b, "disconnect")] == ["c"]
+
+
+async def test_a_last_will_is_confirmed_before_the_node_is_failed() -> None:
+    agent, bus, clock = await elected("a")
+    b, c = Peer("b"), Peer("c")
+    for peer in (b, c):
+        bus.deliver(T.status(peer.node), peer.status())
+    await run(agent, clock, 1.0, [b, c])
+    bus.deliver(T.status("b"), b.status(online=False, reason="lost"))
+    await run(agent, clock, WILL_CONFIRM_S - TICK_S, [c])
+    assert agent.scheduler is not None and agent.scheduler.nodes["b"].state == "standby"
+    await run(agent, clock, 2 * TICK_S, [c])
+    assert agent.scheduler.nodes["b"].state == "failed"
+    assert agent.scheduler.events[-1].detail["reason"] == "last-will"
+    # A broker going away publishes every will; losing it ourselves voids the one pending.
+    bus.deliver(T.status("c"), c.status(online=False, reason="lost"))
+    agent.on_disconnect()
+    assert agent.scheduler.nodes["c"].state == "standby"
+
+
+async def test_a_daemon_that_was_paused_does_not_blame_its_peers() -> None:
+    agent, bus, clock = await elected("a")
+    b = Peer("b")
+    bus.deliver(T.status("b"), b.status())
+    await run(agent, clock, 1.0, [b])
+    clock.advance(5.0)  # we were frozen: b's silence is ours
+    await run(agent, clock, 1.0, [b])
+    assert agent.scheduler is not None and agent.scheduler.nodes["b"].state == "standby"
+
+
+async def test_a_second_daemon_with_our_id_makes_this_one_exit() -> None:
+    clock = FakeClock()
+    agent, bus = await attach("a", clock)
+    bus.deliver(T.status("a"), Status(node="a", online=True, reason="up",
+                                      incarnation=agent.incarnation + 1))
+    assert agent.should_exit and agent.exit_reason == "duplicate node id"
+
+
+# --- bad input ----------------------------------------------------------------------------
+MALFORMED: list[tuple[str, bytes]] = [
+    (T.hb("b"), b"not json"),
+    (T.hb("b"), b"[1, 2]"),
+    (T.hb("b"), b'{"v": 2, "kind": "hb"}'),
+    (T.hb("b"), encode(Peer("c").hb())),  # on someone else's topic
+    (T.hb("b"), encode(Peer("b").status())),  # the wrong kind for the topic
+    (T.hb("b"), b'{"v": 1, "kind": "hb", "node": "b", "seq": 1, "incarnation": 1, "step": 0,'
+                b' "state": "dancing", "cpu_percent": 0, "mem_percent": 0}'),
+    (T.hb("b"), b'{"v": 1, "kind": "hb", "node": "b", "seq": "1", "incarnation": 1,'
+                b' "step": 0, "state": "active", "cpu_percent": NaN, "mem_percent": 0}'),
+    (T.status("b"), b'{"v": 1, "kind": "status", "node": "b"}'),
+    (T.leader, b'{"v": 1, "kind": "leader", "id": "../etc", "term": 9}'),
+    (T.leader, b'{"v": 1, "kind": "leader", "id": "z", "term": -1}'),
+    (T.cmd("a"), b'{"v": 1, "kind": "cmd", "term": 1, "leader": "z", "seq": 1}'),
+    (T.req, b'{"v": 1, "kind": "req", "node": "b", "req_id": "r", "op": "join", "args": []}'),
+    (T.state, b'{"v": 1, "kind": "state", "term": 1, "leader": "z", "version": 1,'
+              b' "nodes": {"b": {"state": "bogus"}}}'),
+    (T.state, b"[" * 100_000),
+    (T.state, b" " * (300 * 1024)),
+]
+
+
+@pytest.mark.parametrize(("topic", "payload"), MALFORMED)
+async def test_malformed_payloads_are_dropped_without_harm(topic: str, payload: bytes) -> None:
+    agent, bus, clock = await elected("a")
+    before = (agent.election.term, agent.election.leader, dict(agent.presence), agent.view)
+    bus.deliver(topic, payload)
+    assert agent.counters["rejected"] == 1
+    assert before == (agent.election.term, agent.election.leader, dict(agent.presence),
+                      agent.view)
+    b = Peer("b")
+    bus.deliver(T.status("b"), b.status())
+    await run(agent, clock, 1.0, [b])  # and it carries on
+    assert agent.scheduler is not None and agent.scheduler.nodes["b"].state == "standby"
+
+
+# --- worker reports -----------------------------------------------------------------------
+REPORTS: dict[str, dict[str, Any]] = {
+    "link-failed": {"peer": "c", "reason": "connection reset"},
+    "round-aborted": {"step": 3, "reason": "peer c failed"},
+    "replicated": {"version": 1, "bytes": 4096, "delay_ms": 80.0, "sources": ["b", "c"]},
+    "stall": {"step": 3, "ms": 7.5, "reruns": 1, "policy_version": 1, "reason": ""},
+    "serve-declined": {"new": "d", "reason": "needs 512 MiB, 100 MiB free"},
+}
+
+
+def test_the_samples_cover_every_kind_a_worker_reports() -> None:
+    assert sorted(REPORTS) == sorted(WORKER_REPORT_KINDS)
+
+
+@pytest.mark.parametrize("kind", WORKER_REPORT_KINDS)
+async def test_every_report_a_worker_sends_reaches_the_scheduler(kind: str) -> None:
+    fab = Fabric()
+    await fab.add("a", "b", "c", "d")
+    await fab.run(2.0)
+    for i, node in enumerate("bcd"):
+        await fab.attach_worker(node, 7000 + i)
+        await fab.run(0.3)
+        if node != "d":  # d stays joining: b and c are to serve it
+            await ops.worker_report(fab.agents[node], {"kind": "replicated"})
+            await fab.run(0.3)
+    sender = fab.agents["d" if kind == "replicated" else "b"]
+    assert await ops.worker_report(sender, {"kind": kind, **REPORTS[kind]}) == {}
+    (_, req), = fab.bus(sender.me).published(T.req)[-1:]
+    assert isinstance(req, Request) and req.op == "report" and req.args["kind"] == kind
+    await fab.run(0.3)
+    assert sender.replies[req.req_id] is None
+    assert sum(ag.counters["rejected"] for ag in fab.agents.values()) == 0
