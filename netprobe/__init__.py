@@ -6,7 +6,7 @@ Where each public name lives:
   link failure/recovery callbacks), :class:`RttPacket` (wire format).
 - ``linkstate.py``: :class:`LinkTracker` (the prober's pure, clock-driven state machine),
   :class:`PeerStats`, :class:`LinkEvent`.
-- ``clock.py``: :class:`Clock` (protocol), :class:`MonotonicClock`, :class:`ManualClock`.
+- ``clock.py``: :class:`Clock` (protocol), :class:`SystemClock`, :class:`FakeClock`.
 - ``iperf.py``: :func:`measure` (one ``iperf3 --json`` client test, busy-retry, per-server lock),
   :func:`find_iperf3`, :func:`parse_iperf_json`.
 - ``iperf_server.py``: :class:`IperfServer` (supervised ``iperf3 -s`` child).
@@ -24,7 +24,7 @@ Where each public name lives:
 
 from netprobe.bandwidth import BandwidthProber, ServerKind
 from netprobe.bulk import BulkProbeServer, bulk_measure
-from netprobe.clock import Clock, ManualClock, MonotonicClock
+from netprobe.clock import Clock, FakeClock, SystemClock
 from netprobe.errors import (
     BulkProbeError,
     IperfBusy,
@@ -53,6 +53,7 @@ __all__ = [
     "BulkProbeError",
     "BulkProbeServer",
     "Clock",
+    "FakeClock",
     "IperfBusy",
     "IperfError",
     "IperfMissing",
@@ -61,8 +62,6 @@ __all__ = [
     "LinkEvent",
     "LinkProbeStats",
     "LinkTracker",
-    "ManualClock",
-    "MonotonicClock",
     "NetnsError",
     "NetprobeError",
     "PeerStats",
@@ -72,6 +71,7 @@ __all__ = [
     "RttProber",
     "RttResponder",
     "ServerKind",
+    "SystemClock",
     "TcError",
     "bulk_measure",
     "expected_duty_cycle",

@@ -4,7 +4,7 @@
 when each peer is due for a probe, matches replies to probes by sequence number, keeps an EWMA of
 the RTT and the loss counters, and turns runs of missed probes into ``failed`` / ``recovered``
 events. Time comes from an injected :class:`~netprobe.clock.Clock`, so tests drive it with a
-:class:`~netprobe.clock.ManualClock` and never sleep.
+:class:`~netprobe.clock.FakeClock` and never sleep.
 
 Detection bound. Say the link dies at time D. The first probe sent after D leaves no later than
 D + interval, the ``fail_after``-th no later than D + fail_after * interval, and that one is
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from netprobe.clock import Clock, MonotonicClock
+from netprobe.clock import Clock, SystemClock
 
 _MAX_EXPIRED = 1024
 
@@ -111,7 +111,7 @@ class LinkTracker:
     timeout_s: float = 1.0
     fail_after: int = 3
     ewma_alpha: float = 0.125
-    clock: Clock = field(default_factory=MonotonicClock)
+    clock: Clock = field(default_factory=SystemClock)
     _peers: dict[str, _Peer] = field(default_factory=dict, init=False, repr=False)
     _outstanding: dict[int, _Outstanding] = field(default_factory=dict, init=False, repr=False)
     _expired: dict[int, str] = field(default_factory=dict, init=False, repr=False)

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 
-from netprobe.clock import Clock, MonotonicClock
+from netprobe.clock import Clock, SystemClock
 from netprobe.linkstate import LinkEvent, LinkTracker, PeerStats
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class RttProber:
         ewma_alpha: Weight of a new RTT sample in the smoothed RTT.
         on_fail: Called with the peer's stats when its link is declared failed.
         on_recover: Called with the peer's stats on the first reply after a failure.
-        clock: Time source; inject a :class:`~netprobe.clock.ManualClock` in tests.
+        clock: Time source; inject a :class:`~netprobe.clock.FakeClock` in tests.
     """
 
     def __init__(
@@ -185,7 +185,7 @@ class RttProber:
             timeout_s=interval_s if timeout_s is None else timeout_s,
             fail_after=fail_after,
             ewma_alpha=ewma_alpha,
-            clock=clock or MonotonicClock(),
+            clock=clock or SystemClock(),
         )
         self._bind = (bind_host, bind_port)
         self.on_fail = on_fail
