@@ -10,15 +10,16 @@ matters more than one tick (0.1 s).
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from typing import Any
 
+from typing_extensions import assert_never
+
 from daemon.agent.bus import Bus, Outgoing
 from daemon.agent.probes import LinkMonitor, PeerEndpoint
 from daemon.agent.resources import sample
-from daemon.agent.worker import WorkerSession, WorkerSupervisor
+from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unresponsive_for
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Action, Election, better
 from daemon.cluster.role import SchedulerRole
@@ -26,6 +27,7 @@ from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.config import Config
 from daemon.contracts.errors import MessageError
+from daemon.contracts.kinds import COMMAND_OPS, RequestOp, WorkerExitReason, member
 from daemon.contracts.messages import (
     ClusterState,
     Command,
@@ -38,6 +40,7 @@ from daemon.contracts.messages import (
     decode,
     encode,
 )
+from daemon.contracts.policy import POLICY_KEEP
 
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
@@ -46,7 +49,6 @@ SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, 
 # not followed by the loss of our own connection within this window is a real crash.
 WILL_CONFIRM_S = 0.5
 EVENTS_KEEP = 1000
-POLICIES_KEEP = 16
 
 
 class NodeAgent:
@@ -74,7 +76,8 @@ class NodeAgent:
         self.presence: dict[str, Status] = {}
         self.beats: dict[str, Heartbeat] = {}
         self.events: dict[tuple[int, float], Event] = {}
-        self.policies: dict[int, dict[str, Any]] = {}  # version -> policy, the last few
+        # version -> policy as the wire carries it (SyncPolicy.to_dict), for worker.poll
+        self.policies: dict[int, dict[str, Any]] = {}
         self.counters: Counter[str] = Counter()
         self.state = "standby"
         self.step = 0
@@ -294,20 +297,25 @@ class NodeAgent:
             return
         self.counters["commands"] += 1
         log.info("command %s from %s (term %d)", cmd.op, cmd.leader, cmd.term)
-        if cmd.op == "reply":
+        op = member(cmd.op, COMMAND_OPS)
+        if op is None:
+            log.warning("ignoring unknown command %r from %s", cmd.op, cmd.leader)
+        elif op == "reply":
             req_id = cmd.args.get("req_id")
             if isinstance(req_id, str):
                 error = cmd.args.get("error")
                 self.replies[req_id] = error if isinstance(error, str) else None
-        elif cmd.op in ("connect", "disconnect", "replicate"):
-            self.worker.push(cmd.op, cmd.args)
+        elif op == "connect" or op == "disconnect" or op == "replicate":
+            self.worker.push(op, cmd.args)
+        else:
+            assert_never(op)
 
     def _on_request(self, req: Request) -> None:
         if self.role is not None:
             self.counters["requests"] += 1
             self.role.on_request(req)
 
-    def request(self, op: str, **args: Any) -> str:
+    def request(self, op: RequestOp, **args: Any) -> str:
         """Queue a request to the scheduler; returns its id (a reply may come back)."""
         self._req_seq += 1
         req_id = f"{self.me}-{self.incarnation}-{self._req_seq}"
@@ -315,23 +323,36 @@ class NodeAgent:
                                                     args=args)))
         return req_id
 
-    def _check_worker(self) -> None:
-        """A worker started by hand has no supervisor: notice when its process is gone."""
-        pid = self.worker.pid
-        if not pid or self.supervisor.running:
-            return
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            log.warning("worker pid %d is gone", pid)
+    def _check_worker(self, paused: bool = False) -> None:
+        """The attached worker's liveness: polls that stopped (a hang), or, for a worker
+        started by hand (no supervisor sees it exit), a process that is gone."""
+        w, now = self.worker, self.clock.monotonic()
+        if paused:
+            w.forgive(now)  # the silence was ours: nobody can poll a frozen daemon
+        silent = unresponsive_for(w, now, self.cfg.worker.poll_silence_s)
+        if silent is not None:
+            self._worker_hung(silent)
+        elif w.attached and not self.supervisor.running and not pid_alive(w.pid):
+            log.warning("worker pid %d is gone", w.pid)
             self._worker_exited(-1)
-        except PermissionError:
-            pass  # alive, another user's
 
-    def _worker_exited(self, code: int) -> None:
+    def _worker_hung(self, silent: float) -> None:
+        """Drop a hung worker from the rounds at once; kill and restart it if it is ours."""
+        pid = self.worker.pid
+        ours = self.supervisor.owns(pid)
+        self.counters["worker_unresponsive"] += 1
+        log.warning("worker pid %d sent no poll for %.1f s: %s", pid, silent,
+                    "killed; it restarts and rejoins by scale-out" if ours else
+                    "dropped from the rounds (started by hand, it cannot be restarted)")
+        # Reported before the kill, so the exit the supervisor then sees is not reported twice.
+        self._worker_exited(-9 if ours else -1, "worker-unresponsive")
+        if ours:
+            self.supervisor.kill()
+
+    def _worker_exited(self, code: int, reason: WorkerExitReason = "worker-exit") -> None:
         if self.worker.attached:
             self.worker.detach()
-            self.request("worker-exit", code=code)
+            self.request("worker-exit", code=code, reason=reason)
 
     def _on_state(self, st: ClusterState) -> None:
         claim = (st.term, st.leader)
@@ -356,7 +377,7 @@ class NodeAgent:
             version = pol.get("version") if isinstance(pol, dict) else None
             if isinstance(version, int):
                 self.policies.setdefault(version, pol)
-        for version in sorted(self.policies)[:-POLICIES_KEEP]:
+        for version in sorted(self.policies)[:-POLICY_KEEP]:
             del self.policies[version]
 
     def _merge_events(self, events: list[Event]) -> None:
@@ -412,7 +433,7 @@ class NodeAgent:
             self.detector.reset_all()
         elif self.bus.connected:
             self._decide(now)
-        self._check_worker()
+        self._check_worker(paused=gap > SELF_PAUSE_S)
         self._sync_probes()
         if self.role is not None:
             self.role.flush()

@@ -4,6 +4,13 @@
 fragile part in a child). A worker that exits non-zero is restarted with capped backoff and
 rejoins through scale-out; one that exits 0 is finished. The worker talks to the daemon over
 the control socket (docs/training-protocol.md); :class:`WorkerSession` holds that side.
+
+Liveness: the worker polls every 20-50 ms, even inside long steps, so a worker silent for
+``[worker] poll_silence_s`` is hung (deadlock, stuck I/O, swapping, SIGSTOP). The node agent
+asks :func:`unresponsive_for` every tick; on a verdict it reports the worker gone (the
+scheduler drops it from the rounds at once) and :meth:`WorkerSupervisor.kill` SIGKILLs it,
+the one signal a stopped process obeys. Its sockets close, so its peers see the links drop,
+and the supervision loop restarts it as after a crash: it rejoins through scale-out.
 """
 
 from __future__ import annotations
@@ -14,18 +21,18 @@ import logging
 import os
 import signal
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daemon.contracts.clock import Clock
 from netprobe.procs import kill_with_parent
 
 log = logging.getLogger("chaosd.worker")
 RESTART_MIN_S = 1.0
 RESTART_MAX_S = 30.0
 STOP_GRACE_S = 10.0
-# A worker that stops polling for this long is treated as gone (hung or killed elsewhere).
-POLL_SILENCE_S = 60.0
 
 
 @dataclass
@@ -42,6 +49,7 @@ class WorkerSession:
     last_poll: float = 0.0
     commands: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=1000))
     _seq: int = 0
+    _serving: int = 0  # the worker's requests the daemon is still working on
 
     @property
     def attached(self) -> bool:
@@ -57,12 +65,55 @@ class WorkerSession:
         self.commands.clear()
         return out
 
+    @property
+    def busy(self) -> bool:
+        """The daemon is still working on a request of the worker's."""
+        return self._serving > 0
+
+    @contextlib.contextmanager
+    def serving(self, clock: Clock) -> Iterator[None]:
+        """Around a slow request of the worker's (attach, probe): the worker waits on us
+        meanwhile, so no silence counts, and the answer counts as a poll."""
+        self._serving += 1
+        try:
+            yield
+        finally:
+            self._serving -= 1
+            self.last_poll = max(self.last_poll, clock.monotonic())
+
+    def forgive(self, now: float) -> None:
+        """Judge silence from ``now``: the daemon itself was frozen, so nobody could poll."""
+        self.last_poll = max(self.last_poll, now)
+
     def detach(self) -> None:
         self.pid = 0
         self.data_addr = ""
         self.state = "standby"
         self.leave_requested = False
         self.commands.clear()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def unresponsive_for(w: WorkerSession, now: float, limit_s: float) -> float | None:
+    """Seconds the attached worker has not polled, once that reaches ``limit_s``; else None.
+
+    A worker that is not attached yet (starting, importing torch) is exempt: it has no
+    session to keep alive and holds up nobody's round. ``limit_s`` 0 turns the check off.
+    """
+    if not w.attached or limit_s <= 0 or w.busy:
+        return None
+    silent = now - w.last_poll
+    return silent if silent >= limit_s else None
 
 
 class WorkerSupervisor:
@@ -75,6 +126,7 @@ class WorkerSupervisor:
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._killed = False  # the last exit was our SIGKILL of a hung worker
         self.restarts = 0
         self.last_exit: int | None = None
         self.on_exit: list[Any] = []  # callbacks(returncode) run after each exit
@@ -87,10 +139,25 @@ class WorkerSupervisor:
     def pid(self) -> int | None:
         return self._proc.pid if self.running and self._proc else None
 
+    @property
+    def supervising(self) -> bool:
+        """A worker runs, or waits out its restart backoff."""
+        return self._task is not None and not self._task.done()
+
+    def owns(self, pid: int) -> bool:
+        """Whether ``pid`` runs in the worker's process group (the command or its child)."""
+        if not self.running or self._proc is None:
+            return False
+        try:
+            return os.getpgid(pid) == self._proc.pid
+        except ProcessLookupError:
+            return False
+
     def start(self, argv: list[str]) -> None:
         """Start supervising ``argv`` (replacing any finished worker)."""
-        if self.running:
-            raise RuntimeError("a worker is already running")
+        if self.supervising:
+            # One waiting out its backoff too: a second loop would run two workers.
+            raise RuntimeError("a worker is already running or restarting")
         self._argv = list(argv)
         self._stopping = False
         self._task = asyncio.create_task(self._supervise(), name="worker")
@@ -108,7 +175,22 @@ class WorkerSupervisor:
         finally:
             out.close()
 
+    def kill(self) -> bool:
+        """SIGKILL the worker's process group now; the loop restarts it as after a crash.
+
+        For a hung worker: SIGKILL is the one signal a stopped (SIGSTOP) or wedged process
+        obeys, and the kernel then closes its sockets. False if no worker was running.
+        """
+        proc = self._proc
+        if proc is None or proc.returncode is not None or self._stopping:
+            return False
+        self._killed = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        return True
+
     async def _supervise(self) -> None:
+        loop = asyncio.get_running_loop()
         backoff = RESTART_MIN_S
         while not self._stopping:
             try:
@@ -120,15 +202,21 @@ class WorkerSupervisor:
                     cb(127)
                 return
             log.info("worker started: pid %d: %s", self._proc.pid, " ".join(self._argv))
+            started = loop.time()
             code = await self._proc.wait()
+            killed, self._killed = self._killed, False
             self.last_exit = code
             for cb in self.on_exit:
                 cb(code)
-            if self._stopping or code == 0:
+            if self._stopping or (code == 0 and not killed):
                 log.info("worker exited with %d", code)
                 return
             self.restarts += 1
-            log.warning("worker exited with %d; restarting in %.0f s", code, backoff)
+            if loop.time() - started >= RESTART_MAX_S:
+                backoff = RESTART_MIN_S  # it ran well: this is a new failure, not a crash loop
+            # A kill of ours was logged (as a warning) when the hang was found.
+            log.log(logging.INFO if killed else logging.WARNING,
+                    "worker exited with %d; restarting in %.0f s", code, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, RESTART_MAX_S)
 
@@ -139,6 +227,7 @@ class WorkerSupervisor:
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
+                os.killpg(proc.pid, signal.SIGCONT)  # a stopped worker handles its TERM too
             try:
                 await asyncio.wait_for(proc.wait(), timeout=grace)
             except asyncio.TimeoutError:

@@ -9,6 +9,7 @@ Layers, bottom up (each module maps to one concern):
 - ``links``: :class:`PeerLinks`, persistent connections to the neighbours only.
 - ``policy``: :class:`SyncPolicy` and the pure :func:`spanning_tree` planner.
 - ``rounds`` / ``allreduce``: :class:`AllReducer`, the chunked, pipelined tree all-reduce.
+- ``fences``: the phases a newer policy makes pointless (``AllReducer.supersede``).
 - ``tensors``: flatten/unflatten torch gradients, result digests.
 
 Typical use inside a Trainer::

@@ -97,12 +97,14 @@ def decide(s: Summary) -> Decision:
 
 
 class Agreement(Phase):
-    """One agreement on this node (tag ``(version, attempt, -1)``)."""
+    """One agreement on this node (tag ``(version, attempt, -1)``), opening the epoch of
+    round ``round_step``."""
 
     def __init__(
-        self, tag: Tag, parent: str | None, children: tuple[str, ...], cond: threading.Condition
-    ) -> None:
-        super().__init__(tag, parent, children, cond)
+        self, tag: Tag, parent: str | None, children: tuple[str, ...], cond: threading.Condition,
+        round_step: int,
+    ) -> None:  # fmt: skip
+        super().__init__(tag, parent, children, cond, round_step)
         self.child_summary: dict[str, Summary | None] = dict.fromkeys(children)
         self.decision: Decision | None = None
         self._bufs: dict[str, bytearray] = {}

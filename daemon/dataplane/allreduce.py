@@ -30,9 +30,10 @@ always closes the gap, and a phase that aborts on some node never completes anyw
 it except by a newer epoch, which starts with an agreement. Nodes outside the newest policy
 must be re-replicated before they take part again (the Trainer enforces this).
 
-A timeout, a lost link, a protocol violation or a neighbour's ABORT aborts the phase; the
-abort is forwarded to the other tree neighbours so nobody waits for a dead round, and the
-caller gets :class:`RoundAborted`. A node that has committed never reports an abort.
+A timeout, a lost link, a protocol violation, a neighbour's ABORT or a newer policy that
+governs the round (:meth:`AllReducer.supersede`) aborts the phase; the abort is forwarded to
+the other tree neighbours so nobody waits for a dead round, and the caller gets
+:class:`RoundAborted`. A node that has committed never reports an abort.
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ from daemon.contracts.policy import SyncPolicy
 from daemon.dataplane.agree import Agreement, Decision, Summary, decide
 from daemon.dataplane.early import EarlyFrames
 from daemon.dataplane.errors import DataPlaneError, PeerGone, RoundAborted
+from daemon.dataplane.fences import Fences
 from daemon.dataplane.frames import MAX_PAYLOAD, FrameHeader, Kind, phase_flags
 from daemon.dataplane.links import PeerLinks
 from daemon.dataplane.rounds import MAX_REASON, Phase, Round, Tag, as_flat_float32, as_out_buffer
+from daemon.dataplane.threads import ThreadSet
 
 log = logging.getLogger("chaos.dataplane.allreduce")
 #: Test seam: ``hook(event, index)`` after each send: "reduce"/"bcast" (chunk), "ack",
@@ -114,8 +117,14 @@ class AllReducer:
         self._told: set[tuple[str, Tag]] = set()  # stale phases we answered with an ABORT
         self._lost = False  # whether the last phase run here (the floor) aborted
         self._early = EarlyFrames()  # control frames of phases not opened yet
+        self._fences = Fences()  # newer policies: phases they make pointless abort at once
+        self._threads = ThreadSet()  # ABORT replies to stale phases, joined on close
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
+
+    def close(self) -> None:
+        """Wait (bounded) for the ABORT replies still being sent; the links close after."""
+        self._threads.join(_ABORT_SEND_S + 1.0)
 
     def newest_epoch(self) -> tuple[int, int]:
         """The newest ``(policy_version, attempt)`` seen on the wire or started here."""
@@ -206,12 +215,31 @@ class AllReducer:
             RoundAborted: As for :meth:`allreduce` (``step`` is ``committed``).
         """
         ag = Agreement((policy.version, attempt, -1), policy.parent(self.node_id),
-                       policy.children(self.node_id), self._cond)
+                       policy.children(self.node_id), self._cond, committed + 1)
         own = Summary.of(committed, holds)
         self._execute(ag, functools.partial(self._run_agreement, ag, own), timeout)
         if ag.aborted or ag.decision is None:
             raise RoundAborted(committed, policy.version, ag.abort_reason or "", ag.abort_peer)
         return ag.decision
+
+    def supersede(self, version: int, from_step: int) -> tuple[str, ...]:
+        """Policy ``version`` governs every round from ``from_step`` on (thread-safe).
+
+        A phase of an older version for such a round cannot commit usefully (after a failure
+        it waits for a peer that is gone), so it aborts now, and so does any such phase
+        started later: the caller reruns the round under the newer policy at once instead of
+        waiting for the round's timeout.
+
+        Returns:
+            The tree neighbours of the phase this aborted (empty if it aborted none).
+        """
+        with self._cond:
+            self._fences.add(version, from_step)
+            ph = self._phase
+            if ph is None or ph.aborted or ph.done or self._fences.over(ph) is None:
+                return ()
+            ph.abort(f"superseded by policy v{version} (effective at step {from_step})")
+            return ph.neighbours
 
     # -- phase lifecycle -------------------------------------------------------------------
     def _execute(self, ph: Phase, body: Callable[[float], None], timeout: float | None) -> None:
@@ -230,10 +258,14 @@ class AllReducer:
                 self._drop_stale(peer, h, ph.tag)
             for peer, h, payload in due:  # before any reader's later frame of this phase
                 self._replay(ph, peer, h, payload)
+            fence = self._fences.over(ph)
+            if fence is not None:  # the caller had not taken in the newer policy yet
+                ph.abort(f"superseded by policy v{fence[0]} (effective at step {fence[1]})")
             self._cond.notify_all()  # wake readers holding frames of this phase
         try:
-            self._await_links(ph, deadline)
-            body(deadline)
+            if not ph.aborted:
+                self._await_links(ph, deadline)
+                body(deadline)
         except PeerGone as exc:
             with self._cond:
                 ph.abort(f"link to {exc.peer_id} lost: {exc.reason}", exc.peer_id)
@@ -251,8 +283,13 @@ class AllReducer:
         for peer in missing:
             if self.links.state(peer) == "down":
                 raise PeerGone(peer, "link is down")
-        if missing and not self.links.wait_connected(missing, deadline - time.monotonic()):
-            raise PeerGone(missing[0], "no link at round start")
+        # In slices, so that an abort (a newer policy) ends the wait too.
+        while missing and not ph.aborted:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PeerGone(missing[0], "no link at round start")
+            if self.links.wait_connected(missing, min(left, 0.1)):
+                return
 
     # -- agreement -------------------------------------------------------------------------
     def _run_agreement(self, ag: Agreement, own: Summary, deadline: float) -> None:
@@ -457,7 +494,7 @@ class AllReducer:
             with contextlib.suppress(PeerGone):
                 self.links.send(peer, reply, reason, time.monotonic() + _ABORT_SEND_S)
 
-        threading.Thread(target=send, daemon=True, name=f"stale-{peer}").start()
+        self._threads.start(send, f"stale-{peer}")
 
     def on_frame(self, peer: str, header: FrameHeader, payload: memoryview) -> None:
         """Account for a delivered payload."""

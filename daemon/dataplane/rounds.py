@@ -31,12 +31,16 @@ class Phase:
         parent: Parent in the tree (None at the root).
         children: Children, in a fixed order.
         cond: The AllReducer's condition variable.
+        round_step: The training round the phase serves (default: the tag's step; an
+            agreement opens the epoch of round ``committed + 1``).
     """
 
     def __init__(
-        self, tag: Tag, parent: str | None, children: tuple[str, ...], cond: threading.Condition
-    ) -> None:
+        self, tag: Tag, parent: str | None, children: tuple[str, ...], cond: threading.Condition,
+        round_step: int | None = None,
+    ) -> None:  # fmt: skip
         self.tag = tag
+        self.round_step = tag[2] if round_step is None else round_step
         self.parent, self.children = parent, children
         self.cond = cond
         self.done = False  # set once the outcome is final here; later aborts are ignored

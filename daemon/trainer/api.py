@@ -27,20 +27,21 @@ from typing import Any, NamedTuple
 
 import torch
 
-from daemon.contracts.errors import ChaosError
+from daemon.contracts.clock import Clock, SystemClock
+from daemon.contracts.errors import ChaosError, ControlFailure
+from daemon.contracts.policy import SyncPolicy
 from daemon.dataplane import AllReducer, RoundAborted
 from daemon.dataplane.tensors import flatten_grads, unflatten_into
 from daemon.replication.manifest import Manifest
 from daemon.replication.state import StateSpace, state_digest, tensor_bytes
 from daemon.trainer.control import StateDiverged, TrainerError
 from daemon.trainer.join import pull_state
-from daemon.trainer.policy import Published
+from daemon.trainer.poller import POLL_S
 from daemon.trainer.session import EXIT_EVENT, Session, install_signal_handlers
-from daemon.trainer.transfer import TransferFailed, snapshot_room
+from daemon.trainer.transfer import snapshot_room
 
 __all__ = ["StateDiverged", "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
 log = logging.getLogger("chaos.trainer")
-POLL_S = 0.02
 FETCH_RETRY_S = 0.5  # pause before fetching a replicated state again
 LEAVE_LINGER_S = 0.5  # after the drain, before closing the links
 DRAIN_MAX_S = 30.0  # a leaver waits at most this long for the policy that drops it
@@ -112,9 +113,13 @@ class Trainer:
         timeout: Seconds one ``update()`` may spend on reruns before it raises.
         join_timeout: Seconds the constructor may wait to become a member.
         chunk_bytes: All-reduce pipeline chunk size.
+        clock: The time source of deadlines and stall accounting (the seam tests use).
 
     Raises:
-        TrainerError: chaosd is unreachable, or joining did not finish in time.
+        DaemonUnreachable: chaosd's control socket cannot be reached (a ``ControlFailure``).
+        TrainerError: Joining did not finish in time.
+
+    Both derive from ``ChaosError``, the one class a script needs to catch.
     """
 
     def __init__(
@@ -127,7 +132,9 @@ class Trainer:
         timeout: float = 120.0,
         join_timeout: float = 300.0,
         chunk_bytes: int = 1 << 20,
+        clock: Clock | None = None,
     ) -> None:
+        self._clock = clock or SystemClock()
         self.model, self.optimizer = model, optimizer
         self.samples_per_step = samples_per_step or 1
         self.timeout, self.join_timeout = timeout, join_timeout
@@ -153,7 +160,8 @@ class Trainer:
             self._s.attach()
             self.node_id = self._s.node_id
             self.reducer = AllReducer(self._s.links, chunk_bytes=chunk_bytes, timeout=timeout / 4)
-            self._join(time.monotonic() + join_timeout)
+            self._s.poller.on_policy = self._on_policy
+            self._join(self._clock.monotonic() + join_timeout)
         except BaseException:
             self._s.close()
             raise
@@ -165,8 +173,9 @@ class Trainer:
         Raises:
             TrainerError: No round committed within ``timeout`` (the message says why).
             StateDiverged: This node cannot be reconciled; exit non-zero and rejoin.
+            DaemonUnreachable: chaosd stopped answering.
         """
-        t0 = time.monotonic()
+        t0 = self._clock.monotonic()
         n = self.samples_per_step if samples is None else samples
         flat = flatten_grads(self._params, out=self._flat)
         self._poll()
@@ -177,19 +186,19 @@ class Trainer:
             self._serve_first(pub, deadline)
             epoch = (pub.version, self._attempt.get(pub.version, 0))
             try:
-                t1 = time.monotonic()
+                t1 = self._clock.monotonic()
                 if epoch != self._agreed:
                     agreed = self._agree(pub, epoch[1])
-                    spent += time.monotonic() - t1  # a collective: its waits are the peers'
+                    spent += self._clock.monotonic() - t1  # a collective: its waits are the peers'
                     if agreed:
                         self._version = pub.version
                         break  # the agreement committed the result we held for this round
-                t1 = time.monotonic()
+                t1 = self._clock.monotonic()
                 # The reused result buffer must never be the one a held result lives in.
                 out = self._result if self._pending is None else None
-                res = self.reducer.allreduce(flat, n, step=self.step + 1, policy=pub.policy,
+                res = self.reducer.allreduce(flat, n, step=self.step + 1, policy=pub,
                                              attempt=epoch[1], out=out)  # fmt: skip
-                spent += time.monotonic() - t1
+                spent += self._clock.monotonic() - t1
                 self._version = pub.version
                 self._apply(res.values)
                 break
@@ -200,7 +209,7 @@ class Trainer:
                 self._s.report("round-aborted", step=self.step + 1, reason=exc.reason[:200])
                 self._next_epoch(pub, deadline, exc)
         # Every member of the epoch that committed has its state: it needs no offer any more.
-        self._s.transfer.withdraw(pub.policy.members)
+        self._s.transfer.withdraw(pub.members)
         self._account(t0, spent, reruns, reason)
 
     def check_state_replication(self) -> None:
@@ -220,12 +229,13 @@ class Trainer:
             self._s.flush_reports()
             self._s.client.call("worker.leave", {"step": self.step})
             self._state = "leaving"
-            if not self._drain(time.monotonic() + min(self.timeout, DRAIN_MAX_S)):
+            if not self._drain(self._clock.monotonic() + min(self.timeout, DRAIN_MAX_S)):
                 return  # still attached: our exit is a worker-exit, which drops us at once
-            deadline = time.monotonic() + LEAVE_LINGER_S
-            while self._s.links.connected() and time.monotonic() < deadline:
+            deadline = self._clock.monotonic() + LEAVE_LINGER_S
+            while self._s.links.connected() and self._clock.monotonic() < deadline:
                 time.sleep(POLL_S)
-            with contextlib.suppress(TrainerError):  # a daemon that is gone detached us
+            self._s.poller.stop()  # a poll after the detach would be refused
+            with contextlib.suppress(ControlFailure):  # a daemon that is gone detached us
                 self._s.client.call("worker.detach", {"pid": os.getpid()})
         finally:
             self.close()
@@ -233,12 +243,12 @@ class Trainer:
     def _drain(self, deadline: float) -> bool:
         """Run no-sample rounds until a policy without us governs our next round; False if
         that did not happen in time."""
-        while time.monotonic() < deadline:
+        while self._clock.monotonic() < deadline:
             self._poll()
             pub, newest = self._s.book.for_round(self.step + 1), self._s.book.newest
-            if pub is None or self.node_id not in pub.policy.members:
+            if pub is None or self.node_id not in pub.members:
                 return True
-            if newest is not None and newest.policy.members == (self.node_id,):
+            if newest is not None and newest.members == (self.node_id,):
                 return True  # the last member: nobody waits for us
             self.optimizer.zero_grad(set_to_none=True)
             try:
@@ -251,6 +261,7 @@ class Trainer:
 
     def close(self) -> None:
         """Close links and the control connection (idempotent)."""
+        self.reducer.close()
         self._s.close()
 
     @property
@@ -263,12 +274,24 @@ class Trainer:
         return state_digest(self.model, self.optimizer)
 
     def _poll(self) -> None:
-        """Poll the daemon. Every poll happens at a step boundary, so a snapshot that a new
-        replicate command asks for can be taken right here (waiting for the next commit
-        could deadlock: that round may need the very node that waits for this snapshot)."""
+        """Take in what the poller fetched (no I/O). Every call happens at a step boundary,
+        so a snapshot that a new replicate command asks for can be taken right here (waiting
+        for the next commit could deadlock: that round may need the very node that waits
+        for this snapshot)."""
         self._s.poll(self.step, self._state)
         self._s.settle(self._s.book.for_round(self.step + 1))
         self._serve_due()
+
+    def _on_policy(self, pub: SyncPolicy) -> None:
+        """(The poller's thread.) A new policy that governs the round in flight aborts it
+        now, so the round reruns under it at once: after a failure the policy without the
+        silent node takes effect at once, and the round must not wait for its timeout. The
+        links to the neighbours it dropped close, so a send blocked on one returns."""
+        neighbours = self.reducer.supersede(pub.version, pub.effective_step)
+        if neighbours and self.node_id in pub.members:
+            gone = [p for p in neighbours if p not in pub.members]
+            if gone:
+                self._s.drop(gone, f"dropped by policy v{pub.version}")
 
     # -- joining ---------------------------------------------------------------------------
     def _join(self, deadline: float) -> None:
@@ -288,17 +311,17 @@ class Trainer:
                     break
                 time.sleep(FETCH_RETRY_S)
             newest = self._s.book.newest
-            if (newest is not None and newest.policy.members == (self.node_id,)
+            if (newest is not None and newest.members == (self.node_id,)
                     and not self._was_member):  # fmt: skip
                 log.info("%s bootstraps the cluster from its own model", self.node_id)
                 self._pending = None
                 break
-            if time.monotonic() > deadline:
+            if self._clock.monotonic() > deadline:
                 raise TrainerError(
                     f"{self.node_id} did not become a member within {self.join_timeout:g}s: "
                     "no replicate command arrived; check `chaosctl nodes` and the scheduler"
                 )
-            time.sleep(POLL_S)
+            self._s.wait(POLL_S)
         self._state, self._agreed = "active", None  # _pending: what the snapshot held
         self._was_member = True  # from now on only a fresh replica may let us back in
 
@@ -310,12 +333,12 @@ class Trainer:
             newest = self._s.book.newest
             if newest is not None and (newest.version >= rep.policy_version if
                                        rep.policy_version >= 0 else
-                                       self.node_id in newest.policy.members):  # fmt: skip
+                                       self.node_id in newest.members):  # fmt: skip
                 return
-            if time.monotonic() > deadline:
+            if self._clock.monotonic() > deadline:
                 raise TrainerError(f"{self.node_id} restored step {self.step}, but the policy "
                                    f"v{rep.policy_version} that adds it never arrived")
-            time.sleep(POLL_S)
+            self._s.wait(POLL_S)
             self._poll()
 
     def _fetch(self, rep: Any, deadline: float) -> bool:
@@ -326,7 +349,7 @@ class Trainer:
             held = _WithHeld.for_manifest(self.model, got.manifest)
             runtime = StateSpace.restore(self.model if held is None else held, self.optimizer,
                                          got.manifest, got.buffer)  # fmt: skip
-        except (TransferFailed, ChaosError) as exc:
+        except ChaosError as exc:  # TransferFailed among them
             log.warning("replicating the state from %s failed: %s", sorted(rep.sources), exc)
             return False
         self.step = int(runtime.pop("step"))
@@ -339,14 +362,14 @@ class Trainer:
         return True
 
     # -- rounds ----------------------------------------------------------------------------
-    def _policy(self, deadline: float) -> Published:
+    def _policy(self, deadline: float) -> SyncPolicy:
         """The policy of round ``step + 1``; rejoins if this node was dropped from it."""
         while True:
             pub = self._s.book.for_round(self.step + 1)
-            if pub is not None and self.node_id in pub.policy.members:
+            if pub is not None and self.node_id in pub.members:
                 return pub
             newest = self._s.book.newest
-            if pub is not None and newest is not None and self.node_id not in newest.policy.members:
+            if pub is not None and newest is not None and self.node_id not in newest.members:
                 if self._state == "leaving":
                     raise _Left  # the policy without us governs: the leave is done
                 # Dropped (declared failed, or on the losing side of a partition): our state
@@ -357,14 +380,14 @@ class Trainer:
                             pub.version)
                 self._state = "joining"
                 self._s.attach()  # a fresh join request: the scheduler sends a replicate
-                self._join(time.monotonic() + self.join_timeout)
+                self._join(self._clock.monotonic() + self.join_timeout)
                 continue
-            if time.monotonic() > deadline:
+            if self._clock.monotonic() > deadline:
                 raise TrainerError(f"no sync policy for step {self.step + 1} arrived in time")
-            time.sleep(POLL_S)
+            self._s.wait(POLL_S)
             self._poll()
 
-    def _serve_first(self, pub: Published, deadline: float) -> None:
+    def _serve_first(self, pub: SyncPolicy, deadline: float) -> None:
         """Before the first round with a new tree neighbour, wait (bounded) for the replicate
         command that names us its source, and serve it. The command and the policy travel
         on different topics: a round started first waits for the new node, which waits for
@@ -372,21 +395,21 @@ class Trainer:
         if pub.version == self._version:
             return  # the policy of our last round: nobody new (the common, per-step case)
         prev = self._s.book.for_round(self.step)
-        if prev is None or prev is pub or self.node_id not in prev.policy.members:
+        if prev is None or prev is pub or self.node_id not in prev.members:
             return  # no change, or we are new ourselves (a new node is nobody's source)
-        p = pub.policy
+        p = pub
         near = (p.parent(self.node_id), *p.children(self.node_id))
-        new = [m for m in near if m and m not in prev.policy.members]
-        until = min(deadline, time.monotonic() + SERVE_WAIT_S)
+        new = [m for m in near if m and m not in prev.members]
+        until = min(deadline, self._clock.monotonic() + SERVE_WAIT_S)
         while new and not set(new) <= self._s.transfer.answered():
-            if time.monotonic() > until:
+            if self._clock.monotonic() > until:
                 log.warning("no replicate command for %s arrived in %gs; running round %d "
                             "without serving it", new, SERVE_WAIT_S, self.step + 1)
                 return
-            time.sleep(POLL_S)
+            self._s.wait(POLL_S)
             self._poll()
 
-    def _agree(self, pub: Published, attempt: int) -> bool:
+    def _agree(self, pub: SyncPolicy, attempt: int) -> bool:
         """Open the epoch; True if it committed the held result of round ``step + 1``.
 
         The decision is the newest committed step among the members. A member at it goes on;
@@ -395,7 +418,7 @@ class Trainer:
         is re-replicated; the others keep their state (they are at the agreed step), and
         their next round reruns once the scheduler has dropped the stale member.
         """
-        dec = self.reducer.agree(policy=pub.policy, committed=self.step,
+        dec = self.reducer.agree(policy=pub, committed=self.step,
                                  holds=self._pending is not None, attempt=attempt)  # fmt: skip
         self._agreed = (pub.version, attempt)
         if dec.step == self.step + 1 and self._pending is not None:
@@ -411,23 +434,24 @@ class Trainer:
         raise StateDiverged(f"{self.node_id} is at step {self.step}, ahead of the step the "
                             f"cluster agreed on ({dec.step}); restart the worker to rejoin")
 
-    def _next_epoch(self, pub: Published, deadline: float, exc: RoundAborted) -> None:
+    def _next_epoch(self, pub: SyncPolicy, deadline: float, exc: RoundAborted) -> None:
         """After an abort: wait (bounded) for a newer policy, else rerun with a newer attempt."""
         self._s.redial()
-        wait_until = min(deadline, time.monotonic() + RERUN_WAIT_S)
+        wait_until = min(deadline, self._clock.monotonic() + RERUN_WAIT_S)
         while self._s.book.for_round(self.step + 1) is pub:
             # First: past the deadline, every rerun would abort at once (a spin), not wait.
-            if time.monotonic() > deadline:
+            if self._clock.monotonic() > deadline:
                 raise TrainerError(f"step {self.step + 1} could not complete within "
                                    f"{self.timeout:g}s; last abort: {exc.reason}")  # fmt: skip
             # A newer version on the wire means its policy is on its way to us too.
-            if self.reducer.newest_epoch()[0] <= pub.version and time.monotonic() >= wait_until:
+            now = self._clock.monotonic()
+            if self.reducer.newest_epoch()[0] <= pub.version and now >= wait_until:
                 # Join the newest attempt a neighbour started, else open the next one; taking
                 # the larger of the two never leapfrogs, so the members converge.
                 own = self._attempt.get(pub.version, 0)
                 self._attempt[pub.version] = max(own + 1, self.reducer.newest_attempt(pub.version))
                 return
-            time.sleep(POLL_S)
+            self._s.wait(POLL_S)
             self._poll()
 
     def _apply(self, values: Any) -> None:
@@ -460,7 +484,7 @@ class Trainer:
             if self.node_id not in rep.sources:
                 continue
             if (rep.version_step > self.step or nxt is None or nxt.version < rep.policy_version
-                    or rep.new not in nxt.policy.members):  # fmt: skip
+                    or rep.new not in nxt.members):  # fmt: skip
                 keep.append(rep)
                 continue
             if rep.version_step < self.step:
@@ -487,7 +511,7 @@ class Trainer:
         self._s.replications = keep
 
     def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
-        total_ms = (time.monotonic() - t0) * 1e3
+        total_ms = (self._clock.monotonic() - t0) * 1e3
         stall_ms = max(0.0, total_ms - spent * 1e3)
         self.stalls.append(StepTiming(self.step, stall_ms, reruns, total_ms, spent * 1e3))
         del self.stalls[:-10_000]

@@ -10,33 +10,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from daemon.dataplane import PolicyError, SyncPolicy
+from daemon.contracts.policy import POLICY_KEEP, SyncPolicy, parse
 
 log = logging.getLogger("chaos.trainer")
-KEEP = 8  # older policies can no longer govern any round once newer ones are effective
-
-
-@dataclass(frozen=True)
-class Published:
-    """One policy as the scheduler published it.
-
-    Attributes:
-        policy: The all-reduce tree.
-        effective_step: The first round it governs.
-        addrs: Data-plane address per member (``host:port``).
-    """
-
-    policy: SyncPolicy
-    effective_step: int
-    addrs: Mapping[str, str]
-
-    @property
-    def version(self) -> int:
-        """Policy version."""
-        return self.policy.version
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
@@ -46,27 +24,22 @@ def parse_addr(addr: str) -> tuple[str, int]:
 
 
 class PolicyBook:
-    """Every policy this worker knows, by version."""
+    """Every policy this worker knows, by version (only the training thread adds)."""
 
     def __init__(self) -> None:
-        self._by_version: dict[int, Published] = {}
+        self._by_version: dict[int, SyncPolicy] = {}
 
-    def add(self, doc: Mapping[str, Any] | None) -> Published | None:
-        """Record a policy from ``worker.poll``; returns it if it is new."""
-        if not doc:
+    def add(self, doc: Mapping[str, Any] | None) -> SyncPolicy | None:
+        """Record a policy document; returns it if it is new."""
+        pub = parse(doc)
+        return None if pub is None else self.put(pub)
+
+    def put(self, pub: SyncPolicy) -> SyncPolicy | None:
+        """Record a parsed policy; returns it if it is new."""
+        if pub.version in self._by_version:
             return None
-        try:
-            policy = SyncPolicy.from_dict(doc)
-            eff = int(doc.get("effective_step", 0))
-            addrs = {str(k): str(v) for k, v in dict(doc.get("addrs") or {}).items()}
-        except (PolicyError, TypeError, ValueError) as exc:
-            log.warning("ignoring a malformed sync policy: %s", exc)
-            return None
-        if policy.version in self._by_version:
-            return None
-        pub = Published(policy, eff, addrs)
-        self._by_version[policy.version] = pub
-        for old in sorted(self._by_version)[:-KEEP]:
+        self._by_version[pub.version] = pub
+        for old in sorted(self._by_version)[:-POLICY_KEEP]:
             del self._by_version[old]
         return pub
 
@@ -76,18 +49,18 @@ class PolicyBook:
         return max(self._by_version, default=-1)
 
     @property
-    def newest(self) -> Published | None:
+    def newest(self) -> SyncPolicy | None:
         """The newest policy, effective or not."""
         return self._by_version[max(self._by_version)] if self._by_version else None
 
-    def for_round(self, step: int) -> Published | None:
+    def for_round(self, step: int) -> SyncPolicy | None:
         """The policy governing round ``step`` (None if none is effective yet)."""
         ok = [v for v, p in self._by_version.items() if p.effective_step <= step]
         return self._by_version[max(ok)] if ok else None
 
     def knows(self, node: str) -> bool:
         """Whether ``node`` is a member of any recent policy (data-plane admission)."""
-        return any(node in p.policy.members for p in self._by_version.values())
+        return any(node in p.members for p in self._by_version.values())
 
     def addr_of(self, node: str) -> str | None:
         """The newest known data-plane address of ``node``."""

@@ -1,9 +1,10 @@
 """The worker's link to its daemon: polling, commands, links to neighbours, exit signals.
 
 :class:`Session` owns the control-socket client, the PeerLinks, the policy book and the
-state transfer. It turns ``worker.poll`` answers into policies and command effects
-(``connect``/``disconnect``/``replicate``), keeps the tree links up (the lower id dials), and
-queues reports from link threads until the training thread flushes them with the next poll.
+state transfer. Its :class:`Poller` polls chaosd on a thread of its own; at each step boundary
+the training thread takes in what it fetched, turning it into policies and command effects
+(``connect``/``disconnect``/``replicate``), and keeps the tree links up (the lower id dials).
+Reports from any thread are queued and sent with the next poll.
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
+from typing_extensions import assert_never
+
+from daemon.contracts.control import ControlClient
+from daemon.contracts.errors import ControlFailure
+from daemon.contracts.kinds import WORKER_COMMAND_OPS, ReportKind, member
+from daemon.contracts.policy import SyncPolicy
 from daemon.dataplane import AuthError, PeerGone, PeerLinks
-from daemon.trainer.control import DaemonClient, TrainerError
-from daemon.trainer.policy import PolicyBook, Published, parse_addr
+from daemon.dataplane.threads import ThreadSet
+from daemon.trainer.control import TrainerError
+from daemon.trainer.policy import PolicyBook, parse_addr
+from daemon.trainer.poller import Poller
 from daemon.trainer.transfer import StateTransfer
 
 log = logging.getLogger("chaos.trainer")
@@ -74,7 +83,7 @@ class Session:
     """
 
     def __init__(self, socket: str | os.PathLike[str] | None, call_timeout: float) -> None:
-        self.client = DaemonClient(socket, call_timeout)
+        self.client = ControlClient(socket, call_timeout)
         self.book = PolicyBook()
         # Bind where told (CHAOS_DATA_BIND), else everywhere; an empty host in worker.attach
         # makes the daemon advertise its own --advertise address for us.
@@ -96,7 +105,9 @@ class Session:
         self._quiet_down: set[str] = set()  # peers we disconnected on purpose
         self._closing: set[str] = set()  # peers to disconnect once no round needs them
         self._closed = threading.Event()
+        self._threads = ThreadSet()  # dialers
         self.links.add_down_listener(self._on_down)
+        self.poller = Poller(self.client, self.flush_reports)
 
     def attach(self) -> dict[str, Any]:
         """``worker.attach``; sets this node's identity on the data plane."""
@@ -116,29 +127,47 @@ class Session:
         self.transfer.serve_bps = float(mbps) * 1e6 / 8 if mbps else None
         self.probe_min_bytes = int(float(rep.get("probe_min_mib", 16)) * (1 << 20))
         self.transfer.reserve_bytes = int(float(rep.get("snapshot_reserve_mib", 256)) * (1 << 20))
+        self.poller.start()
         return dict(data)
 
-    def poll(self, step: int, state: str) -> Published | None:
-        """``worker.poll``: flush reports, take in the policy and commands; the new policy."""
-        self.flush_reports()
-        data = self.client.call("worker.poll", {"step": step, "state": state,
-                                                "policy_version": self.book.newest_version})
-        data = data or {}
+    def poll(self, step: int, state: str) -> SyncPolicy | None:
+        """Publish our position and take in what the poller fetched (no I/O on this path):
+        policies, commands, a leave request. Returns the newest new policy.
+
+        Raises:
+            ControlFailure: chaosd stopped answering the poller.
+        """
+        self.poller.position = (step, state)
+        policies, commands, leave = self.poller.take()
         new = None
-        for doc in [*(data.get("policies") or []), data.get("policy")]:
-            added = self.book.add(doc)
-            if added is not None and (new is None or added.policy.version > new.policy.version):
+        for pub in policies:
+            added = self.book.put(pub)
+            if added is not None and (new is None or added.version > new.version):
                 new = added
         if new is not None:
             self._follow_tree(new)
-        for cmd in data.get("commands") or []:
+        for cmd in commands:
             self._command(cmd)
-        if data.get("leave"):
+        if leave:
             self.leave_requested = True
             EXIT_EVENT.set()
         return new
 
-    def report(self, kind: str, **fields: Any) -> None:
+    def wait(self, timeout: float) -> None:
+        """Sleep up to ``timeout``, waking early when the poller fetched something new."""
+        self.poller.wait(timeout)
+
+    def drop(self, peers: Iterable[str], reason: str) -> None:
+        """Close the links to ``peers`` now: a policy that governs the round in flight no
+        longer has them as members (a failure). A send blocked on a silent peer returns, and
+        no ``link-failed`` report follows; a connect command brings a link back."""
+        for peer in peers:
+            self._quiet_down.add(peer)
+            self._closing.discard(peer)
+            self._wanted.pop(peer, None)
+            self.links.disconnect(peer, reason=reason)
+
+    def report(self, kind: ReportKind, **fields: Any) -> None:
         """Queue a ``worker.report`` (sent with the next poll; safe from any thread)."""
         with self._lock:
             self._reports.append({"kind": kind, **fields})
@@ -152,21 +181,25 @@ class Session:
                 continue  # a duplicate connection was dropped; the link itself is up
             try:
                 self.client.call("worker.report", rep)
-            except TrainerError as exc:
+            except ControlFailure as exc:
                 log.warning("dropping report %s: %s", rep.get("kind"), exc)
 
     def close(self) -> None:
-        """Close links and the control connection."""
+        """Stop the poller, close links and the control connection."""
         self._closed.set()
+        self.poller.stop(self.client.timeout + 1.0)
+        self._threads.join(DIAL_RETRY_S + 1.0)  # dialers see _closed and stop
         self.links.close()
         self.transfer.close()
         self.client.close()
 
     # -- commands and links ----------------------------------------------------------------
     def _command(self, cmd: Mapping[str, Any]) -> None:
-        op, args = cmd.get("op"), cmd.get("args") or {}
+        op, args = member(cmd.get("op"), WORKER_COMMAND_OPS), cmd.get("args") or {}
         try:
-            if op == "connect":
+            if op is None:
+                log.warning("ignoring unknown worker command %r", cmd.get("op"))
+            elif op == "connect":
                 self.want(str(args["peer"]), str(args["addr"]))
             elif op == "disconnect":
                 # Closed at the step boundary where no governing policy needs it any more
@@ -188,15 +221,15 @@ class Session:
                 self.replications = [r for r in self.replications if r.new != rep.new]
                 self.replications.append(rep)
             else:
-                log.warning("ignoring unknown worker command %r", op)
+                assert_never(op)
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignoring malformed worker command %r: %r", op, exc)
 
-    def settle(self, governing: Published | None) -> None:
+    def settle(self, governing: SyncPolicy | None) -> None:
         """Close the links we were told to drop once ``governing`` (the policy of our next
         round) no longer has them as tree edges."""
         for peer in list(self._closing):
-            p = governing.policy if governing is not None else None
+            p = governing if governing is not None else None
             if p is not None and self.node_id in p.members and (
                     peer == p.parent(self.node_id) or peer in p.children(self.node_id)):
                 continue
@@ -216,10 +249,10 @@ class Session:
         if self.node_id < peer:
             self._dial(peer)
 
-    def _follow_tree(self, pub: Published) -> None:
-        if self.node_id not in pub.policy.members:
+    def _follow_tree(self, pub: SyncPolicy) -> None:
+        if self.node_id not in pub.members:
             return
-        p = pub.policy
+        p = pub
         for peer in (*((p.parent(self.node_id),) if p.parent(self.node_id) else ()),
                      *p.children(self.node_id)):  # fmt: skip
             addr = pub.addrs.get(peer) if peer else None
@@ -231,8 +264,7 @@ class Session:
             if peer in self._dialing:
                 return
             self._dialing.add(peer)
-        threading.Thread(target=self._dial_loop, args=(peer,), daemon=True,
-                         name=f"dial-{peer}").start()  # fmt: skip
+        self._threads.start(self._dial_loop, f"dial-{peer}", peer)
 
     def _dial_loop(self, peer: str) -> None:
         # The peer may not know we are a member yet (its policy lags ours): retry, bounded.

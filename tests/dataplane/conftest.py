@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import socket
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from daemon.dataplane import AllReducer, LinkConfig, PeerLinks
+from daemon.dataplane.auth import Identity, initiate
 from tests.dataplane._cluster import Cluster
 
 SECRET = b"k"
@@ -52,3 +54,18 @@ def trio() -> Iterator[dict[str, AllReducer]]:
     yield {n: AllReducer(lk, chunk_bytes=1024, timeout=10.0) for n, lk in links.items()}
     for lk in links.values():
         lk.close()
+
+
+@pytest.fixture
+def mute(trio: dict[str, AllReducer]) -> Iterator[socket.socket]:
+    """A silent peer "mute" linked to "solo": it authenticated and then never reads or sends,
+    which is what a SIGSTOPped box looks like (no reset, no data)."""
+    solo = trio["solo"]
+    solo.links.allow("mute")
+    raw = socket.create_connection(solo.links.address)
+    try:
+        initiate(raw, Identity("mute", "t", SECRET, "0" * 16), "solo")
+        assert solo.links.wait_connected(["mute"], 5)
+        yield raw
+    finally:
+        raw.close()

@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from daemon.dataplane import AllReducer, DataPlaneError, RoundAborted, SyncPolicy
-from daemon.dataplane.auth import Identity, initiate
 from daemon.dataplane.frames import FrameHeader, Kind
 from daemon.dataplane.tensors import digest, flatten_grads, unflatten_into
-from tests.dataplane.conftest import IDS, SECRET
+from tests.dataplane.conftest import IDS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -81,20 +80,15 @@ def test_unflatten_rejects_a_wrong_size() -> None:
         unflatten_into(torch.zeros(3), params)
 
 
-def test_a_stalled_neighbour_times_out_instead_of_hanging(trio: dict[str, AllReducer]) -> None:
+def test_a_stalled_neighbour_times_out_instead_of_hanging(
+    trio: dict[str, AllReducer], mute: socket.socket
+) -> None:
     """A peer that authenticates and then never sends (like a SIGSTOPped process)."""
-    solo = trio["solo"]
-    solo.links.allow("mute")
-    raw = socket.create_connection(solo.links.address)
-    try:
-        initiate(raw, Identity("mute", "t", SECRET, "0" * 16), "solo")
-        assert solo.links.wait_connected(["mute"], 5)
-        policy = SyncPolicy.build(5, ["solo", "mute"], [("mute", "solo")], "solo")
-        with pytest.raises(RoundAborted, match="timed out") as info:
-            solo.allreduce(np.ones(100_000, np.float32), 1, step=1, policy=policy, timeout=1.0)
-        assert info.value.step == 1 and info.value.policy_version == 5
-    finally:
-        raw.close()
+    policy = SyncPolicy.build(5, ["solo", "mute"], [("mute", "solo")], "solo")
+    with pytest.raises(RoundAborted, match="timed out") as info:
+        trio["solo"].allreduce(np.ones(100_000, np.float32), 1, step=1, policy=policy,
+                               timeout=1.0)
+    assert info.value.step == 1 and info.value.policy_version == 5
 
 
 def test_a_late_joiner_of_an_abandoned_epoch_is_told_at_once(

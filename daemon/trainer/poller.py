@@ -1,0 +1,132 @@
+"""The worker's background poll of chaosd (``worker.poll``), on its own thread.
+
+The training thread blocks in rounds, so a poll made only between steps learned of a failure
+policy only after the round in flight timed out (30 s by default). :class:`Poller` polls every
+``POLL_S`` whatever the training thread does: it flushes queued reports, tells chaosd the
+position the training thread last published (which also keeps the worker visibly alive to its
+supervisor), hands each new policy to ``on_policy`` at once (the Trainer aborts a round that
+policy governs), and keeps policies, commands and the leave flag in an inbox that the
+training thread takes in at its step boundaries. Nothing is polled on a step's own path.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from daemon.contracts.control import ControlClient
+from daemon.contracts.errors import ControlFailure
+from daemon.contracts.policy import SyncPolicy, parse
+
+log = logging.getLogger("chaos.trainer")
+POLL_S = 0.02  # a new policy reaches a round in flight within this (plus one control call)
+
+
+class Poller:
+    """Polls chaosd from a thread; the training thread takes in what it gathered.
+
+    Args:
+        client: The worker's control client (thread-safe).
+        flush: Sends the queued reports; called before every poll.
+        every: Seconds between polls.
+    """
+
+    def __init__(self, client: ControlClient, flush: Callable[[], None],
+                 every: float = POLL_S) -> None:  # fmt: skip
+        self.client, self.flush, self.every = client, flush, every
+        #: The training thread's ``(last committed step, state)``, sent with every poll.
+        self.position: tuple[int, str] = (0, "joining")
+        #: Called on the poller's thread with each new policy, oldest first.
+        self.on_policy: Callable[[SyncPolicy], None] | None = None
+        self._lock = threading.Lock()
+        self._policies: list[SyncPolicy] = []
+        self._commands: list[Mapping[str, Any]] = []
+        self._leave = False
+        self._error: ControlFailure | None = None
+        self._known = -1  # newest policy version fetched
+        self._news = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start polling (no-op while running)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="chaos-poller", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop polling and join the thread (a call in flight ends within its own timeout)."""
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout)
+            if t.is_alive():
+                log.warning("the poller did not stop within %gs", timeout)
+
+    def take(self) -> tuple[list[SyncPolicy], list[Mapping[str, Any]], bool]:
+        """New policies, commands (each once) and whether chaosd asked us to leave.
+
+        Raises:
+            ControlFailure: The last poll failed (the poller has stopped).
+        """
+        with self._lock:
+            if self._error is not None:
+                raise self._error
+            out = self._policies, self._commands, self._leave
+            self._policies, self._commands = [], []
+            self._news.clear()
+        return out
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until the inbox has something new (or an error); False on timeout."""
+        return self._news.wait(timeout)
+
+    def _run(self) -> None:
+        # The first poll goes at once: a node that attaches first must see the policy that
+        # makes it the only member before a second node's join replaces it, or it never
+        # bootstraps.
+        while not self._stop.is_set():
+            try:
+                self.poll_once()
+            except ControlFailure as exc:
+                with self._lock:
+                    self._error = exc
+                    self._news.set()
+                return
+            self._stop.wait(self.every)
+
+    def poll_once(self) -> None:
+        """One ``worker.poll`` (the thread's body; a test may call it directly)."""
+        self.flush()
+        step, state = self.position
+        args = {"step": step, "state": state, "policy_version": self._known}
+        data = self.client.call("worker.poll", args) or {}
+        fresh: list[SyncPolicy] = []
+        for doc in [*(data.get("policies") or []), data.get("policy")]:
+            version = doc.get("version") if isinstance(doc, Mapping) else None
+            if not isinstance(version, int) or version <= self._known:
+                continue  # the current policy comes with every answer: parse it once
+            pub = parse(doc)
+            if pub is not None and all(p.version != pub.version for p in fresh):
+                fresh.append(pub)
+        fresh.sort(key=lambda p: p.version)
+        if fresh:
+            self._known = fresh[-1].version
+        commands = list(data.get("commands") or [])
+        leave = bool(data.get("leave"))
+        with self._lock:
+            self._policies.extend(fresh)
+            self._commands.extend(commands)
+            self._leave = self._leave or leave
+            if fresh or commands or leave:
+                self._news.set()
+        for pub in fresh:
+            if self.on_policy is not None:
+                try:
+                    self.on_policy(pub)
+                except Exception:  # the poll must go on; the round then only times out
+                    log.exception("handling policy v%d failed", pub.version)
