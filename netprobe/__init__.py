@@ -1,5 +1,9 @@
 """netprobe: link measurement for Chaos. It imports nothing from ``daemon`` or ``chaosctl``.
 
+Runs inside ``chaosd``, on the agent's asyncio loop (probe servers, probers, the iperf3
+subprocess), and in the testbed tools; the clock seam of every process lives here, at the
+bottom of the import order.
+
 Where each public name lives:
 
 - ``rtt.py``: :class:`RttResponder` (UDP echo), :class:`RttProber` (per-peer RTT, loss and

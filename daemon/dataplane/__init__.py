@@ -1,13 +1,17 @@
 """The training data plane: authenticated neighbour links and the tree all-reduce.
 
-Layers, bottom up (each module maps to one concern):
+Runs in the training worker (and the benches), on threads: a reader thread per link, the
+caller's thread for a round, helper threads in a :class:`~daemon.dataplane.threads.ThreadSet`
+that ``close()`` joins. No asyncio. Layers, bottom up (each module maps to one concern):
 
 - ``errors``: the exception family (:class:`DataPlaneError` and subclasses).
 - ``frames``: the binary frame header, size limits, exact reads into buffers.
 - ``sockets``: socket tuning and deadline-bounded sends.
 - ``auth``: the mutual HMAC-SHA256 handshake.
 - ``links``: :class:`PeerLinks`, persistent connections to the neighbours only.
-- ``policy``: :class:`SyncPolicy` and the pure :func:`spanning_tree` planner.
+- ``threads``: :class:`ThreadSet`, helper threads joined on close.
+- :class:`SyncPolicy` and :func:`spanning_tree` are re-exported from
+  :mod:`daemon.contracts.policy`, where the one policy type lives.
 - ``rounds`` / ``allreduce``: :class:`AllReducer`, the chunked, pipelined tree all-reduce.
 - ``fences``: the phases a newer policy makes pointless (``AllReducer.supersede``).
 - ``tensors``: flatten/unflatten torch gradients, result digests.

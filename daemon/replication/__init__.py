@@ -1,4 +1,7 @@
-"""Scale-out state replication: the pure core (no I/O).
+"""Scale-out state replication: planning (pure) and transfer (I/O).
+
+Runs in the training worker (the sources' servers and the new node's fetch, on threads) and
+in the benches. ``planning`` is pure numpy with no I/O; ``transfer`` does the sockets.
 
 - training state as one byte space; restore; digest: :mod:`daemon.replication.state`
 - manifest, block checksums, range verification: :mod:`daemon.replication.manifest`
