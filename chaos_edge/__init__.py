@@ -12,7 +12,11 @@
             break
 
 - :class:`Trainer`: ``step``, ``update()``, ``check_state_replication()``,
-  ``request_node_exit()``, ``close()``, ``node_id``, ``policy_version``, ``state_digest()``.
+  ``request_node_exit()``, ``close()``, ``node_id``, ``policy_version``, ``state_digest()``,
+  ``state`` (the registered objects), ``shard`` (this member's part of the next step).
+- :class:`Shard`: the members, this member's index, the global batch and its slice.
+- :class:`UnserialisableState`, :class:`StateMismatch`: a registered object that cannot be
+  replicated (raised by ``Trainer()``), a joiner whose state does not fit the cluster's.
 - :func:`capture_exit_event`: True once this process should leave.
 - :class:`TrainerError` (its subclass :class:`StateDiverged`): what the Trainer raises when it
   cannot go on; :class:`DaemonUnreachable`: chaosd's control socket does not answer. Both are
@@ -38,17 +42,22 @@ if TYPE_CHECKING:
     from daemon.trainer import (
         ChaosError,
         DaemonUnreachable,
+        Shard,
         StateDiverged,
+        StateMismatch,
         StepTiming,
         Trainer,
         TrainerError,
+        UnserialisableState,
         capture_exit_event,
     )
 
-__all__ = ["ChaosError", "DaemonPackageClash", "DaemonUnreachable", "StateDiverged",
-           "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
-_TRAINER_NAMES = ("ChaosError", "DaemonUnreachable", "StateDiverged", "StepTiming", "Trainer",
-                  "TrainerError", "capture_exit_event")
+__all__ = ["ChaosError", "DaemonPackageClash", "DaemonUnreachable", "Shard", "StateDiverged",
+           "StateMismatch", "StepTiming", "Trainer", "TrainerError", "UnserialisableState",
+           "capture_exit_event"]
+_TRAINER_NAMES = ("ChaosError", "DaemonUnreachable", "Shard", "StateDiverged", "StateMismatch",
+                  "StepTiming", "Trainer", "TrainerError", "UnserialisableState",
+                  "capture_exit_event")
 
 
 def __getattr__(name: str) -> Any:

@@ -39,6 +39,7 @@ EVENT_STYLES: dict[str, str] = {
     "link-failed": "red",
     "scheduler-elected": "bold blue",
     "partition": "bold magenta",
+    "state-diverged": "bold red",
 }
 # Shown in this order in status; unknown states follow, sorted.
 STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")

@@ -14,7 +14,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeGuard
 
 from typing_extensions import assert_never
 
@@ -42,6 +42,12 @@ RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
 
 def link_key(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a < b else (b, a)
+
+
+def _is_digest(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a SHA-256 in hex (the state digests the workers compare)."""
+    return (isinstance(value, str) and len(value) == 64
+            and all(c in "0123456789abcdefABCDEF" for c in value))
 
 
 class Negotiator:
@@ -380,8 +386,33 @@ class Negotiator:
             self.serve_declined(node, args)
         elif kind == "round-aborted":
             log.info("round aborted on %s: %s", node, args)
+        elif kind == "state-diverged":
+            return self.diverged(node, args)
         else:
             assert_never(kind)
+        return None
+
+    def diverged(self, node: str, report: dict[str, Any]) -> str | None:
+        """The divergence guard found ``node``'s state differs from the majority's at a step.
+
+        Recorded as a ``state-diverged`` event, then ``node`` is dropped at once, as for a
+        failure (a ``scale-in`` with that reason): the rounds go on without it, and its
+        worker, still attached, sees itself outside the policy and rejoins by scale-out,
+        which re-replicates the majority's state to it.
+        """
+        step, digest, majority = report.get("step"), report.get("digest"), report.get("majority")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            return "state-diverged needs an integer 'step' >= 0"
+        if not (_is_digest(digest) and _is_digest(majority)):
+            return "state-diverged needs 'digest' and 'majority' as 64 hex digits"
+        if node not in self.sched.nodes:
+            return f"unknown node {node!r}"
+        if digest.lower() == majority.lower():
+            return "state-diverged with equal 'digest' and 'majority' is no divergence"
+        log.warning("%s diverged at step %d: %s, majority %s", node, step, digest, majority)
+        self.sched.record("state-diverged", node=node, step=step, digest=digest.lower(),
+                          majority=majority.lower())
+        self.gone(node, "state-diverged")
         return None
 
     def serve_declined(self, source: str, report: dict[str, Any]) -> None:

@@ -37,14 +37,14 @@ WORKER_EXIT_REASONS: tuple[WorkerExitReason, ...] = get_args(WorkerExitReason)
 
 ReportKind = Literal[
     "link-failed", "link-recovered", "link-metrics", "round-aborted", "replicated", "stall",
-    "serve-declined",
+    "serve-declined", "state-diverged",
 ]
 """What a node reports to the scheduler (``report`` requests). The worker sends those in
 :data:`WORKER_REPORT_KINDS` through its daemon; the daemon itself sends ``link-metrics`` and
 ``link-recovered`` from its probes."""
 REPORT_KINDS: tuple[ReportKind, ...] = get_args(ReportKind)
 WORKER_REPORT_KINDS: tuple[ReportKind, ...] = (
-    "link-failed", "round-aborted", "replicated", "stall", "serve-declined",
+    "link-failed", "round-aborted", "replicated", "stall", "serve-declined", "state-diverged",
 )
 
 # --- commands from the scheduler (``node/<id>/cmd``) ----------------------------------------
@@ -68,7 +68,7 @@ CONTROL_OPS: tuple[ControlOp, ...] = (*get_args(ReadOp), *get_args(ActionOp),
 # --- events (``chaosctl events``) -------------------------------------------------------------
 EventKind = Literal[
     "scale-out", "scale-in", "connect-link", "disconnect-link", "node-failed", "link-failed",
-    "scheduler-elected", "partition",
+    "scheduler-elected", "partition", "state-diverged",
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 

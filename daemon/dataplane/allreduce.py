@@ -197,6 +197,7 @@ class AllReducer:
         holds: bool,
         attempt: int = 0,
         timeout: float | None = None,
+        digest: bytes = b"",
     ) -> Decision:
         """Open the epoch ``(policy.version, attempt)``: agree on the last committed step.
 
@@ -206,17 +207,25 @@ class AllReducer:
             holds: Whether this node holds the uncommitted result of round ``committed + 1``.
             attempt: The epoch's attempt.
             timeout: Seconds before the agreement aborts.
+            digest: SHA-256 (32 bytes) of this node's complete state at ``committed``, for
+                the divergence guard; b"" keeps this node out of the comparison.
 
         Returns:
             The decision; apply the held result if ``decision.step == committed + 1``, drop
-            it if ``decision.step == committed``.
+            it if ``decision.step == committed``. If ``decision.step == committed`` and this
+            node gave a digest other than ``decision.digest``, its state has diverged from
+            the majority's (``agree.decide`` says how a tie is broken).
 
         Raises:
             RoundAborted: As for :meth:`allreduce` (``step`` is ``committed``).
+            DataPlaneError: A digest that is neither empty nor 32 bytes.
         """
+        try:
+            own = Summary.of(committed, holds, bytes(digest))
+        except ValueError as exc:
+            raise DataPlaneError(str(exc)) from None
         ag = Agreement((policy.version, attempt, -1), policy.parent(self.node_id),
                        policy.children(self.node_id), self._cond, committed + 1)
-        own = Summary.of(committed, holds)
         self._execute(ag, functools.partial(self._run_agreement, ag, own), timeout)
         if ag.aborted or ag.decision is None:
             raise RoundAborted(committed, policy.version, ag.abort_reason or "", ag.abort_peer)
@@ -305,8 +314,9 @@ class AllReducer:
             self._fire("agree-up", 0)
             if not self._wait(ag, deadline, lambda: ag.decision is not None):
                 return
-        else:
-            ag.decision = decide(summary)
+        else:  # the root's own digest breaks a tie, if it is of the newest step
+            mine = own.tally[0][0] if own.tally and own.high == summary.high else b""
+            ag.decision = decide(summary, mine)
         assert ag.decision is not None
         with self._cond:
             ag.done = True  # the decision is known here; a child that misses it re-agrees

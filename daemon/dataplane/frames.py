@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from daemon.dataplane.errors import FrameError, PeerGone
 
 MAGIC = b"CHDP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the agreement carries state digests
 HEADER = struct.Struct("!4sBBHQQQII")
 HEADER_SIZE = HEADER.size
 #: Largest payload accepted after authentication. Chunk sizes must stay below it.

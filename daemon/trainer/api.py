@@ -1,9 +1,10 @@
 """The Trainer API (DESIGN.md, from section V-B of "Learning in Chaos").
 
-    trainer = Trainer(model, optimizer)      # attach to chaosd, join (scale-out)
+    trainer = Trainer(model, optimizer, state={"sched": scheduler})  # attach, join (scale-out)
     while trainer.step < total_steps:
         loss = ...; loss.backward()
         trainer.update()                     # all-reduce, commit, optimizer.step()
+        scheduler.step()                     # registered objects change here, and only here
         trainer.check_state_replication()    # serve a snapshot if a plan names this node
         if capture_exit_event():
             trainer.request_node_exit()
@@ -14,7 +15,17 @@
 words, ``step`` is the *last committed step*. The data plane's commit protocol
 (``daemon.dataplane.allreduce``) keeps every member bit-identical; this module drives it:
 pick the policy, open each epoch with an agreement, rerun aborted rounds in a newer epoch,
-bounded by ``timeout``, and account the stall.
+bounded by ``timeout``, and account the stall. :mod:`~daemon.trainer.stepper` lays out each
+round and applies its result; :mod:`~daemon.trainer.objects` carries the registered objects;
+the divergence guard compares digests of the whole state inside the agreement.
+
+**The step boundary.** The state of step ``t`` is the model and optimizer as ``update()`` left
+them (the buffers as averaged in round ``t``), plus the registered objects as the script
+leaves them when it calls ``check_state_replication()``. A snapshot for a new node, and the
+digest the guard compares, are taken at ``check_state_replication()`` or at the start of the
+next ``update()``; so registered objects must change only between ``update()`` and
+``check_state_replication()`` (a forward pass since then has changed the live BatchNorm
+statistics, which is why the agreed copies are used).
 """
 
 from __future__ import annotations
@@ -23,77 +34,43 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any, NamedTuple
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from daemon.contracts.clock import Clock, SystemClock
-from daemon.contracts.errors import ChaosError, ControlFailure
+from daemon.contracts.errors import ControlFailure
 from daemon.contracts.policy import SyncPolicy
 from daemon.dataplane import AllReducer, RoundAborted
-from daemon.dataplane.tensors import flatten_grads, unflatten_into
-from daemon.replication.manifest import Manifest
-from daemon.replication.state import StateSpace, state_digest, tensor_bytes
-from daemon.trainer.control import StateDiverged, TrainerError
-from daemon.trainer.join import pull_state
+from daemon.dataplane.agree import Decision
+from daemon.replication.state import state_digest_bytes
+from daemon.trainer.control import (
+    StateDiverged,
+    StateMismatch,
+    TrainerError,
+    UnserialisableState,
+)
+from daemon.trainer.joining import Joining
+from daemon.trainer.objects import Registry
 from daemon.trainer.poller import POLL_S
+from daemon.trainer.serving import Serving
 from daemon.trainer.session import EXIT_EVENT, Session, install_signal_handlers
-from daemon.trainer.transfer import snapshot_room
+from daemon.trainer.shares import SLOTS, SPEED_EMA, Shard, shard_of
+from daemon.trainer.stepper import BufferMode, GradTransform, Stepper
+from daemon.trainer.timing import StepTiming, Timing
 
-__all__ = ["StateDiverged", "StepTiming", "Trainer", "TrainerError", "capture_exit_event"]
+__all__ = ["Shard", "StateDiverged", "StateMismatch", "StepTiming", "Trainer", "TrainerError",
+           "UnserialisableState", "capture_exit_event"]
 log = logging.getLogger("chaos.trainer")
-FETCH_RETRY_S = 0.5  # pause before fetching a replicated state again
 LEAVE_LINGER_S = 0.5  # after the drain, before closing the links
 DRAIN_MAX_S = 30.0  # a leaver waits at most this long for the policy that drops it
 RERUN_WAIT_S = 1.0  # after an abort, wait this long for a newer policy before retrying as is
-SERVE_WAIT_S = 5.0  # a source waits this long for the replicate command of a new neighbour
-
-
-class StepTiming(NamedTuple):
-    """Where one ``update()`` spent its time.
-
-    Attributes:
-        step: The step it committed.
-        stall_ms: Time beyond the collectives (polling chaosd, waiting for a policy, reruns'
-            overhead, ``optimizer.step()``, a snapshot for a new node).
-        reruns: Rounds aborted and rerun before it committed.
-        total_ms: The whole call.
-        sync_ms: Time in the collectives (agreement and all-reduce), waits for peers included.
-    """
-
-    step: int
-    stall_ms: float
-    reruns: int
-    total_ms: float
-    sync_ms: float
+DIGEST_EVERY = 100  # steps between the guard's comparisons (and at every membership change)
 
 
 class _Left(Exception):
     """While leaving, the policy without this node took over (ends the drain)."""
-
-
-class _WithHeld(torch.nn.Module):
-    """The model plus a held (uncertain) round result, captured and restored as one state.
-
-    A source that is uncertain about round ``step + 1`` when it must serve its snapshot gives
-    the new node that result too, so both enter the next agreement in the same position.
-    """
-
-    NAME = "model/held"  # the buffer's manifest entry
-    held: torch.Tensor
-
-    def __init__(self, model: torch.nn.Module, held: torch.Tensor) -> None:
-        super().__init__()
-        self.model = model
-        self.register_buffer("held", held.detach().clone())
-
-    @classmethod
-    def for_manifest(cls, model: torch.nn.Module, manifest: Manifest) -> _WithHeld | None:
-        """A wrapper to restore into if the snapshot carries a held result, else None."""
-        for e in manifest.entries:
-            if e.name == cls.NAME:
-                return cls(model, torch.zeros(e.shape, dtype=getattr(torch, e.dtype)))
-        return None
 
 
 def capture_exit_event() -> bool:
@@ -101,12 +78,36 @@ def capture_exit_event() -> bool:
     return EXIT_EVENT.is_set()
 
 
-class Trainer:
+class Trainer(Joining, Serving, Timing):
     """Synchronous data-parallel training on the Chaos overlay.
 
     Args:
         model: The model; every node builds it the same way.
-        optimizer: Its optimizer.
+        optimizer: Its optimizer. ``update()`` steps it: the script never does.
+        state: Everything else the run's state is made of, by name: LR schedulers, an EMA
+            model, samplers, the script's own counters. Anything with ``state_dict()`` /
+            ``load_state_dict()``, or a JSON value (read and written through
+            :attr:`state`). It is replicated with the model at scale-out (a joiner's scheduler
+            and LR are the cluster's) and compared by the divergence guard.
+        scaler: The ``torch.amp.GradScaler`` the script scales its loss with. ``update()``
+            unscales the averaged gradient, steps through the scaler and updates it, so an inf
+            or NaN on any member skips the step on every member. Registered as
+            ``state["grad_scaler"]``.
+        clip_grad_norm: Clip the *averaged* gradient to this global L2 norm (after
+            unscaling). Clipping before ``update()`` would clip each member's own gradient,
+            which is not the same thing.
+        grad_transform: Any other transform of the averaged gradient: called with the
+            parameters (their ``.grad`` hold the average) after unscaling, before clipping
+            and the step. It must be deterministic: every member runs it on the same values.
+        buffers: ``"average"`` (default): buffers such as BatchNorm's running statistics
+            are averaged over the members every step, weighted by samples, so they are
+            identical everywhere (see :mod:`daemon.trainer.stepper` for why averaged rather
+            than broadcast). ``"local"``: each member keeps its own, and the guard ignores them.
+        digest_every: Every this many steps (and at every membership change) the members
+            compare a digest of their whole state inside the agreement; a member that
+            differs reports ``state-diverged`` and is re-replicated. 0: membership changes only.
+        global_batch: Consistent mode: the global batch stays this many samples whoever
+            comes and goes, split by the members' measured speeds (:attr:`shard`).
         samples_per_step: Samples behind one local gradient (weights the global average);
             ``update(samples=...)`` overrides it per step. Default 1: nodes weigh equally.
         socket: chaosd's control socket (default ``$CHAOS_SOCKET``).
@@ -116,10 +117,14 @@ class Trainer:
         clock: The time source of deadlines and stall accounting (the seam tests use).
 
     Raises:
+        UnserialisableState: A ``state`` object cannot be replicated (checked before anything
+            else; the message names it).
+        StateMismatch: The cluster's state does not fit this script (another model shape,
+            another scheduler type...); nothing was loaded.
         DaemonUnreachable: chaosd's control socket cannot be reached (a ``ControlFailure``).
         TrainerError: Joining did not finish in time.
 
-    Both derive from ``ChaosError``, the one class a script needs to catch.
+    All derive from ``ChaosError``, the one class a script needs to catch.
     """
 
     def __init__(
@@ -127,6 +132,13 @@ class Trainer:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
+        state: Mapping[str, Any] | None = None,
+        scaler: Any = None,
+        clip_grad_norm: float | None = None,
+        grad_transform: GradTransform | None = None,
+        buffers: BufferMode = "average",
+        digest_every: int = DIGEST_EVERY,
+        global_batch: int | None = None,
         samples_per_step: int | None = None,
         socket: str | os.PathLike[str] | None = None,
         timeout: float = 120.0,
@@ -134,26 +146,35 @@ class Trainer:
         chunk_bytes: int = 1 << 20,
         clock: Clock | None = None,
     ) -> None:
+        if digest_every < 0 or (global_batch is not None and global_batch < 1):
+            raise ValueError("digest_every must be >= 0 and global_batch >= 1")
+        # Validated before attaching: a bad object fails here, not at the first join.
+        self._objects = Registry(state, scaler)
+        self._stepper = Stepper(model, optimizer, buffers=buffers, scaler=scaler,
+                                clip_grad_norm=clip_grad_norm, grad_transform=grad_transform,
+                                speeds=global_batch is not None)  # fmt: skip
         self._clock = clock or SystemClock()
         self.model, self.optimizer = model, optimizer
         self.samples_per_step = samples_per_step or 1
+        self.global_batch, self.digest_every = global_batch, digest_every
         self.timeout, self.join_timeout = timeout, join_timeout
         self.step = 0
-        self.runtime: dict[str, Any] = {}  # user state replicated with the model (JSON types)
         self.stalls: list[StepTiming] = []  # the last 10,000 updates
-        self._params = [p for p in model.parameters()]
-        # Reused every step: the flat gradient and the all-reduce result (a fresh buffer the
-        # size of the model per step cost a quarter of the CPU of a 100 MB round).
-        size = sum(p.numel() for p in self._params)
-        self._flat = torch.empty(size, dtype=torch.float32)
-        self._result = torch.empty(size, dtype=torch.float32)
         self._pending: Any = None  # uncertain result of round step + 1
+        self._pending_version = -1  # the policy version of the round that produced it
         self._agreed: tuple[int, int] | None = None
         self._attempt: dict[int, int] = {}
         self._state = "joining"
         self._was_member = False
         self._version = 0  # policy version of the last committed round
         self._timed_version = 0  # policy version of the step _account saw last
+        self._checked = -1  # the last step whose digest the members compared
+        self._diverged = False  # the guard found us out of line: no samples until rejoined
+        self._joins = 0  # completed joins (a rejoin inside update() voids its gradient)
+        self._speed = 0.0  # our samples/s (smoothed), for consistent mode's shares
+        self._speeds: tuple[int, list[float]] | None = None  # (policy version, members' speeds)
+        self._last_end: float | None = None  # when the last update() returned
+        self._shard: Shard | None = None
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
         try:
@@ -166,9 +187,36 @@ class Trainer:
             self._s.close()
             raise
 
+    @property
+    def state(self) -> dict[str, Any]:
+        """The registered state by name (``state=`` and the scaler). JSON values are read and
+        written here; after a join they hold the cluster's values."""
+        return self._objects.values
+
+    @property
+    def shard(self) -> Shard:
+        """This member's part of the next step: the members, its index, the global batch and
+        its slice of it (see :mod:`daemon.trainer.shares`). Read it before loading the batch;
+        ``update()`` then counts ``shard.size`` samples by default."""
+        pub = self._s.book.for_round(self.step + 1) or self._s.book.newest
+        members = pub.members if pub is not None and self.node_id in pub.members else (
+            self.node_id,)
+        speeds = None
+        if pub is not None and self._speeds is not None and self._speeds[0] == pub.version:
+            speeds = self._speeds[1]
+        self._shard = shard_of(self.step + 1, members, self.node_id,
+                               per_member=self.samples_per_step, global_batch=self.global_batch,
+                               speeds=speeds)  # fmt: skip
+        return self._shard
+
     # -- public API ------------------------------------------------------------------------
     def update(self, samples: int | None = None) -> None:
-        """All-reduce the gradients, commit, ``optimizer.step()``, then zero the gradients.
+        """All-reduce the gradients (and buffers), commit, then step: unscale, transform,
+        clip, ``optimizer.step()`` (through the scaler), and zero the gradients.
+
+        Args:
+            samples: Samples behind this gradient (default: ``shard.size`` in consistent
+                mode, else ``samples_per_step``).
 
         Raises:
             TrainerError: No round committed within ``timeout`` (the message says why).
@@ -176,15 +224,29 @@ class Trainer:
             DaemonUnreachable: chaosd stopped answering.
         """
         t0 = self._clock.monotonic()
-        n = self.samples_per_step if samples is None else samples
-        flat = flatten_grads(self._params, out=self._flat)
+        n = self._samples(samples)
+        if self._last_end is not None and n > 0 and t0 > self._last_end:
+            # Our compute speed: samples per second between two updates (smoothed).
+            seen = n / (t0 - self._last_end)
+            self._speed = seen if not self._speed else (
+                (1 - SPEED_EMA) * self._speed + SPEED_EMA * seen)
         self._poll()
         deadline = t0 + self.timeout
         reruns, spent, reason = 0, 0.0, ""
+        joins = self._joins
         while True:
             pub = self._policy(deadline)
             self._serve_first(pub, deadline)
-            epoch = (pub.version, self._attempt.get(pub.version, 0))
+            if self._check_due() and self._epoch(pub) == self._agreed:
+                # The guard's turn: a fresh epoch opens with an agreement that compares digests.
+                # Every member is at this step in this epoch, so all bump alike.
+                a = self._attempt.get(pub.version, 0)
+                self._attempt[pub.version] = max(a + 1, self.reducer.newest_attempt(pub.version))
+            epoch = self._epoch(pub)
+            # A gradient of a state we no longer hold (rejoined in this call) or one the guard
+            # found out of line counts for nothing.
+            void = self._diverged or self._joins != joins
+            flat = self._gather(pub, 0 if void else n)
             try:
                 t1 = self._clock.monotonic()
                 if epoch != self._agreed:
@@ -195,22 +257,50 @@ class Trainer:
                         break  # the agreement committed the result we held for this round
                 t1 = self._clock.monotonic()
                 # The reused result buffer must never be the one a held result lives in.
-                out = self._result if self._pending is None else None
-                res = self.reducer.allreduce(flat, n, step=self.step + 1, policy=pub,
-                                             attempt=epoch[1], out=out)  # fmt: skip
+                out = self._stepper.result if self._pending is None else None
+                res = self.reducer.allreduce(flat, 0 if void else n, step=self.step + 1,
+                                             policy=pub, attempt=epoch[1], out=out)  # fmt: skip
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
-                self._apply(res.values)
+                self._apply(res.values, pub.version)
                 break
             except RoundAborted as exc:
                 reruns, reason = reruns + 1, exc.reason
                 if exc.result is not None:
-                    self._pending = exc.result
+                    self._pending, self._pending_version = exc.result, exc.policy_version
                 self._s.report("round-aborted", step=self.step + 1, reason=exc.reason[:200])
                 self._next_epoch(pub, deadline, exc)
         # Every member of the epoch that committed has its state: it needs no offer any more.
         self._s.transfer.withdraw(pub.members)
         self._account(t0, spent, reruns, reason)
+        self._last_end = self._clock.monotonic()
+
+    def _samples(self, samples: int | None) -> int:
+        if samples is not None:
+            return samples
+        if self.global_batch is None:
+            return self.samples_per_step
+        shard = self._shard if self._shard is not None and self._shard.step == self.step + 1 \
+            else self.shard
+        return shard.size
+
+    def _epoch(self, pub: SyncPolicy) -> tuple[int, int]:
+        return (pub.version, self._attempt.get(pub.version, 0))
+
+    def _check_due(self) -> bool:
+        every = self.digest_every
+        return every > 0 and self.step > 0 and self.step % every == 0 and self._checked != self.step
+
+    def _gather(self, pub: SyncPolicy, n: int) -> Any:
+        """Our input to the round under ``pub``."""
+        slot = None
+        if self.global_batch is not None:
+            ms = sorted(pub.members)
+            slot = ms.index(self.node_id) if ms.index(self.node_id) < SLOTS else None
+        flat = self._stepper.gather(slot, self._speed, n)
+        if not n:
+            flat.zero_()  # times zero samples is zero, unless it is inf or NaN
+        return flat
 
     def check_state_replication(self) -> None:
         """Serve a snapshot if a ``replicate`` command names this node as a source."""
@@ -270,8 +360,15 @@ class Trainer:
         return self._version
 
     def state_digest(self) -> str:
-        """SHA-256 of parameters and optimizer state (equal on every member at a step)."""
-        return state_digest(self.model, self.optimizer)
+        """SHA-256 of the whole state: parameters, buffers (as agreed at the last step),
+        optimizer state and every registered object. Equal on every member at a step."""
+        return self._digest().hex()
+
+    def _digest(self) -> bytes:
+        tensors, doc = self._objects.capture()
+        return state_digest_bytes(self.model, self.optimizer,
+                                  model_state=self._stepper.digest_state(), extra=tensors,
+                                  meta=doc)  # fmt: skip
 
     def _poll(self) -> None:
         """Take in what the poller fetched (no I/O). Every call happens at a step boundary,
@@ -294,74 +391,6 @@ class Trainer:
                 self._s.drop(gone, f"dropped by policy v{pub.version}")
 
     # -- joining ---------------------------------------------------------------------------
-    def _join(self, deadline: float) -> None:
-        """Block until this node is a member: bootstrap alone, or restore a replicated state."""
-        rep = None  # the newest replicate command for us; kept until a fetch succeeds
-        while True:
-            self._poll()
-            mine = [r for r in self._s.replications if r.new == self.node_id]
-            if mine:
-                self._s.replications = [r for r in self._s.replications if r not in mine]
-                rep = mine[-1]
-            if rep is not None:
-                # A failed fetch is retried (the source keeps its offer): a dial race that
-                # replaced the link used to lose the only command, and the join hung.
-                if self._fetch(rep, deadline):
-                    self._await_policy(rep, deadline)
-                    break
-                time.sleep(FETCH_RETRY_S)
-            newest = self._s.book.newest
-            if (newest is not None and newest.members == (self.node_id,)
-                    and not self._was_member):  # fmt: skip
-                log.info("%s bootstraps the cluster from its own model", self.node_id)
-                self._pending = None
-                break
-            if self._clock.monotonic() > deadline:
-                raise TrainerError(
-                    f"{self.node_id} did not become a member within {self.join_timeout:g}s: "
-                    "no replicate command arrived; check `chaosctl nodes` and the scheduler"
-                )
-            self._s.wait(POLL_S)
-        self._state, self._agreed = "active", None  # _pending: what the snapshot held
-        self._was_member = True  # from now on only a fresh replica may let us back in
-
-    def _await_policy(self, rep: Any, deadline: float) -> None:
-        """Wait until we know the policy that makes us a member: the command that brought the
-        state may have outrun it (another MQTT topic), and without it the first round would
-        find us in no policy and ask to join once more."""
-        while True:
-            newest = self._s.book.newest
-            if newest is not None and (newest.version >= rep.policy_version if
-                                       rep.policy_version >= 0 else
-                                       self.node_id in newest.members):  # fmt: skip
-                return
-            if self._clock.monotonic() > deadline:
-                raise TrainerError(f"{self.node_id} restored step {self.step}, but the policy "
-                                   f"v{rep.policy_version} that adds it never arrived")
-            self._s.wait(POLL_S)
-            self._poll()
-
-    def _fetch(self, rep: Any, deadline: float) -> bool:
-        """Pull and restore the state ``rep`` names; False (logged) if this try failed."""
-        local = tensor_bytes(self.model, self.optimizer)
-        try:
-            got = pull_state(self._s, rep, deadline, local)
-            held = _WithHeld.for_manifest(self.model, got.manifest)
-            runtime = StateSpace.restore(self.model if held is None else held, self.optimizer,
-                                         got.manifest, got.buffer)  # fmt: skip
-        except ChaosError as exc:  # TransferFailed among them
-            log.warning("replicating the state from %s failed: %s", sorted(rep.sources), exc)
-            return False
-        self.step = int(runtime.pop("step"))
-        self._pending = held.held.clone() if held is not None else None
-        self.runtime = dict(runtime.get("user", {}))
-        log.info("restored step %d (%d bytes) from %s in %.0f ms", self.step,
-                 got.report["bytes"], ", ".join(got.report["sources"]),
-                 got.report["delay_ms"])  # fmt: skip
-        self._s.report("replicated", **got.report)
-        return True
-
-    # -- rounds ----------------------------------------------------------------------------
     def _policy(self, deadline: float) -> SyncPolicy:
         """The policy of round ``step + 1``; rejoins if this node was dropped from it."""
         while True:
@@ -387,28 +416,6 @@ class Trainer:
             self._s.wait(POLL_S)
             self._poll()
 
-    def _serve_first(self, pub: SyncPolicy, deadline: float) -> None:
-        """Before the first round with a new tree neighbour, wait (bounded) for the replicate
-        command that names us its source, and serve it. The command and the policy travel
-        on different topics: a round started first waits for the new node, which waits for
-        our offer, and both stall until the round times out."""
-        if pub.version == self._version:
-            return  # the policy of our last round: nobody new (the common, per-step case)
-        prev = self._s.book.for_round(self.step)
-        if prev is None or prev is pub or self.node_id not in prev.members:
-            return  # no change, or we are new ourselves (a new node is nobody's source)
-        p = pub
-        near = (p.parent(self.node_id), *p.children(self.node_id))
-        new = [m for m in near if m and m not in prev.members]
-        until = min(deadline, self._clock.monotonic() + SERVE_WAIT_S)
-        while new and not set(new) <= self._s.transfer.answered():
-            if self._clock.monotonic() > until:
-                log.warning("no replicate command for %s arrived in %gs; running round %d "
-                            "without serving it", new, SERVE_WAIT_S, self.step + 1)
-                return
-            self._s.wait(POLL_S)
-            self._poll()
-
     def _agree(self, pub: SyncPolicy, attempt: int) -> bool:
         """Open the epoch; True if it committed the held result of round ``step + 1``.
 
@@ -417,15 +424,23 @@ class Trainer:
         behind, or one behind without the result) is stale: only it raises StateDiverged and
         is re-replicated; the others keep their state (they are at the agreed step), and
         their next round reruns once the scheduler has dropped the stale member.
+
+        The members at the agreed step also compare digests of their whole state (the
+        divergence guard); one outside the majority is reported and re-replicated.
         """
-        dec = self.reducer.agree(policy=pub, committed=self.step,
+        digest = self._digest()
+        dec = self.reducer.agree(policy=pub, committed=self.step, digest=digest,
                                  holds=self._pending is not None, attempt=attempt)  # fmt: skip
         self._agreed = (pub.version, attempt)
         if dec.step == self.step + 1 and self._pending is not None:
-            self._apply(self._pending)
+            self._apply(self._pending, self._pending_version)
+            self._checked = self.step  # compared without us this time; next time with us
             return True
         if dec.step == self.step:
             self._pending = None  # nobody alive applied it: everyone reruns the step
+            self._checked = self.step
+            if dec.digest and dec.digest != digest:
+                self._diverge(dec, digest)
             return False
         if dec.step > self.step:
             lacks = " and lacks the result of the next one" if dec.step == self.step + 1 else ""
@@ -433,6 +448,19 @@ class Trainer:
                                 f"agreed on step {dec.step}; restart the worker to rejoin")
         raise StateDiverged(f"{self.node_id} is at step {self.step}, ahead of the step the "
                             f"cluster agreed on ({dec.step}); restart the worker to rejoin")
+
+    def _diverge(self, dec: Decision, digest: bytes) -> None:
+        """Our state is not the majority's: say so, train on with no samples (so our state
+        pollutes nobody's) until the scheduler drops us, then rejoin with a fresh replica."""
+        if self._diverged:
+            return
+        self._diverged = True
+        log.error("%s: state of step %d differs from the cluster's (%s, majority %s); "
+                  "re-replicating", self.node_id, self.step, digest.hex()[:16],
+                  dec.digest.hex()[:16])  # fmt: skip
+        self._s.report("state-diverged", step=self.step, digest=digest.hex(),
+                       majority=dec.digest.hex(), variants=dec.digests)  # fmt: skip
+        self._s.flush_reports()
 
     def _next_epoch(self, pub: SyncPolicy, deadline: float, exc: RoundAborted) -> None:
         """After an abort: wait (bounded) for a newer policy, else rerun with a newer attempt."""
@@ -454,73 +482,11 @@ class Trainer:
             self._s.wait(POLL_S)
             self._poll()
 
-    def _apply(self, values: Any) -> None:
-        unflatten_into(values, self._params)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+    def _apply(self, values: Any, version: int) -> None:
+        """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
+        self._stepper.apply(values)
         self.step += 1
         self._pending = None
-        self._serve_due()
-
-    def _serve_due(self) -> None:
-        """Snapshot at the boundary where the new node becomes a member, and offer it.
-
-        The snapshot's step must be the last step the cluster commits without the new node:
-        the new node's first round is the one after it. Two things decide that boundary, and
-        both must hold here: (1) we committed ``version_step`` (or more, if the command came
-        late), and (2) the policy that adds the new node governs our next round. Without (2),
-        a command that outran its policy (they travel on different MQTT topics) made us serve
-        step ``t`` and then commit ``t + 1, t + 2, ...`` with the old members, and the new
-        node's first agreement found it steps behind everyone (``StateDiverged`` on every node).
-        Once (2) holds, no round without the new node can commit any more: we are a member of
-        every such round and run the next one under the new policy.
-        """
-        keep = []
-        nxt = self._s.book.for_round(self.step + 1)
-        for rep in self._s.replications:
-            if rep.new == self.node_id:
-                keep.append(rep)  # ours to fetch (a rejoin); handled by _join
-                continue
-            if self.node_id not in rep.sources:
-                continue
-            if (rep.version_step > self.step or nxt is None or nxt.version < rep.policy_version
-                    or rep.new not in nxt.members):  # fmt: skip
-                keep.append(rep)
-                continue
-            if rep.version_step < self.step:
-                # The command or its policy came late: every member ran the rounds since
-                # under the old policy (rounds are synchronous), so the new one takes effect
-                # for all of them at our next round, and the new node starts from our step.
-                log.info("replicate for %s names step %d; serving step %d", rep.new,
-                         rep.version_step, self.step)
-            why = snapshot_room(tensor_bytes(self.model, self.optimizer),
-                                self._s.transfer.reserve_bytes)  # fmt: skip
-            if why is not None:
-                self._s.transfer.decline(rep.new, why)  # the new node plans without us
-                self._s.report("serve-declined", new=rep.new, reason=why)
-                continue
-            runtime: dict[str, Any] = {"step": self.step, "user": self.runtime}
-            model: torch.nn.Module = self.model
-            if self._pending is not None:
-                # We are uncertain about round step + 1 (held, not committed): so is the new
-                # node, with the same held result, and the first agreement settles it for
-                # both exactly as for us.
-                model = _WithHeld(self.model, self._pending)
-                runtime["held"] = True
-            self._s.transfer.offer(rep.new, StateSpace.capture(model, self.optimizer, runtime))
-        self._s.replications = keep
-
-    def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
-        total_ms = (self._clock.monotonic() - t0) * 1e3
-        stall_ms = max(0.0, total_ms - spent * 1e3)
-        self.stalls.append(StepTiming(self.step, stall_ms, reruns, total_ms, spent * 1e3))
-        del self.stalls[:-10_000]
-        # The scheduler adds a stall to the event that made its policy, so only the first
-        # step under a new policy (or a rerun) says something. Reporting every slow step
-        # charged every event with the worst step of its whole policy, and cost each step a
-        # control call and an MQTT message.
-        first = self._version != self._timed_version
-        self._timed_version = self._version
-        if reruns or (first and stall_ms > 1.0):
-            self._s.report("stall", step=self.step, ms=round(stall_ms, 3), reruns=reruns,
-                           policy_version=self._version, reason=reason[:200])  # fmt: skip
+        if self.global_batch is not None:
+            speeds = self._stepper.speeds(values)
+            self._speeds = None if speeds is None else (version, speeds.tolist())

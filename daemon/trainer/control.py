@@ -20,3 +20,15 @@ class StateDiverged(TrainerError):
 
     The worker should exit non-zero: chaosd restarts it and it rejoins through scale-out.
     """
+
+
+class UnserialisableState(TrainerError, TypeError):
+    """An object handed to ``Trainer(state=...)`` cannot be replicated (raised by ``Trainer()``,
+    naming the object and the path inside its state)."""
+
+
+class StateMismatch(TrainerError):
+    """A joiner's model, optimizer or registered objects do not fit the cluster's state.
+
+    Nothing was loaded. The message says what differs: fix the script and start it again.
+    """

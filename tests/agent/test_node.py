@@ -389,6 +389,7 @@ REPORTS: dict[str, dict[str, Any]] = {
     "replicated": {"version": 1, "bytes": 4096, "delay_ms": 80.0, "sources": ["b", "c"]},
     "stall": {"step": 3, "ms": 7.5, "reruns": 1, "policy_version": 1, "reason": ""},
     "serve-declined": {"new": "d", "reason": "needs 512 MiB, 100 MiB free"},
+    "state-diverged": {"step": 12, "digest": "ab" * 32, "majority": "cd" * 32},
 }
 
 

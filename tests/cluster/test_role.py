@@ -288,6 +288,7 @@ REPORTS: dict[str, dict[str, Any]] = {
                    "strategy": "chaos", "sources": ["b", "c"], "per_source": {}},
     "stall": {"step": 12, "ms": 7.5, "reruns": 1, "reason": "peer c failed"},
     "serve-declined": {"new": "d", "reason": "needs 512 MiB, 100 MiB free"},
+    "state-diverged": {"step": 12, "digest": "ab" * 32, "majority": "cd" * 32},
 }
 
 
@@ -328,6 +329,10 @@ def test_every_report_kind_a_worker_sends_is_accepted(kind: str) -> None:
         request(role, "d", "report", kind="replicated", bytes=64)
         ev = role.sched.events[-1]
         assert ev.kind == "scale-out" and ev.detail["declined"] == {"b": args["reason"]}
+    elif kind == "state-diverged":
+        diverged, dropped = list(role.sched.events)[-2:]
+        assert diverged.kind == "state-diverged" and diverged.detail["majority"] == "cd" * 32
+        assert dropped.kind == "scale-in" and dropped.detail["reason"] == "state-diverged"
     role.snapshot()  # whatever it was, the state still makes a valid snapshot
 
 

@@ -28,7 +28,7 @@ EVENT_KEYS = {"ts", "kind", "node", "peer", "term", "delay_ms"}
 LINK_KEYS = {"a", "b", "state", "rtt_ms", "bandwidth_mbps", "measured_at"}
 NODE_STATES = {"standby", "joining", "active", "leaving", "failed", "left"}
 EVENT_KINDS = {"scale-out", "scale-in", "connect-link", "disconnect-link", "node-failed",
-               "link-failed", "scheduler-elected", "partition"}
+               "link-failed", "scheduler-elected", "partition", "state-diverged"}
 
 
 def chaosctl(sock: Path | str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

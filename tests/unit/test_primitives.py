@@ -184,3 +184,70 @@ def test_a_leaver_gone_before_its_leave_took_effect_is_dropped_at_once() -> None
     version = neg.sched.policy.version
     neg.handle("c", "worker-exit", {"code": 0})
     assert neg.sched.policy.version == version
+
+
+DIGEST, MAJORITY = "ab" * 32, "CD" * 32
+
+
+def test_a_diverged_member_is_recorded_dropped_at_once_and_can_rejoin() -> None:
+    neg, _ = make({"a": 30, "b": 30, "c": 30})
+    grow(neg, "a", "b", "c")
+    version = neg.sched.policy_version
+    neg.out.clear()
+    args = {"kind": "state-diverged", "step": 30, "digest": DIGEST, "majority": MAJORITY}
+    assert neg.handle("c", "report", args) is None
+    diverged, scale_in = neg.sched.events[-2], neg.sched.events[-1]
+    assert diverged.kind == "state-diverged" and diverged.node == "c"
+    assert diverged.detail == {"step": 30, "digest": DIGEST, "majority": MAJORITY.lower()}
+    assert scale_in.kind == "scale-in" and scale_in.detail["reason"] == "state-diverged"
+    # As for a failure: a policy without it governs at once, and the survivors are told.
+    policy = neg.sched.policy
+    assert policy is not None and policy.members == ("a", "b") and policy.effective_step == 0
+    assert neg.sched.policy_version == version + 1
+    assert neg.sched.nodes["c"].state == "standby" and not neg.sched.nodes["c"].neighbors
+    assert {n for n, _ in cmds(neg, "disconnect")} >= {"a", "b"}
+    # Its worker is still attached: it asks to rejoin and is re-replicated by scale-out.
+    neg.out.clear()
+    neg.handle("c", "join", {"addr": neg.sched.nodes["c"].data_addr, "neighbors": []})
+    assert neg.sched.nodes["c"].state == "joining"
+    assert "c" in [n for n, _ in cmds(neg, "replicate")]
+    neg.replicated("c", {"kind": "replicated"})
+    assert neg.sched.events[-1].kind == "scale-out" and neg.sched.nodes["c"].state == "active"
+    assert neg.sched.policy is not None and neg.sched.policy.members == ("a", "b", "c")
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        ({"digest": DIGEST, "majority": MAJORITY}, "integer 'step'"),
+        ({"step": True, "digest": DIGEST, "majority": MAJORITY}, "integer 'step'"),
+        ({"step": -1, "digest": DIGEST, "majority": MAJORITY}, "integer 'step'"),
+        ({"step": 3, "digest": DIGEST[:-1], "majority": MAJORITY}, "64 hex digits"),
+        ({"step": 3, "digest": DIGEST, "majority": "zz" * 32}, "64 hex digits"),
+        ({"step": 3, "digest": b"\0" * 32, "majority": MAJORITY}, "64 hex digits"),
+        ({"step": 3, "majority": MAJORITY}, "64 hex digits"),
+        ({"step": 3, "digest": DIGEST, "majority": DIGEST.upper()}, "no divergence"),
+    ],
+)
+def test_a_malformed_divergence_report_is_refused_and_changes_nothing(
+    args: dict[str, object], error: str
+) -> None:
+    neg, _ = make()
+    grow(neg, "a", "b")
+    events, version = len(neg.sched.events), neg.sched.policy_version
+    result = neg.handle("b", "report", {"kind": "state-diverged", **args})
+    assert result is not None and error in result
+    assert len(neg.sched.events) == events and neg.sched.policy_version == version
+    assert neg.sched.nodes["b"].state == "active"
+
+
+def test_a_divergence_report_of_a_node_no_longer_a_member_only_records_it() -> None:
+    neg, _ = make()
+    grow(neg, "a", "b", "c")
+    neg.gone("c", "failure")
+    version = neg.sched.policy_version
+    args = {"kind": "state-diverged", "step": 3, "digest": DIGEST, "majority": MAJORITY}
+    assert neg.handle("c", "report", args) is None
+    assert neg.sched.events[-1].kind == "state-diverged"
+    assert neg.sched.policy_version == version  # no second scale-in
+    assert neg.handle("ghost", "report", args) == "unknown node 'ghost'"
