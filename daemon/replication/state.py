@@ -3,11 +3,12 @@
 Layout, in byte order: ``model/<name>`` for every entry of ``model.state_dict()`` (parameters
 and persistent buffers), ``optim/<index>/<key>`` for every tensor of the optimizer state,
 ``extra/<name>`` for every other tensor the caller hands in (the tensors of registered objects
-such as an EMA model, a held round result), ``rng/torch`` (and ``rng/cuda/<i>`` when CUDA is
-up), ``rng/numpy``, and last ``meta``: one JSON document (sorted keys) with the runtime dict
-(registered objects' non-tensor state among it), the optimizer's type, param groups and
-non-tensor state, and the numpy and Python RNG states. Everything, metadata included, lives
-in the checksummed byte space, so a receiver verifies every byte before it loads anything.
+such as an EMA model, a held round result), optionally ``rng/torch`` (and ``rng/cuda/<i>`` when
+CUDA is up) and ``rng/numpy``, and last ``meta``: one JSON document (sorted keys) with the
+runtime dict (registered objects' non-tensor state among it), the optimizer's type, param
+groups and non-tensor state, and the numpy and Python RNG states if carried. Everything,
+metadata included, lives in the checksummed byte space, so a receiver verifies every byte
+before it loads anything.
 
 Memory: :meth:`StateSpace.capture` makes one contiguous copy of the state (``total_bytes``).
 Tensors are copied straight into it; the only other allocations are a temporary contiguous copy
@@ -71,7 +72,7 @@ Extra = Sequence[tuple[str, torch.Tensor]]
 
 def _gather(
     model_state: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer,
-    runtime: Mapping[str, Any], extra: Extra,
+    runtime: Mapping[str, Any], extra: Extra, rng: bool,
 ) -> tuple[list[tuple[str, torch.Tensor]], bytes]:  # fmt: skip
     """All tensors of the state in layout order, and the JSON metadata."""
     tensors = [(f"model/{k}", v) for k, v in model_state.items()]
@@ -84,18 +85,19 @@ def _gather(
             else:
                 other.setdefault(str(idx), {})[key] = val
     tensors += [(f"extra/{name}", t) for name, t in extra]
-    tensors.append(("rng/torch", torch.get_rng_state()))
-    if torch.cuda.is_available():
-        tensors += [(f"rng/cuda/{i}", s) for i, s in enumerate(torch.cuda.get_rng_state_all())]
-    np_name, np_keys, np_pos, np_gauss, np_cached = np.random.get_state()
-    tensors.append(("rng/numpy", torch.from_numpy(np.asarray(np_keys, dtype=np.uint32).copy())))
-    meta = {
+    meta: dict[str, Any] = {
         "runtime": dict(runtime),
         "optimizer": {"type": _type_name(optimizer), "param_groups": osd["param_groups"],
                       "state": other},
-        "rng": {"numpy": [np_name, int(np_pos), int(np_gauss), float(np_cached)],
-                "python": random.getstate()},
     }  # fmt: skip
+    if rng:
+        tensors.append(("rng/torch", torch.get_rng_state()))
+        if torch.cuda.is_available():
+            tensors += [(f"rng/cuda/{i}", s) for i, s in enumerate(torch.cuda.get_rng_state_all())]
+        np_name, np_keys, np_pos, np_gauss, np_cached = np.random.get_state()
+        tensors.append(("rng/numpy", torch.from_numpy(np.asarray(np_keys, dtype=np.uint32).copy())))
+        meta["rng"] = {"numpy": [np_name, int(np_pos), int(np_gauss), float(np_cached)],
+                       "python": random.getstate()}
     try:
         return tensors, _dumps(meta)
     except TreeError as exc:
@@ -167,6 +169,8 @@ class Loaded:
                                        "param_groups": self.optimizer["param_groups"]})
         except (RuntimeError, ValueError, KeyError) as exc:
             raise ManifestError(f"state does not fit this model/optimizer: {exc}") from None
+        if "rng" not in self.meta:
+            return  # a state captured without the RNGs: this process keeps its own
         torch.set_rng_state(self.rng["torch"])
         if torch.cuda.is_available():
             cuda = [self.rng[k] for k in sorted(self.rng) if k.startswith("cuda/")]
@@ -194,6 +198,7 @@ class StateSpace:
         *,
         model_state: Mapping[str, torch.Tensor] | None = None,
         extra: Extra = (),
+        rng: bool = True,
     ) -> StateSpace:
         """Flatten model, optimizer and runtime state into one checksummed byte space.
 
@@ -206,12 +211,16 @@ class StateSpace:
             model_state: The model's state dict to capture instead of ``model.state_dict()``
                 (the Trainer passes its synchronised copy of the buffers).
             extra: More named tensors (``extra/<name>`` entries).
+            rng: Whether to carry this process's RNG states. The Trainer does not: each
+                member's RNG is its own (its dropout masks, its augmentations), so the sources'
+                snapshots would differ in them and could not be pulled from several at once,
+                and a joiner that copied one source's stream would repeat that source's noise.
 
         Returns:
             The state; ``buffer`` is one copy of it (see the module docstring on memory).
         """
         sd = model.state_dict() if model_state is None else model_state
-        tensors, meta = _gather(sd, optimizer, runtime, extra)
+        tensors, meta = _gather(sd, optimizer, runtime, extra, rng)
         entries: list[Entry] = []
         offset = 0
         for name, t in tensors:

@@ -428,7 +428,9 @@ class Trainer(Joining, Serving, Timing):
         The members at the agreed step also compare digests of their whole state (the
         divergence guard); one outside the majority is reported and re-replicated.
         """
-        digest = self._digest()
+        # A leaver's script has stopped stepping its scheduler and counters: it is no longer
+        # compared (the others' rounds ignore its samples anyway).
+        digest = b"" if self._state == "leaving" else self._digest()
         dec = self.reducer.agree(policy=pub, committed=self.step, digest=digest,
                                  holds=self._pending is not None, attempt=attempt)  # fmt: skip
         self._agreed = (pub.version, attempt)
@@ -439,7 +441,7 @@ class Trainer(Joining, Serving, Timing):
         if dec.step == self.step:
             self._pending = None  # nobody alive applied it: everyone reruns the step
             self._checked = self.step
-            if dec.digest and dec.digest != digest:
+            if digest and dec.digest and dec.digest != digest:
                 self._diverge(dec, digest)
             return False
         if dec.step > self.step:

@@ -113,7 +113,8 @@ class Serving:
                 tensors.append(("held", self._pending))
                 runtime["held_version"] = self._pending_version
             state = StateSpace.capture(self.model, self.optimizer, runtime,
-                                       model_state=self._stepper.model_state(), extra=tensors)
+                                       model_state=self._stepper.model_state(), extra=tensors,
+                                       rng=False)
             self._s.transfer.offer(rep.new, state)
         self._s.replications = keep
 
