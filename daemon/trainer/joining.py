@@ -13,32 +13,21 @@ import logging
 import time
 from typing import Any
 
-import torch
-
-from daemon.contracts.clock import Clock
 from daemon.contracts.errors import ChaosError
 from daemon.replication.state import StateSpace, tensor_bytes
 from daemon.trainer.control import StateMismatch, TrainerError
 from daemon.trainer.join import pull_state
-from daemon.trainer.objects import Registry
+from daemon.trainer.parts import TrainerParts
 from daemon.trainer.poller import POLL_S
-from daemon.trainer.session import Session
 from daemon.trainer.shares import Shard
-from daemon.trainer.stepper import Stepper
 
 log = logging.getLogger("chaos.trainer")
 FETCH_RETRY_S = 0.5  # pause before fetching a replicated state again
 
 
-class Joining:
+class Joining(TrainerParts):
     """Join the cluster: bootstrap alone, or restore a replicated state (mixed into Trainer)."""
 
-    _s: Session
-    _clock: Clock
-    _objects: Registry
-    _stepper: Stepper
-    _pending: Any
-    _pending_version: int
     _speeds: tuple[int, list[float]] | None
     _shard: Shard | None
     _state: str
@@ -46,14 +35,7 @@ class Joining:
     _was_member: bool
     _joins: int
     _diverged: bool
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    node_id: str
-    step: int
     join_timeout: float
-
-    def _poll(self) -> None:
-        raise NotImplementedError
 
     def _join(self, deadline: float) -> None:
         """Block until this node is a member: bootstrap alone, or restore a replicated state."""

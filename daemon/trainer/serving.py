@@ -12,38 +12,19 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
-
-from daemon.contracts.clock import Clock
 from daemon.contracts.policy import SyncPolicy
 from daemon.replication.state import StateSpace, tensor_bytes
-from daemon.trainer.objects import Registry
+from daemon.trainer.parts import TrainerParts
 from daemon.trainer.poller import POLL_S
-from daemon.trainer.session import Session
-from daemon.trainer.stepper import Stepper
 from daemon.trainer.transfer import snapshot_room
 
 log = logging.getLogger("chaos.trainer")
 SERVE_WAIT_S = 5.0  # a source waits this long for the replicate command of a new neighbour
 
 
-class Serving:
+class Serving(TrainerParts):
     """Snapshot and serve a new neighbour's state (mixed into the Trainer)."""
 
-    _s: Session
-    _clock: Clock
-    _objects: Registry
-    _stepper: Stepper
-    _pending: Any
-    _pending_version: int
-    _version: int
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    node_id: str
-    step: int
-
-    def _poll(self) -> None:
-        raise NotImplementedError
 
     def _serve_first(self, pub: SyncPolicy, deadline: float) -> None:
         """Before the first round with a new tree neighbour, wait (bounded) for the replicate

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from daemon.contracts.clock import Clock
-from daemon.trainer.session import Session
+from daemon.trainer.parts import TrainerParts
 
 
 class StepTiming(NamedTuple):
@@ -27,15 +26,11 @@ class StepTiming(NamedTuple):
     sync_ms: float
 
 
-class Timing:
+class Timing(TrainerParts):
     """Stall accounting (mixed into the Trainer)."""
 
-    _s: Session
-    _clock: Clock
-    _version: int
     _timed_version: int
     stalls: list[StepTiming]
-    step: int
 
     def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
         total_ms = (self._clock.monotonic() - t0) * 1e3
