@@ -118,7 +118,7 @@ def summarize(values: list[float]) -> dict[str, float]:
 
 
 def run_cluster(nodes: int, events: int, gap: float, tmp: Path,
-                say: Say) -> tuple[list[dict[str, Any]], Rows]:
+                say: Say, digest_every: int | None = None) -> tuple[list[dict[str, Any]], Rows]:
     """Train on a chain, cause the events; returns the daemon's event log and the step rows."""
     kind = "mosquitto" if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists() \
         else "embedded"
@@ -131,6 +131,8 @@ def run_cluster(nodes: int, events: int, gap: float, tmp: Path,
         def join(node: str, nbrs: list[str]) -> None:
             argv = [sys.executable, "-m", WORKER_MODULE, "--steps", "1000000", "--sleep", "0.01",
                     "--out", str(tmp / f"{node}.jsonl")]
+            if digest_every is not None:
+                argv += ["--digest-every", str(digest_every)]
             call_once(c.socket_of(node), "join", {"neighbors": nbrs, "command": argv},
                       timeout=10)
 
@@ -234,7 +236,8 @@ def plot(samples: dict[str, list[float]], path: Path) -> bool:
 
 
 def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None,
-        source: Path | None, say: Say) -> tuple[dict[str, Any], str]:
+        source: Path | None, say: Say, digest_every: int | None = None
+        ) -> tuple[dict[str, Any], str]:
     """Run the cluster (or read what a ``keep`` run left in ``source``) and report.
 
     Raises:
@@ -250,7 +253,7 @@ def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None
     else:
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                log, rows = run_cluster(nodes, events, gap, Path(tmp), say)
+                log, rows = run_cluster(nodes, events, gap, Path(tmp), say, digest_every)
                 (Path(tmp) / "events.json").write_text(json.dumps(log))
             finally:  # the logs matter most when the run failed
                 if keep is not None:

@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leave-at", type=int, default=-1)
     ap.add_argument("--width", type=int, default=16, help="hidden units (state size)")
     ap.add_argument("--chunk", type=int, default=256, help="all-reduce chunk bytes")
+    ap.add_argument("--digest-every", type=int, default=None,
+                    help="the divergence guard's period (default: the Trainer's)")
     args = ap.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand
     level = os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper()  # INFO when debugging
@@ -43,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     model = torch.nn.Sequential(torch.nn.Linear(8, args.width), torch.nn.Tanh(),
                                 torch.nn.Linear(args.width, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk, timeout=60.0)
+    guard = {} if args.digest_every is None else {"digest_every": args.digest_every}
+    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk, timeout=60.0,
+                      **guard)
     node = trainer.node_id
     if args.fault:
         event, index, from_step = args.fault.split(":")

@@ -248,9 +248,11 @@ class Trainer(Joining, Serving, Timing):
             void = self._diverged or self._joins != joins
             flat = self._gather(pub, 0 if void else n)
             try:
+                # Our digest is local work, so it is timed as stall, not as the collective.
+                digest = self._own_digest() if epoch != self._agreed else b""
                 t1 = self._clock.monotonic()
                 if epoch != self._agreed:
-                    agreed = self._agree(pub, epoch[1])
+                    agreed = self._agree(pub, epoch[1], digest)
                     spent += self._clock.monotonic() - t1  # a collective: its waits are the peers'
                     if agreed:
                         self._version = pub.version
@@ -364,6 +366,12 @@ class Trainer(Joining, Serving, Timing):
         optimizer state and every registered object. Equal on every member at a step."""
         return self._digest().hex()
 
+    def _own_digest(self) -> bytes:
+        """What this member brings to the guard's comparison (b"": nothing)."""
+        # A leaver's script has stopped stepping its scheduler and counters: it is no longer
+        # compared (the others' rounds ignore its samples anyway).
+        return b"" if self._state == "leaving" else self._digest()
+
     def _digest(self) -> bytes:
         tensors, doc = self._objects.capture()
         return state_digest_bytes(self.model, self.optimizer,
@@ -416,7 +424,7 @@ class Trainer(Joining, Serving, Timing):
             self._s.wait(POLL_S)
             self._poll()
 
-    def _agree(self, pub: SyncPolicy, attempt: int) -> bool:
+    def _agree(self, pub: SyncPolicy, attempt: int, digest: bytes) -> bool:
         """Open the epoch; True if it committed the held result of round ``step + 1``.
 
         The decision is the newest committed step among the members. A member at it goes on;
@@ -428,9 +436,6 @@ class Trainer(Joining, Serving, Timing):
         The members at the agreed step also compare digests of their whole state (the
         divergence guard); one outside the majority is reported and re-replicated.
         """
-        # A leaver's script has stopped stepping its scheduler and counters: it is no longer
-        # compared (the others' rounds ignore its samples anyway).
-        digest = b"" if self._state == "leaving" else self._digest()
         dec = self.reducer.agree(policy=pub, committed=self.step, digest=digest,
                                  holds=self._pending is not None, attempt=attempt)  # fmt: skip
         self._agreed = (pub.version, attempt)
