@@ -219,11 +219,14 @@ def stall(
                                               "here.")] = None,
     source: Annotated[Path | None, typer.Option("--from", help="Report on what a --keep run "
                                                 "left in this directory; run nothing.")] = None,
+    digest_every: Annotated[int | None, typer.Option(
+        min=0, help="The divergence guard's period in steps (default: the Trainer's, 100; "
+        "0: membership changes only).")] = None,
 ) -> None:
     """The training-loop stall each primitive costs a chain of real workers (Table I)."""
     from chaosctl.bench import stall as bench_stall
 
-    _, table = bench_stall.run(nodes, events, gap, out, keep, source, _say)
+    _, table = bench_stall.run(nodes, events, gap, out, keep, source, _say, digest_every)
     typer.echo(table)
 
 
@@ -241,3 +244,53 @@ def duty_cycle(
 
     rows = bench_duty.run(_ints(rates, "--rates", 1, 10_000), gap, probes, json_out, _say)
     typer.echo(bench_duty.table(rows))
+
+
+@bench_app.command("convergence")
+def convergence(
+    models: Annotated[str, typer.Option(help="cnn, chartf, comma-separated (default: both; "
+                                        "with --short, cnn).")] = "",
+    nodes: Annotated[int | None, typer.Option(min=2, max=8, help="Starting nodes N: runs "
+                                              "static N, N+1, N->N+1, N+1->N (default 4; "
+                                              "with --short, 2).")] = None,
+    at: Annotated[int | None, typer.Option(min=1, help="Epoch of the scale-out and the "
+                                           "scale-in (default per model).")] = None,
+    epochs: Annotated[int | None, typer.Option(min=2, max=1000, help="Epochs per run "
+                                               "(default per model).")] = None,
+    modes: Annotated[str, typer.Option(help="plain, consistent, comma-separated (default: "
+                                       "both; with --short, consistent).")] = "",
+    short: Annotated[bool, typer.Option(help="CI: tiny models, few steps, checks asserted.")]
+    = False,
+    seed: Annotated[int, typer.Option(help="Seed of the models and the data order.")] = 0,
+    out: Annotated[Path, typer.Option(help="Where results go.")]
+    = Path("bench/results/convergence"),
+    keep: Annotated[Path | None, typer.Option(help="Copy the workers' records and logs "
+                                              "here.")] = None,
+) -> None:
+    """Loss and accuracy through scale-out and scale-in, with and without consistent mode
+    (Figs. 11-14)."""
+    import importlib.util
+
+    from chaosctl.bench import convergence as bench_convergence
+    from chaosctl.bench import convergence_report
+    from chaosctl.cluster import ClusterError
+
+    names = _choices(models or ("cnn" if short else "cnn,chartf"), "--models",
+                     list(bench_convergence.PLANS))
+    kinds = _choices(modes or ("consistent" if short else "plain,consistent"), "--modes",
+                     list(bench_convergence.MODES))
+    n = nodes or (2 if short else 4)
+    for name in names:
+        plan = bench_convergence.plan_of(name, n, short, at, epochs)
+        if plan.at >= plan.epochs:
+            raise CtlUsageError(f"--at ({plan.at}) must be below the epochs of {name} "
+                                f"({plan.epochs})")
+    if "cnn" in names and importlib.util.find_spec("sklearn") is None:
+        raise ClusterError("--models cnn needs scikit-learn: pip install "
+                           "'chaos-edge[examples]'")
+    doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, _say)
+    console.print(convergence_report.table(doc))
+    bad = [f"{m} {k}: {p}" for m, md in doc["models"].items()
+           for k, r in md["runs"].items() for p in r["problems"]]
+    if bad:
+        raise ClusterError(f"{len(bad)} checks failed, first: {bad[0]}")
