@@ -9,6 +9,7 @@ import pytest
 
 from daemon.dataplane.errors import FrameError, PeerGone
 from daemon.dataplane.frames import (
+    FORMAT_VERSION,
     HEADER,
     HEADER_SIZE,
     MAGIC,
@@ -40,8 +41,8 @@ def test_header_round_trip() -> None:
     [
         (HEADER.pack(b"XXXX", 1, 18, 0, 0, 0, 0, 0, 0), "magic"),
         (HEADER.pack(MAGIC, 9, 18, 0, 0, 0, 0, 0, 0), "version"),
-        (HEADER.pack(MAGIC, 1, 250, 0, 0, 0, 0, 0, 0), "kind"),
-        (HEADER.pack(MAGIC, 1, 18, 0, 0, 0, 0, 0, MAX_PAYLOAD + 1), "exceeds"),
+        (HEADER.pack(MAGIC, FORMAT_VERSION, 250, 0, 0, 0, 0, 0, 0), "kind"),
+        (HEADER.pack(MAGIC, FORMAT_VERSION, 18, 0, 0, 0, 0, 0, MAX_PAYLOAD + 1), "exceeds"),
         (b"short", "40 bytes"),
     ],
 )
@@ -75,6 +76,6 @@ def test_payload_lands_in_the_given_buffer_and_eof_is_peer_gone() -> None:
 def test_handshake_frames_are_limited_before_authentication() -> None:
     a, b = socket.socketpair()
     with a, b:
-        a.sendall(struct.pack("!4sBBHQQQII", MAGIC, 1, 1, 0, 0, 0, 0, 0, 1 << 20))
+        a.sendall(struct.pack("!4sBBHQQQII", MAGIC, FORMAT_VERSION, 1, 0, 0, 0, 0, 0, 1 << 20))
         with pytest.raises(FrameError, match="exceeds"):
             read_small_frame(b)

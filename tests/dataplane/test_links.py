@@ -13,7 +13,7 @@ import pytest
 
 from daemon.dataplane import AllReducer, AuthError, LinkConfig, PeerLinks, SyncPolicy
 from daemon.dataplane.auth import Identity, initiate
-from daemon.dataplane.frames import HEADER, MAGIC, MAX_PAYLOAD
+from daemon.dataplane.frames import FORMAT_VERSION, HEADER, MAGIC, MAX_PAYLOAD
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"s3cret"
@@ -108,7 +108,7 @@ def test_non_member_or_non_neighbour_is_refused(
 
 
 @pytest.mark.parametrize(
-    "junk", [b"GET / HTTP/1.1\r\n\r\n" * 4, b"", HEADER.pack(MAGIC, 1, 1, 0, 0, 0, 0, 0, 1 << 30)]
+    "junk", [b"GET / HTTP/1.1\r\n\r\n" * 4, b"", HEADER.pack(MAGIC, FORMAT_VERSION, 1, 0, 0, 0, 0, 0, 1 << 30)]
 )
 def test_garbage_or_silence_before_auth_closes_only_that_socket(
     make_links: Callable[..., PeerLinks], junk: bytes
@@ -132,8 +132,8 @@ def test_garbage_or_silence_before_auth_closes_only_that_socket(
     "frame",
     [
         HEADER.pack(b"JUNK", 1, 18, 0, 0, 0, 0, 0, 0),
-        HEADER.pack(MAGIC, 1, 18, 0, 0, 0, 0, 0, MAX_PAYLOAD + 1),
-        HEADER.pack(MAGIC, 1, 1, 0, 0, 0, 0, 0, 0),  # HELLO after the handshake
+        HEADER.pack(MAGIC, FORMAT_VERSION, 18, 0, 0, 0, 0, 0, MAX_PAYLOAD + 1),
+        HEADER.pack(MAGIC, FORMAT_VERSION, 1, 0, 0, 0, 0, 0, 0),  # HELLO after the handshake
     ],
     ids=["bad-magic", "oversized", "handshake-kind"],
 )

@@ -87,7 +87,7 @@ def test_an_unserialisable_object_is_named_at_construction() -> None:
 def test_another_scheduler_type_is_refused_in_one_line() -> None:
     src_model, src_opt, src = _run(2, "onecycle")
     space = _ship(src_model, src_opt, src)
-    model, opt, reg = _run(0, "step")
+    _, _, reg = _run(0, "step")
     loaded = StateSpace.load(space.manifest, space.buffer)
     why = reg.mismatch(loaded.runtime["objects"], loaded.extra)
     assert why is not None and "'sched'" in why and "OneCycleLR" in why and "StepLR" in why
