@@ -108,7 +108,8 @@ def test_non_member_or_non_neighbour_is_refused(
 
 
 @pytest.mark.parametrize(
-    "junk", [b"GET / HTTP/1.1\r\n\r\n" * 4, b"", HEADER.pack(MAGIC, FORMAT_VERSION, 1, 0, 0, 0, 0, 0, 1 << 30)]
+    "junk", [b"GET / HTTP/1.1\r\n\r\n" * 4, b"",
+             HEADER.pack(MAGIC, FORMAT_VERSION, 1, 0, 0, 0, 0, 0, 1 << 30)]
 )
 def test_garbage_or_silence_before_auth_closes_only_that_socket(
     make_links: Callable[..., PeerLinks], junk: bytes
