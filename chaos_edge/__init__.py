@@ -24,8 +24,9 @@
 - :class:`StepTiming`: where one ``update()`` spent its time.
 - :class:`DaemonPackageClash`: an ImportError, raised on first use when ``daemon`` is not
   Chaos's package (python-daemon has the same import name).
-- ``python -m chaos_edge.examples.digits``: a complete training script (needs the
-  ``examples`` extra).
+- ``python -m chaos_edge.examples.digits``, ``...examples.cnn`` (BatchNorm, AdamW, one-cycle
+  LR, clipping, a GradScaler, resharding on resize) and ``...examples.chartf`` (a small
+  character-level transformer): complete training scripts (need the ``examples`` extra).
 
 The implementation lives in :mod:`daemon.trainer`, which keeps working as an import path.
 The names load on first use, after the clash check: so ``import chaos_edge.cli`` (the

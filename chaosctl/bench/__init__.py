@@ -13,6 +13,9 @@ kept under ``bench/results/`` in the repository, as data.
 - :mod:`~chaosctl.bench.allreduce`: the all-reduce against a socket copy.
 - :mod:`~chaosctl.bench.stall`, :mod:`~chaosctl.bench.stall_worker`: the stall each primitive
   costs a training cluster, and the worker it trains (the training tests run it too).
+- :mod:`~chaosctl.bench.convergence`, :mod:`~chaosctl.bench.convergence_worker`,
+  :mod:`~chaosctl.bench.convergence_report`: convergence under churn (the paper's Figs.
+  11-14), static runs against a scale-out and a scale-in, plain and consistent mode.
 - :mod:`~chaosctl.bench.duty_cycle`: the probes' share of a link.
 - :mod:`~chaosctl.bench.models`: the paper's models (``data/paper_models.json``, package data)
   and synthetic states of their sizes, shared by the benches.

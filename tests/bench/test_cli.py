@@ -12,7 +12,8 @@ from tests.cli.conftest import assert_one_line_error, run_ctl
 
 pytestmark = pytest.mark.timeout(120)
 
-COMMANDS = ["allreduce", "planner", "loopback", "stall", "duty-cycle", "control", "scaleout"]
+COMMANDS = ["allreduce", "planner", "loopback", "stall", "duty-cycle", "control", "scaleout",
+            "convergence"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -44,6 +45,9 @@ def test_group_lists_every_command() -> None:
         (["stall", "--from", "/nonexistent/kept"], "events.json is missing"),
         (["duty-cycle", "--rates", "fast"], "--rates"),
         (["duty-cycle", "--probes", "0"], "--probes"),
+        (["convergence", "--at", "20"], "must be below the epochs"),
+        (["convergence", "--models", "resnet"], "not one of cnn, chartf"),
+        (["convergence", "--modes", "fast"], "not one of plain, consistent"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
