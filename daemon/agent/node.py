@@ -350,6 +350,8 @@ class NodeAgent:
             self.supervisor.kill()
 
     def _worker_exited(self, code: int, reason: WorkerExitReason = "worker-exit") -> None:
+        if self.supervisor.refused is not None and reason == "worker-exit":
+            reason = "state-refused"
         if self.worker.attached:
             self.worker.detach()
             self.request("worker-exit", code=code, reason=reason)

@@ -138,6 +138,10 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
 async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     if member(args.get("kind"), WORKER_REPORT_KINDS) is None:
         raise ControlError(f"'kind' must be one of {', '.join(WORKER_REPORT_KINDS)}")
+    if args["kind"] == "state-refused":
+        # The script cannot load the cluster's state: restarting it would only be refused
+        # again, each time at the cost of a scale-out and a scale-in for the others.
+        agent.supervisor.refuse(str(args.get("reason") or "state mismatch"))
     agent.request("report", **args)
     await agent.flush()
     return {}

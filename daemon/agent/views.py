@@ -100,7 +100,8 @@ def ping(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
             "term": el.term, "scheduler": el.leader, "counters": dict(agent.counters),
             "worker": {"pid": agent.worker.pid or agent.supervisor.pid,
                        "data_addr": agent.worker.data_addr, "step": agent.worker.step,
-                       "restarts": agent.supervisor.restarts}}
+                       "restarts": agent.supervisor.restarts,
+                       "refused": agent.supervisor.refused}}
 
 
 HANDLERS: dict[ReadOp, Callable[[NodeAgent, dict[str, Any]], Any]] = {

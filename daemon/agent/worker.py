@@ -128,6 +128,9 @@ class WorkerSupervisor:
         self._stopping = False
         self._killed = False  # the last exit was our SIGKILL of a hung worker
         self.restarts = 0
+        #: Why the cluster refused the worker's state (``refuse``); such a worker is not
+        #: restarted until the next ``start`` (a fixed script, or ``chaosctl join`` again).
+        self.refused: str | None = None
         self.last_exit: int | None = None
         self.on_exit: list[Any] = []  # callbacks(returncode) run after each exit
 
@@ -159,7 +162,7 @@ class WorkerSupervisor:
             # One waiting out its backoff too: a second loop would run two workers.
             raise RuntimeError("a worker is already running or restarting")
         self._argv = list(argv)
-        self._stopping = False
+        self._stopping, self.refused = False, None
         self._task = asyncio.create_task(self._supervise(), name="worker")
 
     async def _spawn(self) -> asyncio.subprocess.Process:
@@ -174,6 +177,10 @@ class WorkerSupervisor:
                 preexec_fn=kill_with_parent)
         finally:
             out.close()
+
+    def refuse(self, reason: str) -> None:
+        """The worker's state does not fit the cluster's: let it exit, do not restart it."""
+        self.refused = reason
 
     def kill(self) -> bool:
         """SIGKILL the worker's process group now; the loop restarts it as after a crash.
@@ -210,6 +217,9 @@ class WorkerSupervisor:
                 cb(code)
             if self._stopping or (code == 0 and not killed):
                 log.info("worker exited with %d", code)
+                return
+            if self.refused is not None:
+                log.error("worker exited with %d and is not restarted: %s", code, self.refused)
                 return
             self.restarts += 1
             if loop.time() - started >= RESTART_MAX_S:

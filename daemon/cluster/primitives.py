@@ -388,6 +388,8 @@ class Negotiator:
             log.info("round aborted on %s: %s", node, args)
         elif kind == "state-diverged":
             return self.diverged(node, args)
+        elif kind == "state-refused":  # its worker exits next, and is not restarted
+            log.warning("%s cannot join: %s", node, str(args.get("reason"))[:300])
         else:
             assert_never(kind)
         return None

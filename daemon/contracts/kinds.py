@@ -30,14 +30,14 @@ GONE_STATES: tuple[NodeState, ...] = ("failed", "left")
 # --- requests to the scheduler (``sched/req``) ----------------------------------------------
 RequestOp = Literal["join", "leave", "link", "report", "worker-exit"]
 REQUEST_OPS: tuple[RequestOp, ...] = get_args(RequestOp)
-WorkerExitReason = Literal["worker-exit", "worker-unresponsive"]
+WorkerExitReason = Literal["worker-exit", "worker-unresponsive", "state-refused"]
 """Why a daemon reports its worker gone (``worker-exit {code, reason}``); the scale-in event
 carries it: the process ended, or it stopped polling and was killed (a hang)."""
 WORKER_EXIT_REASONS: tuple[WorkerExitReason, ...] = get_args(WorkerExitReason)
 
 ReportKind = Literal[
     "link-failed", "link-recovered", "link-metrics", "round-aborted", "replicated", "stall",
-    "serve-declined", "state-diverged",
+    "serve-declined", "state-diverged", "state-refused",
 ]
 """What a node reports to the scheduler (``report`` requests). The worker sends those in
 :data:`WORKER_REPORT_KINDS` through its daemon; the daemon itself sends ``link-metrics`` and
@@ -45,6 +45,7 @@ ReportKind = Literal[
 REPORT_KINDS: tuple[ReportKind, ...] = get_args(ReportKind)
 WORKER_REPORT_KINDS: tuple[ReportKind, ...] = (
     "link-failed", "round-aborted", "replicated", "stall", "serve-declined", "state-diverged",
+    "state-refused",
 )
 
 # --- commands from the scheduler (``node/<id>/cmd``) ----------------------------------------

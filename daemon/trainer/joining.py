@@ -105,8 +105,10 @@ class Joining(TrainerParts):
         why = (loaded.fit_error(self.model, self.optimizer)
                or self._objects.mismatch(objects, loaded.extra))  # fmt: skip
         if why is not None:
-            raise StateMismatch(f"{self.node_id} cannot join cluster state of step "
-                                f"{runtime.get('step')}: {why}")
+            msg = f"{self.node_id} cannot join cluster state of step {runtime.get('step')}: {why}"
+            self._s.report("state-refused", reason=msg)
+            self._s.flush_reports()  # before the raise ends the script: chaosd must not restart it
+            raise StateMismatch(msg)
         loaded.apply(self.model, self.optimizer)
         self._objects.restore(objects, loaded.extra)
         self._stepper.restored()

@@ -285,16 +285,19 @@ def test_divergence_guard_re_replicates_a_corrupted_node(run: Any) -> None:
 
 
 def wait_refused(r: Run, node: str, names: tuple[str, ...]) -> str:
-    """Wait until ``node``'s worker is refused with a StateMismatch and exits non-zero (chaosd
-    restarts it); the message is one line naming one of ``names``. Returns it."""
+    """Wait until ``node``'s worker is refused with a StateMismatch, exits, is scaled in with
+    reason ``state-refused`` and is not restarted; the message is one line naming one of
+    ``names``. Returns it."""
     err = r.c.wait(lambda: errors(r, node), 60, f"{node}'s worker to be refused")[0]
     assert err["error"] == "StateMismatch", err
     msg = err["message"]
     assert "\n" not in msg and any(n in msg for n in names), msg
     log = (r.c.workdir / node / "worker.log").read_text()
     assert f"StateMismatch: {msg}" in log, log[-2000:]
-    r.c.wait(lambda: ((r.c.query(node, "ping") or {}).get("worker") or {}).get("restarts"),
-             30, f"{node}'s worker to exit non-zero")
+    r.c.wait(lambda: [e for e in events(r, "scale-in", node) if e["reason"] == "state-refused"],
+             30, f"{node} to be scaled in as refused")
+    worker = (r.c.query(node, "ping") or {}).get("worker") or {}
+    assert worker.get("refused") == msg and worker.get("restarts") == 0, worker
     return msg
 
 
@@ -310,6 +313,9 @@ def test_joiners_that_do_not_fit_are_refused_in_one_line(run: Any) -> None:
     wait_refused(r, n4, ("sched", "OneCycleLR", "CosineAnnealingLR"))
     r.advance([n1, n2], 15)
     assert not r.records(n3) and not r.records(n4), "a refused joiner committed a step"
+    for node in (n3, n4):  # refused for good: chaosd did not restart the script meanwhile
+        worker = (r.c.query(node, "ping") or {}).get("worker") or {}
+        assert worker.get("restarts") == 0 and worker.get("pid") is None, worker
     assert not r.active([n3]) and not r.active([n4])
     assert_identical(r, [n1, n2])
     for node in (n1, n2):
