@@ -135,6 +135,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--out", required=True)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--sleep-per-sample", type=float, default=0.0,
+                    help="extra compute seconds per sample of the shard (a slow box)")
     ap.add_argument("--digest-every", type=int, default=100)
     ap.add_argument("--corrupt-at", type=int, default=-1)
     ap.add_argument("--corrupt-after", type=int, default=-1)
@@ -205,8 +207,8 @@ def train(args: argparse.Namespace) -> int:
             row = record(trainer, model, opt, sched, scaler, sh, loss)
             out.write(json.dumps({**row, "corrupted": corrupt}) + "\n")
             out.flush()
-            if args.sleep:
-                time.sleep(args.sleep)
+            if args.sleep or args.sleep_per_sample:
+                time.sleep(args.sleep + args.sleep_per_sample * sh.size)
             if capture_exit_event() or trainer.step == args.leave_at:
                 trainer.request_node_exit()
                 return 0

@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import signal
+import statistics
 import sys
 import warnings
 from collections.abc import Callable
@@ -234,6 +235,28 @@ def test_whole_state_through_a_frozen_box(run: Any) -> None:
         assert_rows(r, node, rejoins)
     assert_no_divergence(r)
     assert_sources_agreed(r)
+
+
+def test_consistent_mode_gives_a_slow_box_fewer_samples(run: Any) -> None:
+    """Consistent mode end to end: a box that takes 5 ms more per sample ends up with a much
+    smaller share of the global batch, the shares still tile it exactly, and the members stay
+    identical."""
+    r = run(3)
+    n1, n2, n3 = r.c.node_ids
+    start(r, [n1, n2])
+    join(r, n3, "--sleep-per-sample", "0.005")
+    r.c.wait(functools.partial(r.active, [n3]), 60, f"{n3} active")
+    r.advance(r.c.node_ids, 40, timeout=120)
+    rows = {n: {x["step"]: x["shard"]["size"] for x in r.records(n)} for n in r.c.node_ids}
+    steps = sorted(set(rows[n1]) & set(rows[n2]) & set(rows[n3]))[-15:]
+    assert len(steps) >= 10, f"only {len(steps)} common steps"
+    slow = statistics.median(rows[n3][s] for s in steps)
+    fast = min(statistics.median(rows[n][s] for s in steps) for n in (n1, n2))
+    assert slow * 2 < fast, f"slow box's median share {slow}, the fast ones' {fast}"
+    assert all(rows[n1][s] + rows[n2][s] + rows[n3][s] == GLOBAL_BATCH for s in steps)
+    assert assert_shards_tile(r, r.c.node_ids) >= 10
+    assert_identical(r, r.c.node_ids)
+    assert_no_divergence(r)
 
 
 def test_divergence_guard_re_replicates_a_corrupted_node(run: Any) -> None:
