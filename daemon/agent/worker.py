@@ -58,6 +58,11 @@ class WorkerSession:
     def push(self, op: str, args: dict[str, Any]) -> None:
         """Queue a scheduler command for the worker's next poll."""
         self._seq += 1
+        if len(self.commands) == self.commands.maxlen:
+            # Only a worker that has not polled for many seconds lets this fill up; it is
+            # about to be found hung and restarted, which re-replicates it anyway.
+            log.warning("worker command queue full: dropping the oldest (%s)",
+                        self.commands[0]["op"])
         self.commands.append({"seq": self._seq, "op": op, "args": args})
 
     def drain(self) -> list[dict[str, Any]]:
