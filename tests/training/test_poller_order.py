@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiomqtt
@@ -39,7 +40,7 @@ def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
     node = r.c.node_ids[0]
     client = ControlClient(r.c.socket_of(node), 5.0)
     poller = Poller(client, lambda: None)
-    got: list[dict[str, Any]] = []
+    got: list[Mapping[str, Any]] = []
     try:
         client.call("worker.attach", {"pid": os.getpid(), "host": "127.0.0.1", "port": 9})
         poller.start()
