@@ -39,7 +39,7 @@ class BandwidthResult:
 
 @dataclass(frozen=True)
 class LinkEstimate:
-    """The two link parameters the scale-out planner (Algorithms 1 and 2) needs.
+    """The two link parameters the scale-out planner needs.
 
     The time to push ``n`` bytes over the link is modelled as ``t_prop_s + n * t_trans_s_per_byte``.
 

@@ -113,7 +113,8 @@ def scaleout(
     out: Annotated[Path, typer.Option(help="Where results go.")]
     = Path("bench/results/scaleout-testbed"),
 ) -> None:
-    """Scale-out delay and cluster idle time of the four strategies on the netns testbed."""
+    """Scale-out delay and cluster idle time of the strategies on the netns testbed (chaos,
+    chaos with the paper's planner, single, multi-source, stop-resume)."""
     from chaosctl.bench import scaleout as bench_scaleout
     from chaosctl.bench import scaleout_report as bench_scaleout_report
     from chaosctl.testbed.topo import TopologyError, parse_bw
@@ -166,7 +167,8 @@ def planner(
                                         "(default: all; with --quick, gpt2-large).")] = "",
     out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/planner"),
 ) -> None:
-    """Planner run time, and the optimality gap of Algorithms 1 and 2."""
+    """Planner run time and makespan against water-filling: the default, the paper's
+    Algorithms 1 and 2, and the baselines."""
     from chaosctl.bench import planner as bench_planner
 
     names = _models(models, synthetic=False) if models else None

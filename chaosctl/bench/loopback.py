@@ -65,7 +65,7 @@ class Options:
     nodes: int = 6  # cluster nodes before the join
     neighbors: int = 3  # the new node's neighbours
     bw_scale: float = 1.0  # times the 100-1000 Mbit/s caps
-    planner: str = "chaos"  # planner of the chaos strategy
+    planner: str = "chaos"  # planner of the chaos strategy (``paper``: Algorithms 1+2)
     seed: int = 1
 
 
@@ -339,4 +339,5 @@ def run(models: list[str], opts: Options, out: Path,
 def caption(opts: Options) -> str:
     """The line above the table."""
     return (f"caps {100 * opts.bw_scale:.0f}-{1000 * opts.bw_scale:.0f} Mbit/s per link, "
-            f"{opts.nodes} nodes, {opts.neighbors} neighbours, {opts.repeats} repeats, medians")
+            f"{opts.nodes} nodes, {opts.neighbors} neighbours, {opts.repeats} repeats, medians; "
+            f"chaos plans with {opts.planner!r}")

@@ -6,9 +6,11 @@ seed changes per size and repeat). ``n{N+1}`` is the new node and its testbed ne
 replication neighbours. iperf3 measures each of its links (neighbour to new node, one link at a
 time, inside the namespaces) before any transfer. Then for each model every other node runs a
 state server (:mod:`chaosctl.bench.scaleout_node`) on one shared snapshot, and the new node runs
-the four strategies one after the other (order rotated per repeat) on that same instance:
-``chaos`` (planned from the measured rates), ``single``, ``multi-source`` (an even split over
-all N nodes, relayed hop by hop along shortest-hop testbed paths) and ``stop-resume``.
+the strategies one after the other (order rotated per repeat) on that same instance: ``chaos``
+(planned from the measured rates by its default planner, water-filling), ``chaos-paper`` (the
+same strategy with the paper's Algorithms 1+2, the ``paper`` planner), ``single``,
+``multi-source`` (an even split over all N nodes, relayed hop by hop along shortest-hop testbed
+paths) and ``stop-resume``.
 
 Stop-resume writes, fsyncs, evicts and reads back ``checkpoints`` real checkpoints on this
 box's disk and takes the slowest (every node holds the same state and, as modelled, a disk of
@@ -19,10 +21,11 @@ node-seconds over the N existing nodes (the new node is not counted):
 
 - measured, ``busy_node_s``: each server's busy window, from the first replication request it
   got to the last byte it sent or relayed (sampled every 10 ms in the server), summed;
-- ``idle_s`` as reported: ``chaos`` and ``multi-source``: ``busy_node_s`` (a node that serves
-  or relays is counted idle for its window, as the paper does, although ours serve a snapshot
-  while they could keep computing); ``single`` (EDL+): N x delay, modelled (EDL+'s barrier makes
-  every node wait); ``stop-resume`` (Pollux): N x delay, modelled (every node stops).
+- ``idle_s`` as reported: ``chaos``, ``chaos-paper`` and ``multi-source``: ``busy_node_s`` (a
+  node that serves or relays is counted idle for its window, as the paper does, although ours
+  serve a snapshot while they could keep computing); ``single`` (EDL+): N x delay, modelled
+  (EDL+'s barrier makes every node wait); ``stop-resume`` (Pollux): N x delay, modelled (every
+  node stops).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from chaosctl.testbed.core import Testbed
 from daemon.replication.manifest import Manifest
 from netprobe import iperf, netns
 
-STRATEGIES = ("chaos", "single", "multi-source", "stop-resume")
+STRATEGIES = report.STRATEGIES
 MIB = 1 << 20
 PORT = 7600
 IPERF_PORT = 5298
@@ -166,7 +169,7 @@ class Child:
 
 def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, Any],
               order: list[str], checkpoints: int) -> dict[str, Any]:
-    """Servers on every existing node, the four strategies on the new node; one result each."""
+    """Servers on every existing node, the strategies on the new node; one result each."""
     nodes = [n for n in tb.nodes if n != new]
     nbrs = inst["neighbours"]
     addrs = {n: [tb.addr_of(n), PORT] for n in tb.nodes}
@@ -248,7 +251,8 @@ def run_instance(size: int, rep: int, models: list[str], states: dict[str, Path]
         }
         say(f"{tag}: measured " + ", ".join(
             f"{n} {meas[n]:.0f}/{cfg[_key(n, new)]:.0f}" for n in nbrs) + " Mbit/s (meas/cfg)")
-        order = list(STRATEGIES[rep % 4:] + STRATEGIES[:rep % 4])
+        k = rep % len(STRATEGIES)
+        order = list(STRATEGIES[k:] + STRATEGIES[:k])
         for model in models:
             t0 = time.perf_counter()
             res = run_model(tb, new, model, states[model], inst, order, opts["checkpoints"])

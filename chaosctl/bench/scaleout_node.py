@@ -10,6 +10,8 @@ the last byte it sent or relayed.
 ``join``: the new node. It runs one strategy per ``run NAME`` line with
 :func:`daemon.replication.transfer.run_strategy` on the job given as JSON (``--job``), checks
 the received bytes against the manifest's block checksums once more, and answers one JSON line.
+``NAME`` is a strategy, or a bench variant of one from :data:`VARIANTS` (``chaos-paper``: the
+``chaos`` strategy with the paper's planner).
 
 Both speak a line protocol on stdin/stdout with the bench (one JSON answer per command line);
 ``quit`` (or EOF) ends them.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import sys
 import threading
@@ -41,6 +44,8 @@ from daemon.replication.transfer import (
 
 SECRET = b"chaos-bench-scaleout"
 SAMPLE_S = 0.01
+#: Bench variants: name -> (strategy, planner); a plain strategy keeps the job's planner.
+VARIANTS = {"chaos-paper": ("chaos", "paper")}
 
 
 def ident(node: str) -> auth.Identity:
@@ -152,8 +157,9 @@ def join_main(args: argparse.Namespace) -> None:
         if not words or words[0] == "quit":
             break
         name = words[1]
+        strategy, planner = VARIANTS.get(name, (name, job.planner))
         try:
-            res = run_strategy(name, job)
+            res = run_strategy(strategy, dataclasses.replace(job, planner=planner))
         except Exception as exc:  # report it; the bench decides
             answer({"strategy": name, "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -174,6 +180,8 @@ def join_main(args: argparse.Namespace) -> None:
             doc["refetched_blocks"] = len(res.fetch.refetched_blocks)
         if res.plan is not None:
             doc["plan_bytes"] = {s: sum(n for _, n in r) for s, r in res.plan.ranges.items()}
+            doc["planner"] = res.plan.planner
+            doc["plan_makespan_s"] = res.plan.makespan_s
         del res
         answer(doc)
 

@@ -11,13 +11,16 @@ from daemon.replication.manifest import Manifest
 from daemon.replication.planning.model import Neighbor, PlanInput
 from daemon.replication.planning.waterfill import lower_bound
 
-STRATEGIES = ("chaos", "single", "multi-source", "stop-resume")
-BASELINES = STRATEGIES[1:]
-SHORT = {"chaos": "chaos", "single": "single", "multi-source": "multi", "stop-resume": "stop"}
+# ``chaos-paper`` is the chaos strategy with the paper's planner (Algorithms 1+2), run beside
+# the default planner; the baselines are the other systems.
+STRATEGIES = ("chaos", "chaos-paper", "single", "multi-source", "stop-resume")
+BASELINES = ("single", "multi-source", "stop-resume")
+SHORT = {"chaos": "chaos", "chaos-paper": "paper", "single": "single", "multi-source": "multi",
+         "stop-resume": "stop"}
 IDLE_DEFINITION = (
     "Cluster idle time (Fig. 10), node-seconds over the N existing nodes (new node not counted). "
     "Measured busy_node_s: per state server, first replication request to last byte sent or "
-    "relayed (sampled every 10 ms), summed over nodes. idle_s: chaos and multi-source = "
+    "relayed (sampled every 10 ms), summed over nodes. idle_s: chaos, paper and multi-source = "
     "busy_node_s (serving/relaying nodes counted as paused, as in the paper); single (EDL+) = "
     "N x delay (modelled: EDL+'s barrier makes all nodes wait); stop-resume (Pollux) = "
     "N x delay (modelled: every node stops)."
@@ -50,9 +53,10 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
             lb_meas = waterfill(inst["measured_mbps"], manifests[model])
             lb_cfg = waterfill(cfg, manifests[model])
             one: dict[str, Any] = {"lb_meas": lb_meas, "lb_cfg": lb_cfg, "delay": {},
-                                   "idle": {}, "busy": {}, "participants": {}}
+                                   "decision": {}, "idle": {}, "busy": {}, "participants": {}}
             for s in STRATEGIES:
                 one["delay"][s] = res[s]["delay_s"]
+                one["decision"][s] = res[s].get("decision_s", 0.0)
                 i, b, p = idle(s, res[s], inst["size"])
                 one["idle"][s], one["busy"][s], one["participants"][s] = i, b, p
             one["verified"] = all(res[s]["verified"] for s in STRATEGIES)
@@ -71,6 +75,10 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
             "lb_configured_s": med(lambda r: r["lb_cfg"]),
             "chaos_over_lb_measured": med(lambda r: r["delay"]["chaos"] / r["lb_meas"]),
             "chaos_over_lb_configured": med(lambda r: r["delay"]["chaos"] / r["lb_cfg"]),
+            "paper_over_lb_measured": med(lambda r: r["delay"]["chaos-paper"] / r["lb_meas"]),
+            "paper_over_chaos": med(lambda r: r["delay"]["chaos-paper"] / r["delay"]["chaos"]),
+            "decision_ms": {s: med(lambda r, s=s: r["decision"][s]) * 1e3
+                            for s in ("chaos", "chaos-paper")},
             "baseline_over_chaos": {s: med(lambda r, s=s: r["delay"][s] / r["delay"]["chaos"])
                                     for s in BASELINES},
             "idle_s": {s: med(lambda r, s=s: r["idle"][s]) for s in STRATEGIES},
@@ -83,9 +91,9 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
     return sorted(rows, key=lambda r: (r["model"], r["size"]))
 
 
-COLUMNS = ("N", "model", "MiB", "K", "chaos s", "single s", "multi s", "stop s", "LB meas s",
-           "LB cfg s", "chaos/LBm", "single/chaos", "multi/chaos", "stop/chaos", "idle chaos",
-           "idle single", "idle multi", "idle stop")
+COLUMNS = ("N", "model", "MiB", "K", *(f"{SHORT[s]} s" for s in STRATEGIES), "LB meas s",
+           "LB cfg s", "chaos/LBm", "paper/LBm", *(f"{SHORT[s]}/chaos" for s in BASELINES),
+           *(f"idle {SHORT[s]}" for s in STRATEGIES))
 
 
 def cells(r: dict[str, Any]) -> list[str]:
@@ -94,7 +102,8 @@ def cells(r: dict[str, Any]) -> list[str]:
     return [f"{r['size']}->{r['size'] + 1}", r["model"], f"{r['mib']:.0f}",
             f"{r['neighbours']:g}", *(f"{d[s]:.2f}" for s in STRATEGIES),
             f"{r['lb_measured_s']:.2f}", f"{r['lb_configured_s']:.2f}",
-            f"{r['chaos_over_lb_measured']:.2f}", *(f"{b[s]:.2f}" for s in BASELINES),
+            f"{r['chaos_over_lb_measured']:.3f}", f"{r['paper_over_lb_measured']:.3f}",
+            *(f"{b[s]:.2f}" for s in BASELINES),
             *(f"{i[s]:.1f}" for s in STRATEGIES)]
 
 
@@ -105,8 +114,10 @@ def markdown(doc: dict[str, Any]) -> str:
         f"Scale-out on the netns testbed: sizes {m['sizes']}, models {m['models']}, "
         f"{m['repeats']} repeat(s), links {m['bw_mbps'][0]:g}-{m['bw_mbps'][1]:g} Mbit/s (tbf), "
         f"new node degree {m['degree']}; medians over repeats; seconds. K = new node's "
-        "neighbours. LB = water-filling lower bound from the iperf3-measured (meas) or "
-        "configured (cfg) rates of the new node's links. Idle in node-seconds.",
+        "neighbours. chaos = the chaos strategy with its default planner (water-filling), "
+        "paper = the same strategy with the paper's Algorithms 1+2. LB = water-filling lower "
+        "bound from the iperf3-measured (meas) or configured (cfg) rates of the new node's "
+        "links. Idle in node-seconds.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from daemon.replication.errors import PlanError
-from daemon.replication.planning.greedy import chaos_plan
+from daemon.replication.planning.greedy import paper_plan
 from daemon.replication.planning.model import (
     Neighbor,
     PlanInput,
@@ -25,7 +25,7 @@ NBS = [Neighbor(f"n{i}", 0.001 * i, 1e-8 * (1 + i % 3), 0.01 * i) for i in range
 
 @settings(max_examples=150, deadline=None)
 @given(
-    st.sampled_from(["chaos", "waterfill", "even", "single"]),
+    st.sampled_from(["chaos", "paper", "waterfill", "even", "single"]),
     st.lists(st.integers(1, 100_000), min_size=1, max_size=10),
     st.integers(0, 4),
     st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), max_size=4),
@@ -46,7 +46,7 @@ def test_replan_covers_exactly_the_undelivered_bytes(
         lo, hi = sorted((int(f0 * length), int(f1 * length)))
         done.append((off + lo, hi - lo))
     survivors = [n for n in NBS if n.id != failed] if fresh else None
-    healed = replan_remaining(plan, failed, done, survivors, chaos_plan if fresh else None)
+    healed = replan_remaining(plan, failed, done, survivors, paper_plan if fresh else None)
     expected = subtract_ranges(plan.ranges[failed], done)
     check_cover(healed, expected)
     assert healed.ranges.get(failed, ()) == ()

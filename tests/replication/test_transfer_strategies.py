@@ -100,12 +100,32 @@ def test_every_strategy_produces_identical_bytes(cluster, tmp_path, name) -> Non
         assert result.plan is not None and len([r for r in result.plan.ranges.values() if r]) == 1
 
 
-@pytest.mark.parametrize("planner", ["chaos", "waterfill", "greedy"])
+@pytest.mark.parametrize("planner", ["chaos", "paper", "waterfill", "greedy"])
 def test_chaos_strategy_takes_any_planner(cluster, tmp_path, planner) -> None:
     snap, servers = cluster
     result = run_strategy("chaos", job_for(snap, servers, tmp_path, planner))
     assert result.buffer == snap.data and result.plan is not None
     assert result.plan.planner == planner
+
+
+def test_default_plan_cuts_through_tensors_and_blocks(
+    cluster: tuple[Snapshot, dict[str, StateServer]], tmp_path: Path
+) -> None:
+    # Water-filling to the byte ignores tensor and block boundaries: the servers send any range
+    # of the byte space and the fetch verifies a block split between two sources.
+    snap, servers = cluster
+    job = job_for(snap, servers, tmp_path, "chaos")
+    assert job.planner == ScaleOutJob.__dataclass_fields__["planner"].default
+    result = run_strategy("chaos", job)
+    assert result.buffer == snap.data and result.plan is not None
+    assert result.plan.planner == "chaos"
+    starts = {e.offset for e in snap.manifest.entries}
+    (first,) = result.plan.ranges["n0"]
+    cut = first[0] + first[1]
+    assert any(first[0] < o < cut for o in starts)  # crosses tensor boundaries
+    assert cut % BLOCK and cut < snap.manifest.total_bytes  # splits a checksum block
+    assert result.fetch is not None and result.fetch.refetched_blocks == []
+    assert all(t.bytes > 0 for t in result.fetch.sources.values())
 
 
 def test_unknown_strategy_is_a_plan_error(cluster, tmp_path) -> None:

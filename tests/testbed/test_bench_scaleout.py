@@ -17,7 +17,7 @@ from netprobe import netns
 from tests.testbed.conftest import leftovers, need_root, run_id
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(120)]
-STRATEGIES = {"chaos", "single", "multi-source", "stop-resume"}
+STRATEGIES = set(bench_scaleout.STRATEGIES)
 
 
 def test_smallest_scaleout_bench(tmp_path: Path) -> None:

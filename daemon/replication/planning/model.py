@@ -72,11 +72,14 @@ class PlanInput:
     Attributes:
         neighbors: The new node's neighbours, in a fixed order (ties go to the earlier one).
         segments: Sizes in bytes of the consecutive segments (tensors) of the byte space.
-            Algorithm 1 splits these into shards; the other planners only need the total.
+            Algorithms 1 and 2 (``paper``, ``greedy``) and the exact assignments split or
+            place these; the other planners only need the total.
         total_bytes: Size of the byte space; must equal ``sum(segments)``.
         align_bytes: Range boundaries of ``waterfill``/``even``/``single`` plans fall on
             multiples of this (use the manifest's block size to make every range verifiable
-            on its own). Algorithm 1 follows tensor boundaries instead.
+            on its own). The default ``chaos`` cuts to the byte (rounding to blocks can cost a
+            block on a slow link) and Algorithm 1 follows tensor boundaries; the fetch
+            verifies a block split between two sources once both parts are in.
     """
 
     neighbors: tuple[Neighbor, ...]

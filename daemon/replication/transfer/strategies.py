@@ -3,6 +3,8 @@
 | name           | system       | what the new node does                                          |
 | -------------- | ------------ | --------------------------------------------------------------- |
 | ``chaos``      | Chaos        | plans a split over its neighbours (``job.planner``) and pulls   |
+|                |              | (default planner ``chaos``: water-filling, the exact optimum;   |
+|                |              | ``paper`` gives the paper's Algorithms 1+2)                     |
 | ``single``     | EDL+         | pulls the whole state from the neighbour that finishes first    |
 | ``multi-source``| Autoscaling | even split over all cluster nodes, relayed hop by hop to it     |
 | ``stop-resume``| Pollux       | every node checkpoints to disk, restarts, and loads from disk   |
@@ -51,7 +53,9 @@ class ScaleOutJob:
         routes: ``multi-source`` only: node -> hops from the new node to it (the overlay path).
         checkpoints: ``stop-resume`` only: each node's in-memory state bytes.
         workdir: ``stop-resume`` only: where checkpoints are written.
-        planner: The ``chaos`` planner (a registry name: ``chaos`` is Algorithms 1+2).
+        planner: The ``chaos`` strategy's planner, a registry name. The default ``chaos`` is
+            water-filling to the byte (never worse than any other plan); ``paper`` is the
+            paper's Algorithms 1+2, kept as a baseline.
         options: Fetch options.
         restart_cmd: ``stop-resume``: the command whose start-up prices a restart.
     """

@@ -1,0 +1,135 @@
+"""The scale-out bench runs the paper's planner beside the default, without root.
+
+The netns bench (``chaosctl bench scaleout``) drives :mod:`chaosctl.bench.scaleout_node`
+processes over their stdin/stdout; here the same processes run on loopback: two real state
+servers and a real joining node that runs ``chaos`` and ``chaos-paper`` on a state of one
+tensor, the shape the paper's planner cannot split. The report puts both beside the bound.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosctl.bench import scaleout_report as report
+from chaosctl.bench.models import make_state
+
+pytestmark = pytest.mark.timeout(120)
+
+NODES = ("n1", "n2")
+
+
+class Node:
+    """A ``scaleout_node`` process spoken to one JSON line at a time."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "chaosctl.bench.scaleout_node", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+
+    def recv(self, timeout: float = 60.0) -> Any:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        assert ready, "no answer from the bench node"
+        return json.loads(self.proc.stdout.readline())
+
+    def ask(self, line: str) -> Any:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+        return self.recv()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[Node]]:
+    made: list[Node] = []
+    yield made
+    for n in made:
+        n.close()
+
+
+def test_joiner_runs_the_paper_planner_beside_the_default(
+    tmp_path: Path, nodes: list[Node]
+) -> None:
+    state = tmp_path / "synth.state"
+    manifest = make_state("synth-4", state, 1)
+    common = ["--state", str(state), "--manifest", str(state.with_suffix(".manifest.json"))]
+    addrs = {}
+    for n in NODES:
+        nodes.append(Node(["serve", "--node", n, *common, "--port", "0"]))
+        addrs[n] = ["127.0.0.1", nodes[-1].recv()["ready"][1]]
+    rates = {"n1": 400e6, "n2": 800e6}  # bit/s
+    job = {
+        "neighbors": [[n, 0.0, 8 / rates[n]] for n in NODES],
+        "sources": [[n, 0.0, 8 / rates[n]] for n in NODES],
+        "routes": {n: [n] for n in NODES},
+        "addresses": addrs,
+        "checkpoint_nodes": [],
+        "planner": "chaos",
+    }
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    joiner = Node(["join", "--node", "n0", *common, "--job", str(tmp_path / "job.json"),
+                   "--workdir", str(tmp_path)])  # fmt: skip
+    nodes.append(joiner)
+    assert joiner.recv() == {"ready": True}
+    res = {name: joiner.ask(f"run {name}") for name in ("chaos", "chaos-paper")}
+    for name, r in res.items():
+        assert "error" not in r and r["verified"], (name, r)
+        assert r["strategy"] == name
+    assert res["chaos"]["planner"] == "chaos" and res["chaos-paper"]["planner"] == "paper"
+    # One tensor: the paper's planner sends it all from one neighbour, the default from both.
+    assert sorted(v for v in res["chaos-paper"]["plan_bytes"].values()) == [0, 4 << 20]
+    assert all(v > 0 for v in res["chaos"]["plan_bytes"].values())
+    assert res["chaos"]["plan_makespan_s"] < res["chaos-paper"]["plan_makespan_s"]
+
+    # The report puts both beside the bound (the other strategies' numbers are made up here).
+    fake = {
+        "delay_s": 1.0,
+        "decision_s": 1e-4,
+        "verified": True,
+        "servers": {n: {"busy_s": 0.5, "bytes_sent": 1, "bytes_relayed": 0} for n in NODES},
+    }
+    runs = {s: fake for s in report.STRATEGIES} | res
+    for r in res.values():
+        r["servers"] = fake["servers"]
+    inst = {
+        "size": 2,
+        "new": "n3",
+        "neighbours": list(NODES),
+        "models": {"synth-4": runs},
+        "measured_mbps": {n: rates[n] / 1e6 for n in NODES},
+        "configured_mbps": {f"{n}-n3": rates[n] / 1e6 for n in NODES},
+    }
+    (row,) = report.summarise([inst], {"synth-4": manifest})
+    assert set(row["delay_s"]) == set(report.STRATEGIES)
+    assert row["paper_over_chaos"] == pytest.approx(
+        res["chaos-paper"]["delay_s"] / res["chaos"]["delay_s"]
+    )
+    assert set(row["decision_ms"]) == {"chaos", "chaos-paper"}
+    assert len(report.cells(row)) == len(report.COLUMNS)
+    assert "paper s" in report.COLUMNS and "paper/LBm" in report.COLUMNS
+    doc = {
+        "meta": {
+            "sizes": [2],
+            "models": ["synth-4"],
+            "repeats": 1,
+            "bw_mbps": [400, 800],
+            "degree": 2,
+        },
+        "rows": [row],
+    }
+    assert "| 2->3 | synth-4 |" in report.markdown(doc)
