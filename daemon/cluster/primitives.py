@@ -55,9 +55,10 @@ class Negotiator:
 
     def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int],
                  alive: Callable[[str], bool] = lambda _node: True,
-                 strategy: str = "chaos") -> None:
+                 strategy: str = "chaos", wire: str = "fp32") -> None:
         self.sched = sched
         self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
+        self.wire = wire  # gradient wire format, put in every policy (all members alike)
         self.clock = clock
         self.step_of = step_of
         self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
@@ -174,7 +175,8 @@ class Negotiator:
         try:
             policy = SyncPolicy.build(self.sched.policy_version + 1, members, plan.edges,
                                       plan.root, effective_step,
-                                      {n: self.sched.nodes[n].data_addr for n in members})
+                                      {n: self.sched.nodes[n].data_addr for n in members},
+                                      wire=self.wire)
         except PolicyError as exc:  # pragma: no cover - spanning_tree guarantees a tree
             log.error("could not build a sync policy: %s", exc)
             return self.sched.policy

@@ -60,7 +60,8 @@ class SchedulerRole:
         self.term = agent.election.term
         self.sched = Scheduler(agent.me, self.term, agent.view, agent.clock)
         self.neg = Negotiator(self.sched, agent.clock, agent.step_of, agent.daemon_alive,
-                              strategy=agent.cfg.replication.strategy)
+                              strategy=agent.cfg.replication.strategy,
+                              wire=agent.cfg.training.wire)
         self._cmd_seq = 0
         self.sched.observe_status(agent.own_status())
         for st in agent.presence.values():

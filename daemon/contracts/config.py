@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from daemon.contracts.control import DEFAULT_SOCKET
 from daemon.contracts.errors import ConfigError
+from daemon.contracts.policy import WIRE_FORMATS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -106,6 +107,17 @@ class ReplicationConfig:
 
 
 @dataclass(frozen=True)
+class TrainingConfig:
+    """The cluster's training rounds. Like ``replication.strategy``, the elected scheduler
+    puts its own value in every sync policy, so give every node the same."""
+
+    # Wire format of the gradients in the all-reduce: fp32 (exact), fp16/bf16 (half the
+    # bytes) or int8 (a quarter, per-block scales, error feedback). Buffers, counters and
+    # speed slots always travel as fp32.
+    wire: str = "fp32"
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """Supervision of the training worker that ``chaosctl join -- CMD`` starts."""
 
@@ -131,6 +143,7 @@ class Config:
     election: ElectionConfig = field(default_factory=ElectionConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 
     @property
@@ -156,6 +169,7 @@ _SECTIONS: dict[str, type] = {
     "election": ElectionConfig,
     "probe": ProbeConfig,
     "replication": ReplicationConfig,
+    "training": TrainingConfig,
     "worker": WorkerConfig,
 }
 # Flags the CLI may override; the names match the TOML keys.
@@ -258,6 +272,9 @@ def validate(cfg: Config) -> Config:
     for key in ("serve_mbps", "probe_min_mib", "snapshot_reserve_mib"):
         if getattr(rep, key) < 0:
             raise ConfigError(f"config: replication.{key} must be >= 0")
+    if cfg.training.wire not in WIRE_FORMATS:
+        raise ConfigError(f"config: training.wire must be one of {', '.join(WIRE_FORMATS)}, "
+                          f"not {cfg.training.wire!r}")
     silence = cfg.worker.poll_silence_s
     if silence != 0 and not MIN_POLL_SILENCE_S <= silence <= 3600:
         raise ConfigError(f"config: worker.poll_silence_s must be 0 (off) or "

@@ -4,6 +4,8 @@ A :class:`SyncPolicy` is the one type of a policy everywhere: the scheduler buil
 retained cluster state and ``worker.poll`` carry its :meth:`~SyncPolicy.to_dict`, and the
 worker and its all-reduce run under it. :func:`spanning_tree` is a pure function that chooses
 the tree from measured links. Every holder keeps the newest :data:`POLICY_KEEP` versions.
+A policy also names the cluster's gradient wire format (:data:`WIRE_FORMATS`), so every
+member of a round encodes and decodes alike (``daemon.dataplane.codec``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ log = logging.getLogger("chaos.policy")
 # Versions each holder keeps (scheduler snapshot, daemon, worker). An older one can no longer
 # govern a round once a newer one is effective, and planned changes are at most a few ahead.
 POLICY_KEEP = 8
+#: Gradient wire formats of the all-reduce; ``fp32`` (lossless) is the default. The codecs
+#: live in ``daemon.dataplane.codec``; the names are here so that config and policy can
+#: validate them without importing the data plane.
+WIRE_FORMATS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
 
 
 def _norm(a: str, b: str) -> Edge:
@@ -39,6 +45,7 @@ class SyncPolicy:
         root: The node that finishes the reduction and starts the broadcast.
         effective_step: The first round it governs (0: at once, rounds in flight rerun).
         addrs: Data-plane address (``host:port``) per member.
+        wire: Wire format of the gradients in this policy's rounds (:data:`WIRE_FORMATS`).
     """
 
     version: int
@@ -47,17 +54,18 @@ class SyncPolicy:
     root: str
     effective_step: int = 0
     addrs: Mapping[str, str] = field(default_factory=dict, hash=False)
+    wire: str = "fp32"
 
     @classmethod
     def build(
         cls, version: int, members: Iterable[str], edges: Iterable[Edge], root: str,
-        effective_step: int = 0, addrs: Mapping[str, str] | None = None,
+        effective_step: int = 0, addrs: Mapping[str, str] | None = None, wire: str = "fp32",
     ) -> SyncPolicy:
         """Normalise and validate a policy.
 
         Raises:
-            PolicyError: The edges are not a spanning tree of the members, or the root is
-                not a member.
+            PolicyError: The edges are not a spanning tree of the members, the root is not
+                a member, or the wire format is unknown.
         """
         policy = cls(
             int(version),
@@ -66,14 +74,19 @@ class SyncPolicy:
             root,
             int(effective_step),
             {str(k): str(v) for k, v in (addrs or {}).items()},
+            wire,
         )
         policy.validate()
         return policy
 
     def validate(self) -> None:
-        """Raise PolicyError unless ``edges`` form a spanning tree of ``members``."""
+        """Raise PolicyError unless ``edges`` form a spanning tree of ``members`` and
+        ``wire`` is a known format."""
         if self.version < 0 or self.effective_step < 0:
             raise PolicyError("policy version and effective step must be >= 0")
+        if self.wire not in WIRE_FORMATS:
+            raise PolicyError(f"wire format {self.wire!r} is not one of "
+                              f"{', '.join(WIRE_FORMATS)}")
         if self.root not in self.members:
             raise PolicyError(f"root {self.root!r} is not a member")
         nodes = set(self.members)
@@ -107,11 +120,13 @@ class SyncPolicy:
             "root": self.root,
             "effective_step": self.effective_step,
             "addrs": dict(self.addrs),
+            "wire": self.wire,
         }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> SyncPolicy:
-        """Parse and validate a dict made by ``to_dict``.
+        """Parse and validate a dict made by ``to_dict`` (one without ``wire``, from an older
+        scheduler, is fp32).
 
         Raises:
             PolicyError: Missing or mistyped fields, or not a tree.
@@ -120,7 +135,7 @@ class SyncPolicy:
             edges = [(str(a), str(b)) for a, b in doc["edges"]]
             return cls.build(int(doc["version"]), map(str, doc["members"]), edges,
                              str(doc["root"]), int(doc.get("effective_step") or 0),
-                             dict(doc.get("addrs") or {}))
+                             dict(doc.get("addrs") or {}), str(doc.get("wire") or "fp32"))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"malformed sync policy: {exc!r}") from None
 
@@ -174,9 +189,9 @@ class TreePlan:
         """Whether the link graph joins every member."""
         return len(self.components) == 1
 
-    def policy(self, version: int) -> SyncPolicy:
+    def policy(self, version: int, wire: str = "fp32") -> SyncPolicy:
         """The sync policy over the largest component."""
-        return SyncPolicy.build(version, self.components[0], self.edges, self.root)
+        return SyncPolicy.build(version, self.components[0], self.edges, self.root, wire=wire)
 
 
 def spanning_tree(members: Iterable[str], links: Mapping[Edge, float]) -> TreePlan:

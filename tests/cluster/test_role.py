@@ -289,6 +289,7 @@ REPORTS: dict[str, dict[str, Any]] = {
     "stall": {"step": 12, "ms": 7.5, "reruns": 1, "reason": "peer c failed"},
     "serve-declined": {"new": "d", "reason": "needs 512 MiB, 100 MiB free"},
     "state-diverged": {"step": 12, "digest": "ab" * 32, "majority": "cd" * 32},
+    "state-refused": {"reason": "d cannot join cluster state of step 3: model entry 'w' differs"},
 }
 
 
@@ -333,6 +334,8 @@ def test_every_report_kind_a_worker_sends_is_accepted(kind: str) -> None:
         diverged, dropped = list(role.sched.events)[-2:]
         assert diverged.kind == "state-diverged" and diverged.detail["majority"] == "cd" * 32
         assert dropped.kind == "scale-in" and dropped.detail["reason"] == "state-diverged"
+    elif kind == "state-refused":  # logged; the worker-exit that follows scales it in
+        assert new == []
     role.snapshot()  # whatever it was, the state still makes a valid snapshot
 
 

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import itertools
 from collections import deque
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.contracts.policy import Edge, SyncPolicy, spanning_tree
+from daemon.cluster.primitives import Negotiator
+from daemon.cluster.role import SchedulerRole
+from daemon.cluster.scheduler import Scheduler
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.config import Config, TrainingConfig
+from daemon.contracts.messages import Status
+from daemon.contracts.policy import WIRE_FORMATS, Edge, SyncPolicy, parse, spanning_tree
 from daemon.dataplane.errors import PolicyError
 
 pytestmark = pytest.mark.timeout(60)
@@ -127,3 +136,45 @@ def test_policy_json_round_trip_and_tree_navigation() -> None:
 def test_invalid_policies_are_rejected(doc: str) -> None:
     with pytest.raises(PolicyError):
         SyncPolicy.from_json(doc)
+
+
+@pytest.mark.parametrize("wire", WIRE_FORMATS)
+def test_policy_carries_its_wire_format(wire: str) -> None:
+    p = SyncPolicy.build(2, ["a", "b"], [("a", "b")], "a", wire=wire)
+    doc = p.to_dict()
+    assert doc["wire"] == wire
+    assert SyncPolicy.from_json(p.to_json()) == p and parse(doc) == p
+    assert spanning_tree(["a", "b"], {("a", "b"): 1.0}).policy(2, wire=wire) == p
+
+
+def test_a_policy_without_a_wire_format_is_fp32_and_an_unknown_one_is_refused() -> None:
+    doc = SyncPolicy.build(2, ["a", "b"], [("a", "b")], "a", wire="int8").to_dict()
+    old = {k: v for k, v in doc.items() if k != "wire"}  # from a scheduler before the field
+    assert SyncPolicy.from_dict(old).wire == "fp32" and SyncPolicy.from_dict(old) != parse(doc)
+    with pytest.raises(PolicyError, match="fp32, fp16, bf16, int8"):
+        SyncPolicy.build(2, ["a", "b"], [("a", "b")], "a", wire="int4")
+    with pytest.raises(PolicyError, match="wire format 'int4'"):
+        SyncPolicy.from_dict({**doc, "wire": "int4"})
+    assert parse({**doc, "wire": "int4"}) is None  # dropped where it arrives, never a crash
+
+
+def test_the_scheduler_puts_one_wire_format_in_every_policy() -> None:
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("s", 1, None, clock), clock, lambda _n: 0)
+    neg.join("a", "127.0.0.1:1", [])
+    assert neg.sched.policy is not None and neg.sched.policy.wire == "fp32"  # the default
+    # The elected role takes the format from its node's [training] wire.
+    cfg = replace(Config(node_id="s", cluster="t"), training=TrainingConfig(wire="bf16"))
+    host = SimpleNamespace(
+        me="s", cfg=cfg, clock=clock, election=SimpleNamespace(term=1), view=None,
+        presence={}, step_of=lambda _n: 0, daemon_alive=lambda _n: True,
+        own_status=lambda: Status(node="s", online=True, reason="up", incarnation=1, addr="x"),
+    )
+    role = SchedulerRole(cast(Any, host), None)
+    role.neg.join("a", "127.0.0.1:1", [])
+    role.neg.join("b", "127.0.0.1:2", [])
+    role.neg.replicated("b", {"kind": "replicated"})
+    role.neg.gone("a", "failure")
+    snap = role.snapshot()
+    assert len(snap.policies) >= 3
+    assert snap.policy["wire"] == "bf16" and {d["wire"] for d in snap.policies} == {"bf16"}

@@ -54,6 +54,9 @@ def test_broker_urls(tmp_path: Path) -> None:
         ('[replication]\nstrategy = "stop-resume"\n', "chaosctl bench scaleout"),
         ('[replication]\nserve_mbps = -5\n', "replication.serve_mbps"),
         ('[replication]\nsnapshot_reserve_mib = -1\n', "replication.snapshot_reserve_mib"),
+        ('[training]\nwire = "int4"\n', "training.wire must be one of fp32, fp16, bf16, int8"),
+        ('[training]\nwire = 8\n', "training.wire"),
+        ('[training]\ncodec = "int8"\n', "training.codec"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:
@@ -61,6 +64,12 @@ def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:
         load_config(write(tmp_path, text))
     assert names in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_wire_format_is_fp32_unless_the_file_names_another(tmp_path: Path) -> None:
+    assert load_config(None).training.wire == "fp32"
+    for wire in ("fp32", "fp16", "bf16", "int8"):
+        assert load_config(write(tmp_path, f'[training]\nwire = "{wire}"\n')).training.wire == wire
 
 
 def test_missing_file() -> None:
