@@ -169,6 +169,7 @@ class Trainer(Joining, Serving, Timing):
         self._version = 0  # policy version of the last committed round
         self._timed_version = 0  # policy version of the step _account saw last
         self._checked = -1  # the last step whose digest the members compared
+        self._agreed_members: tuple[str, ...] | None = None  # the members of that epoch
         self._diverged = False  # the guard found us out of line: no samples until rejoined
         self._joins = 0  # completed joins (a rejoin inside update() voids its gradient)
         self._speed = 0.0  # our samples/s (smoothed), for consistent mode's shares
@@ -249,7 +250,10 @@ class Trainer(Joining, Serving, Timing):
             flat = self._gather(pub, 0 if void else n)
             try:
                 # Our digest is local work, so it is timed as stall, not as the collective.
-                digest = self._own_digest() if epoch != self._agreed else b""
+                # A link change opens an epoch with the same members: nothing new to compare.
+                compare = epoch != self._agreed and (
+                    pub.members != self._agreed_members or self._check_due())
+                digest = self._own_digest() if compare else b""
                 t1 = self._clock.monotonic()
                 if epoch != self._agreed:
                     agreed = self._agree(pub, epoch[1], digest)
@@ -438,7 +442,7 @@ class Trainer(Joining, Serving, Timing):
         """
         dec = self.reducer.agree(policy=pub, committed=self.step, digest=digest,
                                  holds=self._pending is not None, attempt=attempt)  # fmt: skip
-        self._agreed = (pub.version, attempt)
+        self._agreed, self._agreed_members = (pub.version, attempt), pub.members
         if dec.step == self.step + 1 and self._pending is not None:
             self._apply(self._pending, self._pending_version)
             self._checked = self.step  # compared without us this time; next time with us

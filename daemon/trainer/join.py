@@ -5,8 +5,9 @@ Each source (every neighbour the scheduler gave us) offers its snapshot of the s
 measure the links that nobody has measured yet (iperf3 through our chaosd, all at once and
 while the sources are still reaching that step). The strategy's planner splits the bytes:
 ``chaos`` water-fills the bytes over the sources (the exact optimum of the cost model),
-``single`` takes everything from the fastest source. :func:`~daemon.replication.transfer.fetch.fetch` then pulls every range in parallel,
-verifies each block, and re-plans the bytes of a source that fails onto the others.
+``single`` takes everything from the fastest source.
+:func:`~daemon.replication.transfer.fetch.fetch` then pulls every range in parallel, verifies
+each block, and re-plans the bytes of a source that fails onto the others.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ class Joining(TrainerParts):
     _shard: Shard | None
     _state: str
     _agreed: tuple[int, int] | None
+    _agreed_members: tuple[str, ...] | None
     _was_member: bool
     _joins: int
     _diverged: bool
@@ -65,7 +66,8 @@ class Joining(TrainerParts):
                     "no replicate command arrived; check `chaosctl nodes` and the scheduler"
                 )
             self._s.wait(POLL_S)
-        self._state, self._agreed = "active", None  # _pending: what the snapshot held
+        # (_pending: what the snapshot held)
+        self._state, self._agreed, self._agreed_members = "active", None, None
         self._was_member = True  # from now on only a fresh replica may let us back in
         self._joins += 1
         self._diverged = False
