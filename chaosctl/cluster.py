@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -29,6 +30,7 @@ from chaosctl.polling import agreed, wait_until
 
 T = TypeVar("T")
 READY_RE = re.compile(rb"^ready (\d+)\s*$", re.MULTILINE)
+SECRET_KEY_RE = re.compile(r"^\s*secret\s*=", re.MULTILINE)
 TERM_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
@@ -112,6 +114,9 @@ class LocalCluster:
     broker_kind: str = "embedded"  # "embedded" (python -m daemon.agent.broker) or "mosquitto"
     config: str = ""  # chaosd.toml text every node loads (flags still win)
     node_config: dict[str, str] = field(default_factory=dict)  # node -> its own, instead
+    # The cluster secret every node's config gets (unless its text sets one): fresh per
+    # cluster, so control messages are signed as in a real deployment.
+    secret: str = field(default_factory=lambda: secrets.token_hex(32))
     broker: Child | None = None
     nodes: dict[str, Child] = field(default_factory=dict)
 
@@ -197,14 +202,15 @@ class LocalCluster:
 
     def node_argv(self, node_id: str) -> list[str]:
         """The ``chaosd`` command line of ``node_id``."""
-        extra: list[str] = []
         text = self.node_config.get(node_id, self.config)
-        if text:
-            conf = self.workdir / f"{node_id}.toml"
-            conf.write_text(text)
-            extra = ["--config", str(conf)]
+        if not SECRET_KEY_RE.search(text):
+            # Top-level keys must precede any [table]: put the secret first.
+            text = f'secret = "{self.secret}"\n{text}'
+        conf = self.workdir / f"{node_id}.toml"
+        conf.write_text(text)
+        conf.chmod(0o600)
         return [
-            *chaosd_command(), *extra,
+            *chaosd_command(), "--config", str(conf),
             "--node-id", node_id,
             "--cluster", self.cluster,
             "--broker", f"mqtt://127.0.0.1:{self.port}",

@@ -9,6 +9,7 @@ whatever runs in them (:mod:`chaosctl.testbed.state`).
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -95,6 +96,21 @@ def wait_broker(proc: subprocess.Popen[bytes], log: Path, timeout: float = 15.0)
         time.sleep(0.05)
 
 
+def node_config(state: TestbedState, node: str) -> Path:
+    """Write ``node``'s chaosd.toml: the testbed's cluster secret, made once per testbed
+    (``<dir>/secret``, mode 0600) so that restarted nodes sign with the same key."""
+    path = Path(state.dir) / "secret"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
+    conf = Path(state.dir) / f"{node}.toml"
+    fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(f'secret = "{path.read_text().strip()}"\n')
+    return conf
+
+
 def chaosd_argv(state: TestbedState, node: str) -> list[str]:
     """The ``chaosd`` command line of ``node``.
 
@@ -107,6 +123,7 @@ def chaosd_argv(state: TestbedState, node: str) -> list[str]:
                            f"{UNIX_PATH_MAX} bytes; use a shorter --dir")
     return [
         *chaosd_command(),
+        "--config", str(node_config(state, node)),
         "--node-id", node,
         "--cluster", state.cluster,
         "--broker", broker_url(),

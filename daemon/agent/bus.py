@@ -4,6 +4,10 @@ While the broker is away nothing local is lost: heartbeats (QoS 0) are simply no
 reliable messages (requests, commands) wait in a bounded outbox that is flushed, in order, as
 soon as the connection is back. Each (re)connect calls ``on_connect`` so the node can
 re-announce itself and re-subscribe.
+
+With a cluster secret, the bus seals every payload as it hands it to the broker (so a message
+that waited in the outbox carries the time it was really sent) and opens every payload before
+the node sees it (daemon.contracts.signing); one that fails goes to ``on_auth_error`` instead.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 import aiomqtt
 
 from daemon.contracts.config import Config
+from daemon.contracts.messages import Topics
+from daemon.contracts.signing import AuthError, ControlAuth
 
 log = logging.getLogger("chaosd.bus")
 OUTBOX_LIMIT = 1000
@@ -42,15 +49,22 @@ class Bus:
         cfg: Config,
         *,
         client_id: str,
-        will: Outgoing,
+        will: Outgoing | Callable[[], Outgoing],
         subscriptions: list[str],
         on_message: Callable[[str, bytes], None],
         on_connect: Callable[[], Awaitable[None]],
         on_disconnect: Callable[[], None],
+        on_auth_error: Callable[[str, AuthError], None] | None = None,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._cfg = cfg
         self._client_id = client_id
-        self._will = will
+        self._will = will  # a callable is asked again at every connect
+        self._on_auth_error = on_auth_error
+        self._wall = wall
+        key = cfg.control_key
+        self.auth = ControlAuth(key, cfg.auth_window_s) if key is not None else None
+        self._topics = Topics(cfg.cluster)
         self._subscriptions = subscriptions
         self._on_message = on_message
         self._on_connect = on_connect
@@ -70,6 +84,7 @@ class Bus:
             if mq.tls_insecure:
                 tls.check_hostname = False
                 tls.verify_mode = ssl.CERT_NONE
+        will = self._will() if callable(self._will) else self._will
         return aiomqtt.Client(
             host,
             port,
@@ -77,8 +92,8 @@ class Bus:
             username=mq.username or None,
             password=mq.password or None,
             keepalive=mq.keepalive_s,
-            will=aiomqtt.Will(self._will.topic, self._will.payload, self._will.qos,
-                              self._will.retain),
+            will=aiomqtt.Will(will.topic, self.seal(will.topic, will.payload), will.qos,
+                              will.retain),
             clean_session=True,
             tls_context=tls,
             timeout=CALL_TIMEOUT_S,
@@ -105,7 +120,8 @@ class Bus:
                     async for message in client.messages:
                         payload = message.payload
                         if isinstance(payload, (bytes, bytearray)):
-                            self._on_message(message.topic.value, bytes(payload))
+                            self.deliver(message.topic.value, bytes(payload),
+                                         retained=bool(message.retain))
             except aiomqtt.MqttError as exc:
                 if self.connected:
                     log.warning("lost the broker: %s; reconnecting", exc)
@@ -122,6 +138,27 @@ class Bus:
                     self._on_disconnect()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._cfg.mqtt.reconnect_max_s)
+
+    def seal(self, topic: str, payload: bytes) -> bytes:
+        """``payload`` signed for ``topic`` now; unchanged when insecure, or empty (an empty
+        retained payload only clears a topic)."""
+        if self.auth is None or not payload:
+            return payload
+        return self.auth.seal(topic, payload, self._wall())
+
+    def deliver(self, topic: str, payload: bytes, *, retained: bool = False) -> None:
+        """Open one payload from the broker and hand it to ``on_message``, or report it."""
+        if self.auth is not None and payload:
+            try:
+                payload = self.auth.open(topic, payload, self._wall(), retained=retained,
+                                         retainable=self._topics.retainable(topic))
+            except AuthError as exc:
+                if self._on_auth_error is not None:
+                    self._on_auth_error(topic, exc)
+                else:
+                    log.debug("dropped a message on %s: %s", topic, exc)
+                return
+        self._on_message(topic, payload)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
                       retain: bool = False, reliable: bool = False) -> bool:
@@ -142,7 +179,8 @@ class Bus:
         # connection would only delay the next one and make a live node look silent.
         timeout = PUBLISH_TIMEOUT_S if qos else QOS0_TIMEOUT_S
         try:
-            await client.publish(topic, payload, qos=qos, retain=retain, timeout=timeout)
+            await client.publish(topic, self.seal(topic, payload), qos=qos, retain=retain,
+                                 timeout=timeout)
             return True
         except aiomqtt.MqttError as exc:
             log.debug("publish to %s failed: %s", topic, exc)
@@ -156,8 +194,8 @@ class Bus:
         while self._outbox and self._client is not None:
             out = self._outbox.popleft()
             try:
-                await self._client.publish(out.topic, out.payload, qos=out.qos, retain=out.retain,
-                                           timeout=CALL_TIMEOUT_S)
+                await self._client.publish(out.topic, self.seal(out.topic, out.payload),
+                                           qos=out.qos, retain=out.retain, timeout=CALL_TIMEOUT_S)
             except aiomqtt.MqttError:
                 self._outbox.appendleft(out)
                 raise

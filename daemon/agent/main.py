@@ -25,7 +25,7 @@ from daemon.agent.ops import HANDLERS as OPS
 from daemon.agent.probes import LinkMonitor
 from daemon.agent.systemd import Notifier
 from daemon.agent.views import HANDLERS
-from daemon.contracts.config import Config, load_config
+from daemon.contracts.config import Config, load_config, require_secret
 from daemon.contracts.errors import ChaosError, ConfigError
 
 log = logging.getLogger("chaosd")
@@ -89,9 +89,11 @@ class Daemon:
             await self.broker.start()
         self._tasks.append(asyncio.create_task(self.agent.bus.run(), name="bus"))
         self._tasks.append(asyncio.create_task(self._heartbeats(), name="heartbeats"))
-        if not self.cfg.secret:
-            log.warning("no 'secret' set: the data plane's key derives from the cluster name, "
-                        "which keeps clusters apart but protects nothing; set one in chaosd.toml")
+        if self.cfg.insecure:
+            log.warning("INSECURE development mode: control messages are neither signed nor "
+                        "checked, so any client of the broker can steer this cluster%s",
+                        "" if self.cfg.secret else "; the data plane's key derives from the "
+                        "cluster name and protects nothing")
         log.info("chaosd %s up: cluster %s, broker %s, socket %s", self.cfg.node_id,
                  self.cfg.cluster, self.cfg.broker, self.cfg.socket)
         self.notifier.ready(f"node {self.cfg.node_id} in cluster {self.cfg.cluster}")
@@ -146,6 +148,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--advertise", help="address peers use to reach this node")
     p.add_argument("--data-dir")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--insecure", action="store_true", default=None,
+                   help="development only: run without a secret; control messages unsigned")
     return p.parse_args(argv)
 
 
@@ -154,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, node_id=args.node_id, cluster=args.cluster,
                           broker=args.broker, socket=args.socket, advertise=args.advertise,
-                          data_dir=args.data_dir, log_level=args.log_level)
+                          data_dir=args.data_dir, log_level=args.log_level,
+                          insecure=args.insecure)
+        require_secret(cfg)
     except ConfigError as exc:
         print(f"chaosd: {exc}", file=sys.stderr)
         return 2

@@ -41,6 +41,7 @@ from daemon.contracts.messages import (
     encode,
 )
 from daemon.contracts.policy import POLICY_KEEP
+from daemon.contracts.signing import AuthError
 
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
@@ -49,6 +50,7 @@ SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, 
 # not followed by the loss of our own connection within this window is a real crash.
 WILL_CONFIRM_S = 0.5
 EVENTS_KEEP = 1000
+AUTH_LOG_S = 10.0  # at most one line per this long about messages that fail authentication
 
 
 class NodeAgent:
@@ -96,16 +98,24 @@ class NodeAgent:
         # so failure events can say how long the node had been silent.
         self.last_heard: dict[str, float] = {}
         self._step_rates: dict[str, tuple[float, float]] = {}  # node -> (steps/s, when)
+        # The wall time of the current connection: our "up" statuses and the last will of that
+        # connection carry it, so a peer can tell a replayed will of an earlier one (older).
+        self._conn_ts = self.clock.wall()
+        self._auth_unlogged: tuple[int, str] = (0, "")  # failures since the last log line
+        self._auth_logged_at: float | None = None
+        self._repair_retained = False  # a forgery overwrote the retained claim or snapshot
         topics = self.topics
         self.bus = Bus(
             cfg,
             client_id=f"chaos-{cfg.cluster}-{self.me}",
-            will=Outgoing(topics.status(self.me), encode(self._status(False, "lost")), 1, True),
+            will=self._will,
             subscriptions=[f"{topics.root}/node/+/hb", f"{topics.root}/node/+/status",
                            topics.cmd(self.me), topics.leader, topics.req, topics.state],
             on_message=self.on_message,
             on_connect=self.on_connect,
             on_disconnect=self.on_disconnect,
+            on_auth_error=self.on_auth_error,
+            wall=self.clock.wall,
         )
 
     # --- outgoing -----------------------------------------------------------------------
@@ -117,10 +127,17 @@ class NodeAgent:
     def own_status(self) -> Status:
         return self._status(True, "up")
 
+    def _will(self) -> Outgoing:
+        """The last will of the connection about to open (the bus asks at every connect)."""
+        self._conn_ts = self.clock.wall()
+        return Outgoing(self.topics.status(self.me), encode(self._status(False, "lost")), 1,
+                        True)
+
     def _status(self, online: bool, reason: str) -> Status:
         mon = self.monitor
+        ts = self.clock.wall() if reason == "left" else self._conn_ts
         return Status(node=self.me, online=online, reason=reason, incarnation=self.incarnation,
-                      addr=self.cfg.advertise, ts=self.clock.wall(),
+                      addr=self.cfg.advertise, ts=ts,
                       probe_port=mon.probe_port if mon else 0, bw_port=mon.bw_port if mon else 0,
                       bw_kind=mon.bandwidth.kind if mon else "")
 
@@ -199,6 +216,26 @@ class NodeAgent:
             self.counters["rejected"] += 1
             log.warning("dropped message on %s: %s", topic, exc)
 
+    def on_auth_error(self, topic: str, exc: AuthError) -> None:
+        """A message that failed authentication: dropped and counted; logged at a rate limit."""
+        self.counters["auth_failed"] += 1
+        self.counters[f"auth_{exc.reason.replace('-', '_')}"] += 1
+        self._auth_unlogged = (self._auth_unlogged[0] + 1, f"{topic}: {exc}")
+        self._log_auth_failures()
+        if topic in (self.topics.leader, self.topics.state) and exc.reason != "replayed":
+            # New subscribers would find only the forgery there: the scheduler repairs it.
+            self._repair_retained = True
+
+    def _log_auth_failures(self) -> None:
+        count, last = self._auth_unlogged
+        now = self.clock.monotonic()
+        if not count or (self._auth_logged_at is not None
+                         and now - self._auth_logged_at < AUTH_LOG_S):
+            return
+        log.warning("dropped %d control message(s) that failed authentication (%d in all); "
+                    "last on %s", count, self.counters["auth_failed"], last[:200])
+        self._auth_unlogged, self._auth_logged_at = (0, ""), now
+
     def _route(self, topic: str, payload: bytes) -> None:
         t = self.topics
         node = t.node_of(topic)
@@ -256,6 +293,11 @@ class NodeAgent:
             return
         prev = self.presence.get(node)
         if prev is not None and st.incarnation < prev.incarnation:
+            return
+        if (not st.online and st.reason == "lost" and prev is not None and prev.online
+                and st.incarnation == prev.incarnation and st.ts < prev.ts):
+            # The will of an earlier connection than the "up" we hold: replayed, or late.
+            self.counters["stale_wills"] += 1
             return
         if not st.online and st.reason == "lost":
             self._wills[node] = (st, self.clock.monotonic())  # confirmed in tick()
@@ -436,6 +478,11 @@ class NodeAgent:
         elif self.bus.connected:
             self._decide(now)
         self._check_worker(paused=gap > SELF_PAUSE_S)
+        self._log_auth_failures()
+        if self._repair_retained and self.role is not None and self.bus.connected:
+            self._queue_claim()
+            self.role.sched.dirty = True
+        self._repair_retained = False
         self._sync_probes()
         if self.role is not None:
             self.role.flush()

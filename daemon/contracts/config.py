@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 from daemon.contracts.control import DEFAULT_SOCKET
 from daemon.contracts.errors import ConfigError
 from daemon.contracts.policy import WIRE_FORMATS
+from daemon.contracts.signing import control_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -136,8 +137,13 @@ class Config:
     advertise: str = "127.0.0.1"
     data_dir: str = DEFAULT_DATA_DIR
     log_level: LogLevel = "info"
-    # Shared by every node of the cluster; keys the data plane's HMAC handshake.
+    # Shared by every node of the cluster; keys the data plane's HMAC handshake and, under
+    # its own derived key, every control message (docs/control-protocol.md). Required.
     secret: str = ""
+    # Development only: start without a secret and neither sign nor check control messages.
+    insecure: bool = False
+    # How far a live control message's timestamp may be from this node's clock.
+    auth_window_s: float = 60.0
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     election: ElectionConfig = field(default_factory=ElectionConfig)
@@ -152,6 +158,13 @@ class Config:
         which keeps strangers' clusters apart but is no protection (chaosd warns)."""
         seed = self.secret or f"chaos-default-secret:{self.cluster}"
         return hashlib.sha256(seed.encode()).digest()
+
+    @property
+    def control_key(self) -> bytes | None:
+        """The control plane's HMAC key, or None in ``insecure`` mode (nothing is signed)."""
+        if self.insecure or not self.secret:
+            return None
+        return control_key(self.secret, self.cluster)
 
     @property
     def broker_endpoint(self) -> tuple[str, str, int]:
@@ -173,7 +186,12 @@ _SECTIONS: dict[str, type] = {
     "worker": WorkerConfig,
 }
 # Flags the CLI may override; the names match the TOML keys.
-OVERRIDABLE = ("node_id", "cluster", "broker", "socket", "advertise", "data_dir", "log_level")
+OVERRIDABLE = ("node_id", "cluster", "broker", "socket", "advertise", "data_dir", "log_level",
+               "insecure")
+MIN_SECRET_CHARS = 16
+NO_SECRET = ("config: no 'secret' set: every node of a cluster needs the same one (e.g. "
+             "secret = \"<output of openssl rand -hex 32>\" in chaosd.toml); "
+             "--insecure starts an unauthenticated development node")
 
 
 def _check_type(key: str, value: Any, default: Any) -> Any:
@@ -283,6 +301,21 @@ def validate(cfg: Config) -> Config:
     _positive("election.grace_s", cfg.election.grace_s)
     if not cfg.socket:
         raise ConfigError("config: socket must not be empty")
+    if cfg.secret and len(cfg.secret) < MIN_SECRET_CHARS:
+        raise ConfigError(f"config: secret must be at least {MIN_SECRET_CHARS} characters")
+    if not 1.0 <= cfg.auth_window_s <= 3600:
+        raise ConfigError(f"config: auth_window_s must be 1..3600, not {cfg.auth_window_s:g}")
+    return cfg
+
+
+def require_secret(cfg: Config) -> Config:
+    """chaosd's start-up check: a secret, or an explicit ``insecure`` development mode.
+
+    Raises:
+        ConfigError: neither is set.
+    """
+    if not cfg.secret and not cfg.insecure:
+        raise ConfigError(NO_SECRET)
     return cfg
 
 
@@ -321,4 +354,6 @@ def as_dict(cfg: Config) -> dict[str, Any]:
     out = dataclasses.asdict(cfg)
     if out["mqtt"]["password"]:
         out["mqtt"]["password"] = "***"
+    if out["secret"]:
+        out["secret"] = "***"
     return out

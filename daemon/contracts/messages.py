@@ -52,6 +52,12 @@ class Topics:
     def state(self) -> str:
         return f"{self.root}/cluster/state"
 
+    def retainable(self, topic: str) -> bool:
+        """Does ``topic`` legitimately carry retained messages (presence, claim, snapshot)?"""
+        if topic in (self.leader, self.state):
+            return True
+        return topic.endswith("/status") and self.node_of(topic) is not None
+
     def node_of(self, topic: str) -> str | None:
         """The node id in a ``node/<id>/...`` topic, if it is one."""
         parts = topic.split("/")

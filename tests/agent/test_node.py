@@ -390,6 +390,7 @@ REPORTS: dict[str, dict[str, Any]] = {
     "stall": {"step": 3, "ms": 7.5, "reruns": 1, "policy_version": 1, "reason": ""},
     "serve-declined": {"new": "d", "reason": "needs 512 MiB, 100 MiB free"},
     "state-diverged": {"step": 12, "digest": "ab" * 32, "majority": "cd" * 32},
+    "state-refused": {"reason": "b cannot join cluster state of step 3: model differs"},
 }
 
 

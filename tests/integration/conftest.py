@@ -30,10 +30,10 @@ def need_mosquitto(kind: str) -> None:
 def make_cluster(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     clusters: list[LocalCluster] = []
 
-    def make(size: int = 3, broker: str = "mosquitto") -> LocalCluster:
+    def make(size: int = 3, broker: str = "mosquitto", config: str = "") -> LocalCluster:
         need_mosquitto(broker)
         cluster = LocalCluster(tmp_path / f"c{len(clusters)}", size, cluster="t",
-                               broker_kind=broker)
+                               broker_kind=broker, config=config)
         clusters.append(cluster)
         cluster.start()
         return cluster

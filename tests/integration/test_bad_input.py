@@ -1,6 +1,7 @@
 """Garbage on every MQTT topic and on the control socket: rejected, logged, nothing corrupted.
 
-A real 3-node cluster agrees on a scheduler; then a raw paho client publishes malformed,
+A real 3-node cluster agrees on a scheduler; then a raw paho client that holds the cluster
+secret (so that its payloads get past authentication to the decoders) publishes malformed,
 oversized, wrong-version and stale messages to every topic the daemons subscribe. Afterwards
 every daemon must be alive, still agree on the same scheduler and term, count the rejections,
 keep its node table, and the scheduler must have repaired the retained topics that a stale
@@ -11,6 +12,8 @@ the same treatment with raw lines.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import socket
 import threading
@@ -25,6 +28,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from chaosctl.cluster import LocalCluster
 from daemon.contracts.messages import ClusterState, Command, LeaderClaim, NodeRecord, decode, encode
+from daemon.contracts.signing import ControlAuth, control_key
 from tests.integration.conftest import BROKERS, wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -76,6 +80,23 @@ def retained(port: int, topics: list[str], wait_s: float = 1.5) -> dict[str, byt
             client.subscribe(topic, qos=1)
         done.wait(wait_s)
     return got
+
+
+def signer(c: LocalCluster) -> Callable[[str, bytes], bytes]:
+    """Sign any payload for a topic with ``c``'s control key, as a node holding the secret
+    would (a payload that is not a JSON object gets the envelope all the same)."""
+    key = control_key(c.secret, CLUSTER)
+    auth = ControlAuth(key)
+
+    def sign(topic: str, payload: bytes) -> bytes:
+        if not payload:
+            return payload
+        if payload.startswith(b"{") and payload.endswith(b"}") and len(payload) > 2:
+            return auth.seal(topic, payload, time.time())
+        signed = payload + b',"_ts":' + str(time.time_ns() // 1000).encode()
+        mac = hmac.new(key, topic.encode() + b"\x00" + signed, hashlib.sha256).hexdigest()
+        return signed + b',"_sig":"' + mac.encode() + b'"}'
+    return sign
 
 
 def agreed(c: LocalCluster, nodes: list[str]) -> tuple[str, int] | None:
@@ -136,7 +157,8 @@ def test_garbage_on_every_topic(make_cluster: MakeCluster, broker: str) -> None:
     ids = c.node_ids
     sched, term = wait_until(lambda: agreed(c, ids), 25, "one scheduler")
     followers = [n for n in ids if n != sched]
-    rejected_before = {n: counter(c, n, "rejected") for n in ids}
+    rejected_before = {n: counter(c, n, "rejected") + counter(c, n, "auth_failed") for n in ids}
+    sign = signer(c)
 
     shared_topics = [f"{ROOT}/node/{n}/{kind}" for n in ids for kind in ("hb", "status")]
     shared_topics += [f"{ROOT}/sched/leader", f"{ROOT}/sched/req", f"{ROOT}/cluster/state"]
@@ -155,6 +177,8 @@ def test_garbage_on_every_topic(make_cluster: MakeCluster, broker: str) -> None:
     messages += [(f"{ROOT}/node/{ids[0]}/hb", heartbeat(ids[1], seq=10**6), False)]
     # A topic whose id segment is not a node id at all: ignored, never routed.
     messages += [(f"{ROOT}/node/bad$id/hb", heartbeat("bad"), False)]
+    # Signed, every payload reaches the decoders (the oversized one fails authentication).
+    messages = [(topic, sign(topic, p), retain) for topic, p, retain in messages]
     t0 = time.monotonic()
     publish_all(c.port, messages)
 
@@ -163,7 +187,8 @@ def test_garbage_on_every_topic(make_cluster: MakeCluster, broker: str) -> None:
     # Every node is subscribed to the shared topics, so each rejects at least these.
     per_node_min = len(shared_topics) * len(garbage_payloads(ids[0])) - 2
     def all_rejected() -> bool:
-        return all(counter(c, n, "rejected") - rejected_before[n] >= per_node_min for n in ids)
+        return all(counter(c, n, "rejected") + counter(c, n, "auth_failed")
+                   - rejected_before[n] >= per_node_min for n in ids)
     wait_until(all_rejected, 30, f"every node to reject at least {per_node_min} payloads")
     print(f"garbage published and rejected in {time.monotonic() - t0:.1f}s")
 
@@ -171,8 +196,9 @@ def test_garbage_on_every_topic(make_cluster: MakeCluster, broker: str) -> None:
     stale_nodes = {"node-0": NodeRecord(state="active"), ids[0]: NodeRecord(state="failed")}
     stale_state = ClusterState(term=term - 1, leader="node-0", version=10**6, nodes=stale_nodes)
     stale_claim = LeaderClaim(id="node-0", term=term - 1)
-    publish_all(c.port, [(f"{ROOT}/cluster/state", encode(stale_state), True),
-                         (f"{ROOT}/sched/leader", encode(stale_claim), True)])
+    publish_all(c.port, [
+        (f"{ROOT}/cluster/state", sign(f"{ROOT}/cluster/state", encode(stale_state)), True),
+        (f"{ROOT}/sched/leader", sign(f"{ROOT}/sched/leader", encode(stale_claim)), True)])
 
     def repaired() -> bool:
         got = retained(c.port, [f"{ROOT}/sched/leader", f"{ROOT}/cluster/state"])
@@ -194,7 +220,8 @@ def test_garbage_on_every_topic(make_cluster: MakeCluster, broker: str) -> None:
         rows = c.query(node, "nodes")
         assert [r["id"] for r in rows] == ids, rows
         assert {r["state"] for r in rows} == {"standby"}, rows
-        assert counter(c, node, "rejected") > rejected_before[node]
+        dropped = counter(c, node, "rejected") + counter(c, node, "auth_failed")
+        assert dropped > rejected_before[node]
         assert counter(c, node, "tick_errors") == 0
     for node in followers:
         # The stale snapshot reached the followers and was recognised as stale.
@@ -214,12 +241,13 @@ def test_stale_command_is_fenced(make_cluster: MakeCluster, broker: str) -> None
     before = counter(c, follower, "fenced")
     commands = counter(c, follower, "commands")
     topic = f"{ROOT}/node/{follower}/cmd"
+    sign = signer(c)
     stale = Command(term=term - 1, leader=sched, seq=1, op="noop")
-    publish_all(c.port, [(topic, encode(stale), False)])
+    publish_all(c.port, [(topic, sign(topic, encode(stale)), False)])
     wait_until(lambda: counter(c, follower, "fenced") == before + 1, 10, "the stale command fenced")
     # The current term but not the current leader: fenced too.
     usurper = Command(term=term, leader="node-0", seq=2, op="noop")
-    publish_all(c.port, [(topic, encode(usurper), False)])
+    publish_all(c.port, [(topic, sign(topic, encode(usurper)), False)])
     wait_until(lambda: counter(c, follower, "fenced") == before + 2, 10, "the usurper fenced")
     assert counter(c, follower, "commands") == commands, "a fenced command was acted on"
     assert wait_until(lambda: agreed(c, ids), 10, "agreement") == (sched, term)

@@ -15,6 +15,7 @@ from chaosctl.cluster import chaosd_command, free_port
 from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(90)
+SECRET = "embedded-host-test-secret"
 
 
 @pytest.fixture
@@ -35,10 +36,11 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 def start(procs: list[subprocess.Popen[bytes]], tmp: Path, node: str, broker: str,
           config: Path | None = None) -> Path:
     sock = tmp / f"{node}.sock"
+    if config is None:
+        config = tmp / f"{node}.toml"
+        config.write_text(f'secret = "{SECRET}"\n')
     argv = [*chaosd_command(), "--node-id", node, "--cluster", "emb", "--broker", broker,
-            "--socket", str(sock), "--data-dir", str(tmp / node)]
-    if config is not None:
-        argv += ["--config", str(config)]
+            "--socket", str(sock), "--data-dir", str(tmp / node), "--config", str(config)]
     with open(tmp / f"{node}.log", "wb") as log:
         procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
     return sock
@@ -56,7 +58,7 @@ def test_hosting_daemon_and_a_peer_elect_one_scheduler(
         tmp_path: Path, procs: list[subprocess.Popen[bytes]]) -> None:
     port = free_port()
     conf = tmp_path / "host.toml"
-    conf.write_text(f"[mqtt]\nembedded_port = {port}\n")
+    conf.write_text(f'secret = "{SECRET}"\n[mqtt]\nembedded_port = {port}\n')
     host = start(procs, tmp_path, "host", "embedded", conf)
     wait_until(lambda: status(host), 20, "the hosting daemon")
     peer = start(procs, tmp_path, "peer", f"mqtt://127.0.0.1:{port}")
@@ -77,7 +79,7 @@ def test_port_in_use_is_one_clear_line(tmp_path: Path,
     procs.append(blocker)
     assert blocker.stdout is not None and blocker.stdout.readline().startswith(b"ready")
     conf = tmp_path / "host.toml"
-    conf.write_text(f"[mqtt]\nembedded_port = {port}\n")
+    conf.write_text(f'secret = "{SECRET}"\n[mqtt]\nembedded_port = {port}\n')
     argv = [*chaosd_command(), "--node-id", "x", "--broker", "embedded", "--config", str(conf),
             "--socket", str(tmp_path / "x.sock"), "--data-dir", str(tmp_path / "x")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)

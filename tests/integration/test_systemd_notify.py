@@ -96,7 +96,9 @@ def notified(make_cluster: MakeCluster, request: pytest.FixtureRequest) -> Itera
            "WATCHDOG_USEC": str(WATCHDOG_USEC)}
     env.pop("WATCHDOG_PID", None)
     sock, log = c.workdir / f"{NODE}.sock", c.workdir / f"{NODE}.log"
-    argv = [*chaosd_command(), "--node-id", NODE, "--cluster", c.cluster,
+    conf = c.workdir / f"{NODE}.toml"
+    conf.write_text(f'secret = "{c.secret}"\n')
+    argv = [*chaosd_command(), "--config", str(conf), "--node-id", NODE, "--cluster", c.cluster,
             "--broker", f"mqtt://127.0.0.1:{c.port}", "--socket", str(sock),
             "--data-dir", str(c.workdir / NODE)]
     with open(log, "ab") as out:

@@ -88,6 +88,7 @@ class TlsSetup:
         conf.write_text(
             f'node_id = "{node}"\n'
             f'cluster = "{CLUSTER}"\n'
+            'secret = "tls-test-cluster-secret"\n'
             f'broker = "mqtts://127.0.0.1:{self.port}"\n'
             f'data_dir = "{self.dir / node}"\n'
             "[mqtt]\n"

@@ -21,18 +21,21 @@ import pytest
 from chaosctl.client import call_once
 from daemon.contracts.control import ControlClient
 from daemon.contracts.messages import Command, Topics, encode
+from daemon.contracts.signing import ControlAuth, control_key
 from daemon.trainer.poller import Poller
 
 pytestmark = pytest.mark.timeout(90)
 BURSTS, PER_BURST = 5, 60  # 300 commands; the daemon's queue holds 1000 between two polls
 
 
-async def _publish(port: int, topic: str, term: int, leader: str, start: int, n: int) -> None:
+async def _publish(port: int, topic: str, term: int, leader: str, start: int, n: int,
+                   secret: str) -> None:
+    auth = ControlAuth(control_key(secret, "train"))  # signed as the scheduler signs
     async with aiomqtt.Client("127.0.0.1", port, identifier=f"fake-sched-{os.getpid()}") as cli:
         for i in range(start, start + n):
             cmd = Command(term=term, leader=leader, seq=10_000 + i, op="connect",
                           args={"peer": f"p{i}", "marker": i})
-            await cli.publish(topic, encode(cmd), qos=1)
+            await cli.publish(topic, auth.seal(topic, encode(cmd), time.time()), qos=1)
 
 
 def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
@@ -49,7 +52,7 @@ def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
         topic = Topics("train").cmd(node)
         for b in range(BURSTS):  # bursts, with the training side draining between them
             asyncio.run(_publish(r.c.port, topic, sched["term"], node, b * PER_BURST,
-                                 PER_BURST))
+                                 PER_BURST, r.c.secret))
             deadline = time.monotonic() + 20
             while len([c for c in got if "marker" in c["args"]]) < (b + 1) * PER_BURST:
                 assert time.monotonic() < deadline, f"burst {b}: {len(got)} commands so far"

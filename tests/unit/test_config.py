@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from daemon.contracts.config import load_config
+from daemon.contracts.config import as_dict, load_config, require_secret
 from daemon.contracts.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(30)
@@ -85,3 +85,35 @@ def test_chaosd_refuses_bad_config_with_one_line(tmp_path: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "detector.heartbeat_interval" in lines[0]
     assert "Traceback" not in proc.stderr
+
+
+def test_chaosd_without_a_secret_refuses_to_start(tmp_path: Path) -> None:
+    path = write(tmp_path, 'cluster = "lab"\n')
+    proc = subprocess.run([sys.executable, "-m", "daemon.agent.main", "--config", str(path)],
+                          capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "secret" in lines[0] and "--insecure" in lines[0], lines
+    assert "Traceback" not in proc.stderr
+
+
+def test_insecure_is_a_flag_and_a_key(tmp_path: Path) -> None:
+    assert load_config(write(tmp_path, "insecure = true\n")).insecure
+    assert load_config(write(tmp_path, ""), insecure=True).insecure
+    cfg = load_config(write(tmp_path, ""))
+    assert not cfg.insecure and cfg.control_key is None
+    with pytest.raises(ConfigError, match="no 'secret'"):
+        require_secret(cfg)
+    secure = require_secret(load_config(write(tmp_path, 'secret = "0123456789abcdef01"\n')))
+    assert secure.control_key is not None and secure.control_key != secure.data_key
+    assert as_dict(secure)["secret"] == "***"
+
+
+@pytest.mark.parametrize(("text", "names"), [
+    ('secret = "short"\n', "secret"),
+    ("auth_window_s = 0.1\n", "auth_window_s"),
+    ("insecure = 1\n", "insecure"),
+])
+def test_bad_auth_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:
+    with pytest.raises(ConfigError, match=names):
+        load_config(write(tmp_path, text))
