@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - older typer runs on click itself
 from chaosctl import actions, read
 from chaosctl.bench.cli import bench_app
 from chaosctl.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT_S, SOCKET_ENV, ControlFailure
+from chaosctl.clusterinit import cluster_app
 from chaosctl.common import CliState
 from chaosctl.demo import run as demo
 from chaosctl.testbed.cli import testbed_app
@@ -78,6 +79,7 @@ app.command()(actions.probe)
 app.command()(demo.demo)
 app.add_typer(testbed_app)
 app.add_typer(bench_app)
+app.add_typer(cluster_app)
 
 
 def _usage_line(exc: click_exc.UsageError) -> str:
