@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -192,6 +192,156 @@ def event_details(event: dict[str, Any]) -> str:
     return " ".join(f"{k}={cell(v)}" for k, v in event.items() if k not in EVENT_KEYS)
 
 
+def size(nbytes: Any) -> str:
+    """Format a byte count in binary units: ``512 MiB``."""
+    if not _num(nbytes):
+        return DASH
+    value, unit = float(nbytes), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{value:.0f} {unit}" if unit == "B" or value >= 100 else f"{value:.3g} {unit}"
+
+
+def duration(ms: Any) -> str:
+    """Format milliseconds for people: ``3.4 s``, ``120 ms``, ``2.5 ms``."""
+    if not _num(ms):
+        return DASH
+    if ms >= 60_000:
+        return f"{ms / 60_000:.1f} min"
+    if ms >= 1000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms:.0f} ms" if ms >= 10 else f"{ms:.2g} ms"
+
+
+def _num(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _names(value: Any) -> str:
+    return ", ".join(str(v) for v in value) if isinstance(value, list | tuple) else cell(value)
+
+
+# Why a node left the rounds, as the scheduler words it (scale-in and node-failed reasons).
+REASONS = {
+    "worker-exit": "its worker exited",
+    "worker-unresponsive": "its worker hung and was killed",
+    "state-diverged": "its state diverged",
+    "state-refused": "its worker refused the cluster's state",
+    "daemon-left": "its daemon left",
+    "failure": "its node failed",
+    "last-will": "last will",
+    "heartbeat": "heartbeats stopped",
+    "probe": "probes failed",
+}
+
+
+def _scale_out(ev: dict[str, Any]) -> str:
+    if ev.get("bootstrap"):
+        return "first member: the cluster starts here"
+    sources, nbytes = ev.get("sources"), ev.get("bytes")
+    # The pull itself (what the bound bounds); the DELAY column has request-to-active.
+    took = ev.get("transfer_ms") if _num(ev.get("transfer_ms")) else (
+        ev.get("delay_ms") if _num(nbytes) else None)
+    what = " ".join(p for p in (size(nbytes) if _num(nbytes) else "",
+                                f"in {duration(took)}" if _num(took) else "") if p)
+    bound = ev.get("lower_bound_ms")
+    if what and _num(took) and _num(bound) and bound > 0:
+        what += f" ({took / bound:.2f}x bound)"
+    text = ": ".join(p for p in (f"from {_names(sources)}" if sources else "", what) if p)
+    extra = []
+    per_source = ev.get("per_source")
+    if isinstance(per_source, dict):
+        failed = sorted(k for k, v in per_source.items() if isinstance(v, dict)
+                        and v.get("failed"))
+        if failed:
+            extra.append(f"{', '.join(failed)} failed mid-transfer")
+    if _num(ev.get("replans")) and ev["replans"] > 0:
+        extra.append(f"{ev['replans']} replan{'s' if ev['replans'] != 1 else ''}")
+    if isinstance(ev.get("declined"), dict) and ev["declined"]:
+        extra.append(f"declined by {', '.join(sorted(ev['declined']))}")
+    if ev.get("strategy") not in (None, "chaos"):
+        extra.append(f"{ev['strategy']} source")
+    return "; ".join([text or "joined", *extra])
+
+
+def _scale_in(ev: dict[str, Any]) -> str:
+    reason = ev.get("reason")
+    if reason == "leave":
+        at = ev.get("effective_step")
+        return f"left gracefully at step {at}" if _num(at) else "left gracefully"
+    return f"dropped: {REASONS.get(str(reason), cell(reason))}"
+
+
+def _link(ev: dict[str, Any]) -> str:
+    kind = ev.get("kind")
+    verb = {"connect-link": "connected", "disconnect-link": "disconnected"}.get(str(kind),
+                                                                              "failed")
+    text = f"link to {cell(ev.get('peer'))} {verb}"
+    reason = ev.get("reason")
+    return f"{text}: {REASONS.get(str(reason), str(reason))}" if reason else text
+
+
+def _node_failed(ev: dict[str, Any]) -> str:
+    parts = []
+    if _num(ev.get("delay_ms")):
+        parts.append(f"silent {duration(ev['delay_ms'])}")
+    if ev.get("reason"):
+        parts.append(REASONS.get(str(ev["reason"]), str(ev["reason"])))
+    text = ", ".join(parts) or "failed"
+    return f"{text}; was {ev['previous']}" if ev.get("previous") else text
+
+
+def _elected(ev: dict[str, Any]) -> str:
+    text = f"term {cell(ev.get('term'))}"
+    previous = ev.get("previous")
+    if not previous:
+        return f"{text}, first scheduler"
+    text += f", after {previous}"
+    return f"{text} (silent {duration(ev['delay_ms'])})" if _num(ev.get("delay_ms")) else text
+
+
+def _partition(ev: dict[str, Any]) -> str:
+    kept, parts = ev.get("kept"), ev.get("parts")
+    kept = kept if isinstance(kept, list) else []
+    parts = parts if isinstance(parts, list) else []
+    lost = sorted({str(n) for p in parts if isinstance(p, list) for n in p} - set(map(str, kept)))
+    return f"kept {_names(kept) or DASH}; lost {_names(lost) or DASH}"
+
+
+def _diverged(ev: dict[str, Any]) -> str:
+    def short(digest: Any) -> str:
+        return digest[:8] if isinstance(digest, str) and digest else DASH
+
+    return (f"at step {cell(ev.get('step'))}: {short(ev.get('digest'))} vs majority "
+            f"{short(ev.get('majority'))}")
+
+
+SUMMARIES = {
+    "scale-out": _scale_out, "scale-in": _scale_in, "connect-link": _link,
+    "disconnect-link": _link, "link-failed": _link, "node-failed": _node_failed,
+    "scheduler-elected": _elected, "partition": _partition, "state-diverged": _diverged,
+}
+
+
+def event_summary(event: dict[str, Any]) -> str:
+    """A short line for people about what the event says (``--json`` keeps every field).
+
+    Uses whichever fields the event carries, so an older daemon's events still read; a kind
+    this version does not know shows its fields as ``key=value`` pairs.
+    """
+    summarize = SUMMARIES.get(str(event.get("kind")))
+    if summarize is None:
+        return event_details(event)
+    try:
+        text = summarize(event)
+    except (TypeError, ValueError, KeyError, AttributeError):  # odd fields: never crash
+        return event_details(event)
+    stall = event.get("stall_ms")
+    return f"{text}; stall {duration(stall)}" if _num(stall) and stall > 0 else text
+
+
 def delay(value: Any) -> str:
     """Format a ``delay_ms`` value."""
     return f"{value:.0f} ms" if isinstance(value, int | float) else DASH
@@ -207,7 +357,7 @@ def events_table(rows: Iterable[dict[str, Any]], title: str | None = None) -> Ta
     table.add_column("PEER", no_wrap=True)
     table.add_column("TERM", justify="right")
     table.add_column("DELAY", justify="right", no_wrap=True)
-    # Details are free-form and may be long: they wrap, the ids above never do.
+    # The summary may be long: it wraps, the ids above never do.
     table.add_column("DETAILS", overflow="fold", ratio=1)
     for ev in rows:
         table.add_row(
@@ -218,7 +368,7 @@ def events_table(rows: Iterable[dict[str, Any]], title: str | None = None) -> Ta
             cell(ev.get("peer")),
             cell(ev.get("term")),
             delay(ev.get("delay_ms")),
-            event_details(ev),
+            event_summary(ev),
         )
     return table
 
@@ -233,9 +383,9 @@ def event_line(ev: dict[str, Any]) -> Text:
             text.append(f" {key}={cell(ev.get(key))}")
     if ev.get("delay_ms") is not None:
         text.append(f" delay={delay(ev.get('delay_ms'))}")
-    extra = event_details(ev)
+    extra = event_summary(ev)
     if extra:
-        text.append(f" {extra}", style="dim")
+        text.append(f"  {extra}", style="dim")
     return text
 
 

@@ -78,6 +78,7 @@ class Daemon:
     async def startup(self) -> None:
         Path(self.cfg.data_dir).mkdir(parents=True, exist_ok=True)
         await self.control.start()
+        self.agent.metrics.start()  # a taken address ends chaosd here, in one line (exit 1)
         if self.cfg.probe.enabled:
             agent = self.agent
             monitor = LinkMonitor(self.cfg.probe, self.cfg.advertise,
@@ -133,6 +134,7 @@ class Daemon:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.control.stop()
+        self.agent.metrics.stop()
         if self.broker is not None:
             await self.broker.stop()
         log.info("chaosd %s stopped", self.cfg.node_id)

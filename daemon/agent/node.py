@@ -17,6 +17,7 @@ from typing import Any
 from typing_extensions import assert_never
 
 from daemon.agent.bus import Bus, Outgoing
+from daemon.agent.metrics import AgentMetrics
 from daemon.agent.probes import LinkMonitor, PeerEndpoint
 from daemon.agent.resources import sample
 from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unresponsive_for
@@ -81,6 +82,7 @@ class NodeAgent:
         # version -> policy as the wire carries it (SyncPolicy.to_dict), for worker.poll
         self.policies: dict[int, dict[str, Any]] = {}
         self.counters: Counter[str] = Counter()
+        self.metrics = AgentMetrics(cfg.metrics.listen)  # served by Daemon.startup
         self.state = "standby"
         self.step = 0
         self.started = self.clock.monotonic()
@@ -185,6 +187,7 @@ class NodeAgent:
 
     async def leave(self) -> None:
         """Graceful exit: a retained 'left' status, so the last will never fires."""
+        self.metrics.stop()
         await self.bus.publish(self.topics.status(self.me), encode(self._status(False, "left")),
                                qos=1, retain=True)
 
@@ -425,8 +428,10 @@ class NodeAgent:
             del self.policies[version]
 
     def _merge_events(self, events: list[Event]) -> None:
+        new = [ev for ev in events if (ev.seq, ev.ts) not in self.events]
         for ev in events:
             self.events.setdefault((ev.seq, ev.ts), ev)
+        self.metrics.new_events(new)
         if len(self.events) > EVENTS_KEEP:
             for key in sorted(self.events)[: len(self.events) - EVENTS_KEEP]:
                 del self.events[key]
@@ -496,6 +501,7 @@ class NodeAgent:
             self._last_publish = now
             await self.bus.publish(self.topics.state, encode(snap), qos=1, retain=True,
                                    reliable=True)
+        self.metrics.update(self, now)
         # The pause check measures from here: time spent awaiting the broker above is ours,
         # not a sign that the process was frozen.
         self._last_tick = self.clock.monotonic()

@@ -121,11 +121,13 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     w = agent.worker
     if not w.attached:
         raise ControlError("no worker is attached; call worker.attach first", code="failed")
+    before = (w.step, w.state)
     w.step = agent.step = _int(args, "step", agent.step)
     state = member(args.get("state", w.state), WORKER_STATES)
     if state is not None and state != "standby":
         w.state = state
     w.last_poll = agent.clock.monotonic()
+    agent.metrics.polled(before, (w.step, w.state), args)
     known = args.get("policy_version", -1)
     if isinstance(known, bool) or not isinstance(known, int):
         raise ControlError("'policy_version' must be an integer")
@@ -142,6 +144,7 @@ async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
         # The script cannot load the cluster's state: restarting it would only be refused
         # again, each time at the cost of a scale-out and a scale-in for the others.
         agent.supervisor.refuse(str(args.get("reason") or "state mismatch"))
+    agent.metrics.reported(args)
     agent.request("report", **args)
     await agent.flush()
     return {}

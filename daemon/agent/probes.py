@@ -78,6 +78,7 @@ class LinkMonitor:
         # probing so that a healed link is reported and connected again.
         self._failed: dict[str, PeerEndpoint] = {}
         self._last_rtt_report = 0.0
+        self.bandwidths: dict[str, float] = {}  # peer -> last measured Mbit/s (metrics)
 
     @property
     def probe_port(self) -> int:
@@ -107,6 +108,7 @@ class LinkMonitor:
         for peer in set(self._peers) - set(peers):
             self.prober.remove_peer(peer)
             self.periodic.remove_link(peer)
+            self.bandwidths.pop(peer, None)
         for peer, ep in peers.items():
             if self._peers.get(peer) != ep and ep.probe_port:
                 self.prober.add_peer(peer, ep.host, ep.probe_port)
@@ -138,6 +140,7 @@ class LinkMonitor:
             self.report("link-recovered", {"peer": stats.peer})
 
     def _on_bandwidth(self, peer: str, result: BandwidthResult) -> None:
+        self.bandwidths[peer] = result.mbps
         self.report("link-metrics", {"peer": peer, "bandwidth_mbps": round(result.mbps, 3)})
 
     async def rtts(self, peers: dict[str, PeerEndpoint]) -> dict[str, float]:
@@ -173,6 +176,7 @@ class LinkMonitor:
                                                    ON_DEMAND_TEST_S, reverse=reverse,
                                                    peer_kind=ep.bw_kind or None)  # type: ignore[arg-type]
                 bw = round(res.mbps, 3)
+                self.bandwidths[peer] = res.mbps
             except NetprobeError as exc:
                 error = str(exc)
         out = {"peer": peer, "rtt_ms": rtt_ms, "bandwidth_mbps": bw, "method": method,

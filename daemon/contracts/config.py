@@ -129,6 +129,14 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics (chaosd(8), METRICS). Off by default: an address a scraper can
+    reach is the operator's choice, and two daemons on one box would collide on a fixed one."""
+
+    listen: str = ""  # host:port, e.g. "127.0.0.1:9464"; empty: no metrics server
+
+
+@dataclass(frozen=True)
 class Config:
     node_id: str = field(default_factory=socket.gethostname)
     cluster: str = "default"
@@ -151,6 +159,7 @@ class Config:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def data_key(self) -> bytes:
@@ -184,6 +193,7 @@ _SECTIONS: dict[str, type] = {
     "replication": ReplicationConfig,
     "training": TrainingConfig,
     "worker": WorkerConfig,
+    "metrics": MetricsConfig,
 }
 # Flags the CLI may override; the names match the TOML keys.
 OVERRIDABLE = ("node_id", "cluster", "broker", "socket", "advertise", "data_dir", "log_level",
@@ -297,6 +307,12 @@ def validate(cfg: Config) -> Config:
     if silence != 0 and not MIN_POLL_SILENCE_S <= silence <= 3600:
         raise ConfigError(f"config: worker.poll_silence_s must be 0 (off) or "
                           f"{MIN_POLL_SILENCE_S:g}..3600, not {silence:g}")
+    listen = cfg.metrics.listen
+    m_host, sep, m_port = listen.rpartition(":")
+    if listen and (not sep or not m_host.strip("[]") or not m_port.isdigit()
+                   or not 0 < int(m_port) < 65536):
+        raise ConfigError(f"config: metrics.listen must be host:port with a port in 1..65535 "
+                          f"(e.g. \"127.0.0.1:9464\"), or empty for none, not {listen!r}")
     _positive("election.stagger_s", cfg.election.stagger_s)
     _positive("election.grace_s", cfg.election.grace_s)
     if not cfg.socket:

@@ -46,6 +46,7 @@ class Poller:
         self._leave = False
         self._error: ControlFailure | None = None
         self._known = -1  # newest policy version fetched
+        self._sync_ms: list[float] = []  # collective times of the steps since the last poll
         self._news = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -66,6 +67,13 @@ class Poller:
             t.join(timeout)
             if t.is_alive():
                 log.warning("the poller did not stop within %gs", timeout)
+
+    def record_sync(self, ms: float) -> None:
+        """A committed step's time in collectives; the next poll carries it (chaosd's
+        ``chaos_allreduce_seconds``). Safe from any thread; at most 1000 wait."""
+        with self._lock:
+            self._sync_ms.append(round(ms, 3))
+            del self._sync_ms[:-1000]
 
     def take(self) -> tuple[list[SyncPolicy], list[Mapping[str, Any]], bool]:
         """New policies, commands (each once) and whether chaosd asked us to leave.
@@ -103,7 +111,11 @@ class Poller:
         """One ``worker.poll`` (the thread's body; a test may call it directly)."""
         self.flush()
         step, state = self.position
-        args = {"step": step, "state": state, "policy_version": self._known}
+        with self._lock:
+            sync, self._sync_ms = self._sync_ms, []
+        args: dict[str, Any] = {"step": step, "state": state, "policy_version": self._known}
+        if sync:
+            args["sync_ms"] = sync
         data = self.client.call("worker.poll", args) or {}
         fresh: list[SyncPolicy] = []
         for doc in [*(data.get("policies") or []), data.get("policy")]:

@@ -36,6 +36,7 @@ class Timing(TrainerParts):
         total_ms = (self._clock.monotonic() - t0) * 1e3
         stall_ms = max(0.0, total_ms - spent * 1e3)
         self.stalls.append(StepTiming(self.step, stall_ms, reruns, total_ms, spent * 1e3))
+        self._s.poller.record_sync(spent * 1e3)
         del self.stalls[:-10_000]
         # The scheduler adds a stall to the event that made its policy, so only the first
         # step under a new policy (or a rerun) says something. Reporting every slow step

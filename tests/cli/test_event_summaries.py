@@ -1,0 +1,120 @@
+"""``chaosctl events``: one readable summary per event kind; ``--json`` keeps every field.
+
+The events are real: the scheduler's own primitives record them (with a fake clock), and the
+daemon's ``events`` read flattens them, exactly as a live cluster would answer.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from chaosctl.views import event_summary
+from daemon.agent import views as daemon_views
+from daemon.agent.node import NodeAgent
+from daemon.cluster.primitives import Negotiator
+from daemon.cluster.scheduler import Scheduler
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.kinds import EVENT_KINDS
+from tests.cli.conftest import FakeDaemon, ok, run_ctl
+
+pytestmark = pytest.mark.timeout(60)
+MIB = 1 << 20
+# What a joining worker reports when its state is in (daemon/trainer/join.py), abridged.
+REPLICATED = {
+    "kind": "replicated", "version": 3, "bytes": 512 * MIB, "delay_ms": 3500.0,
+    "transfer_ms": 3400.0, "decision_ms": 2.0, "strategy": "chaos",
+    "sources": ["node-1", "node-2", "node-3"],
+    "per_source": {"node-1": {"bytes": 200 * MIB, "end_s": 3.3},
+                   "node-2": {"bytes": 200 * MIB, "end_s": 3.4},
+                   "node-3": {"bytes": 112 * MIB, "end_s": 2.1, "failed": "reset by peer"}},
+    "plan_inputs": [{"id": "node-1", "t_prop_s": 0.001, "t_trans_s_per_byte": 6e-9,
+                     "tau_sync_s": 0.0}],
+    "predicted_ms": 3300.0, "lower_bound_ms": 3148.0, "replans": 1, "refetched_blocks": 4,
+}
+
+
+def real_events() -> list[dict[str, Any]]:
+    """One of every kind, recorded by the scheduler's primitives and read as chaosd serves."""
+    clock = FakeClock()
+    sched = Scheduler("node-1", 4, None, clock)
+    neg = Negotiator(sched, clock, lambda _n: 100)
+    sched.record("scheduler-elected", node="node-1", previous="node-9", term_previous=3,
+                 delay_ms=2300.0)  # role.py's call, which needs a whole agent to make
+    for n in ("node-1", "node-2", "node-3"):
+        neg.join(n, f"127.0.0.1:{n[-1]}000", [])
+        neg.replicated(n, {"kind": "replicated"})
+    neg.join("node-4", "127.0.0.1:4000", ["node-1", "node-2", "node-3"])
+    clock.advance(3.6)
+    neg.replicated("node-4", REPLICATED)
+    neg.stall("node-1", {"ms": 41.5, "policy_version": sched.policy_version})
+    neg.link("node-4", "node-3", up=False, failed=True)
+    neg.link("node-4", "node-3", up=True)
+    neg.leave("node-4", 200)
+    neg.gone("node-2", "worker-unresponsive")
+    sched.fail("node-2", "heartbeat", 2.1)
+    # node-3 loses both its links: the cluster splits, node-1 keeps training.
+    neg.link("node-1", "node-3", up=False)
+    neg.diverged("node-1", {"step": 120, "digest": "ab" * 32, "majority": "cd" * 32})
+    agent = SimpleNamespace(events={(ev.seq, ev.ts): ev for ev in sched.events})
+    return daemon_views.events(cast(NodeAgent, agent), {})
+
+
+def by_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [ev for ev in events if ev["kind"] == kind]
+
+
+def test_every_kind_has_a_summary() -> None:
+    events = real_events()
+    assert {ev["kind"] for ev in events} == set(EVENT_KINDS)
+    for ev in events:
+        assert "=" not in event_summary(ev), ev  # no raw key=value dump for a known kind
+
+
+def test_scale_out_says_sources_bytes_time_and_the_bound() -> None:
+    boot, *plain, full = by_kind(real_events(), "scale-out")
+    assert event_summary(boot) == "first member: the cluster starts here"
+    assert event_summary(plain[0]) == "joined"
+    assert event_summary(full) == ("from node-1, node-2, node-3: 512 MiB in 3.4 s (1.08x bound)"
+                                   "; node-3 failed mid-transfer; 1 replan; stall 42 ms")
+
+
+def test_the_other_kinds() -> None:
+    events = real_events()
+    summary = {ev["kind"]: event_summary(ev) for ev in events}  # the last of each kind
+    assert summary["scheduler-elected"] == "term 4, after node-9 (silent 2.3 s)"
+    assert summary["link-failed"] == "link to node-3 failed"
+    assert summary["connect-link"] == "link to node-3 connected"
+    assert summary["node-failed"] == "silent 2.1 s, heartbeats stopped; was standby"
+    assert summary["partition"] == "kept node-1; lost node-3"
+    assert summary["state-diverged"] == "at step 120: abababab vs majority cdcdcdcd"
+    ins = [event_summary(ev) for ev in by_kind(events, "scale-in")]
+    assert ins[0].startswith("left gracefully at step ")
+    assert ins[1:] == ["dropped: its worker hung and was killed",
+                       "dropped: its state diverged"]
+    stalled = [ev for ev in events if ev.get("stall_ms")]
+    assert stalled and event_summary(stalled[0]).endswith("; stall 42 ms")
+
+
+def test_odd_or_unknown_events_still_read() -> None:
+    assert event_summary({"kind": "scale-out", "bytes": "lots", "sources": 3}) == "from 3"
+    assert event_summary({"kind": "partition", "kept": "x"}) == "kept -; lost -"
+    assert event_summary({"kind": "new-kind", "seq": 1, "x": 2}) == "x=2"
+    assert event_summary({"kind": "scale-in"}) == "dropped: -"
+
+
+def test_the_table_shows_summaries_and_json_keeps_everything(fake: FakeDaemon) -> None:
+    events = real_events()
+    fake.answers["events"] = ok(events)
+    proc = run_ctl("--socket", str(fake.path), "events")
+    assert proc.returncode == 0, proc.stderr
+    out = " ".join(proc.stdout.split())  # the DETAILS column wraps
+    assert "512 MiB in 3.4 s (1.08x bound)" in out
+    assert "kept node-1; lost node-3" in out
+    assert "plan_inputs" not in out and "per_source" not in out
+    proc = run_ctl("--socket", str(fake.path), "events", "--json")
+    assert json.loads(proc.stdout) == events
+    assert by_kind(json.loads(proc.stdout), "state-diverged")[0]["digest"] == "ab" * 32
