@@ -6,8 +6,10 @@ in the benches. ``planning`` is pure numpy with no I/O; ``transfer`` does the so
 - training state as one byte space; restore; digest: :mod:`daemon.replication.state`
 - manifest, block checksums, range verification: :mod:`daemon.replication.manifest`
 - planner inputs, plans, the cost model, coverage: :mod:`daemon.replication.planning.model`
-- the default plan (water-filling to the byte), the lower bound; baselines: :mod:`daemon.replication.planning.waterfill`
-- the paper's Algorithms 1 and 2 (planner ``paper``, a baseline): :mod:`daemon.replication.planning.greedy`
+- the default plan (water-filling to the byte), the lower bound, baselines:
+  :mod:`daemon.replication.planning.waterfill`
+- the paper's Algorithms 1 and 2 (planner ``paper``, a baseline):
+  :mod:`daemon.replication.planning.greedy`
 - brute force and MILP optima (small instances): :mod:`daemon.replication.planning.exact`
 - re-planning a failed neighbour's bytes: :mod:`daemon.replication.planning.replan`
 - the planner registry: :mod:`daemon.replication.planning.planner`
