@@ -16,6 +16,8 @@ kept under ``bench/results/`` in the repository, as data.
 - :mod:`~chaosctl.bench.convergence`, :mod:`~chaosctl.bench.convergence_worker`,
   :mod:`~chaosctl.bench.convergence_report`: convergence under churn (the paper's Figs.
   11-14), static runs against a scale-out and a scale-in, plain and consistent mode.
+- :mod:`~chaosctl.bench.soak`, :mod:`~chaosctl.bench.soak_report`: a training cluster on the
+  testbed under Poisson chaos for minutes or hours; resource growth and invariant violations.
 - :mod:`~chaosctl.bench.duty_cycle`: the probes' share of a link.
 - :mod:`~chaosctl.bench.models`: the paper's models (``data/paper_models.json``, package data)
   and synthetic states of their sizes, shared by the benches.

@@ -296,3 +296,49 @@ def convergence(
            for k, r in md["runs"].items() for p in r["problems"]]
     if bad:
         raise ClusterError(f"{len(bad)} checks failed, first: {bad[0]}")
+
+
+@bench_app.command("soak")
+def soak(
+    minutes: Annotated[float, typer.Option(min=0.5, max=1440.0, help="Length of the chaos "
+                                           "phase, once every node trains.")] = 10.0,
+    nodes: Annotated[int, typer.Option(min=3, max=8, help="Testbed nodes (a full mesh).")] = 4,
+    rate: Annotated[float, typer.Option(min=0.1, max=120.0, help="Chaos events per minute "
+                                        "(Poisson).")] = 6.0,
+    kinds: Annotated[str, typer.Option(help="Chaos kinds, comma-separated: join, leave, kill, "
+                                       "freeze, cut, broker-restart (default: all).")] = "",
+    sample_seconds: Annotated[float, typer.Option(min=1.0, max=600.0, help="Seconds between "
+                                                  "samples of RSS, fds and threads.")] = 5.0,
+    warmup: Annotated[float | None, typer.Option(min=0.0, help="Seconds left out of the growth "
+                                                 "fits (default: a quarter of the run, at "
+                                                 "most 120).")] = None,
+    bw: Annotated[str, typer.Option(help="Link bandwidth range, Mbit/s.")] = "100-400",
+    seed: Annotated[int, typer.Option(help="Seed of the testbed and the chaos.")] = 1,
+    out: Annotated[Path, typer.Option(help="Where soak.json and soak.png go.")]
+    = Path("bench/results/soak"),
+    keep: Annotated[Path | None, typer.Option(help="Copy the step records and logs here.")]
+    = None,
+) -> None:
+    """A training cluster on the netns testbed under Poisson joins, leaves, kills, freezes,
+    link cuts and broker restarts: growth per hour and every invariant violation."""
+    from chaosctl.bench import soak as bench_soak
+    from chaosctl.bench import soak_report
+    from chaosctl.cluster import ClusterError
+    from chaosctl.testbed.topo import TopologyError, parse_bw
+
+    chosen = _choices(kinds, "--kinds", list(bench_soak.KINDS)) if kinds else bench_soak.KINDS
+    try:
+        rates = parse_bw(bw)
+    except TopologyError as exc:
+        raise CtlUsageError(str(exc)) from None
+    if warmup is not None and warmup >= minutes * 60:
+        raise CtlUsageError(f"--warmup ({warmup:g} s) must be shorter than the run "
+                            f"({minutes * 60:g} s)")
+    opts = bench_soak.Options(minutes, nodes, rate, sample_seconds, warmup, tuple(chosen),
+                              rates, seed)
+    doc = bench_soak.run(opts, out, _say, keep)
+    console.print(soak_report.table(doc))
+    console.print(soak_report.summary(doc))
+    if doc["violations"]:
+        raise ClusterError(f"{len(doc['violations'])} invariant violations, first: "
+                           f"{doc['violations'][0]}")

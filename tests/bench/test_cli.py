@@ -13,7 +13,7 @@ from tests.cli.conftest import assert_one_line_error, run_ctl
 pytestmark = pytest.mark.timeout(120)
 
 COMMANDS = ["allreduce", "planner", "loopback", "stall", "duty-cycle", "control", "scaleout",
-            "convergence"]
+            "convergence", "soak"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -48,6 +48,11 @@ def test_group_lists_every_command() -> None:
         (["convergence", "--at", "20"], "must be below the epochs"),
         (["convergence", "--models", "resnet"], "not one of cnn, chartf"),
         (["convergence", "--modes", "fast"], "not one of plain, consistent"),
+        (["soak", "--minutes", "0"], "--minutes"),
+        (["soak", "--kinds", "nap"], "not one of join, leave"),
+        (["soak", "--bw", "fast"], "fast"),
+        (["soak", "--minutes", "1", "--warmup", "60"], "--warmup"),
+        (["soak", "--nodes", "2"], "--nodes"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )

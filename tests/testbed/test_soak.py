@@ -1,0 +1,93 @@
+"""``chaosctl bench soak`` in its CI size: two minutes of Poisson chaos on a real testbed (real
+chaosd, mosquitto and training workers), every invariant held and nothing left behind; and the
+invariant checks themselves on made-up records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosctl.bench import soak, soak_report
+from tests.testbed.conftest import leftovers, need_root, run_id
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(480)
+def test_two_minute_soak_keeps_every_invariant(tmp_path: Path) -> None:
+    need_root()
+    out, work = tmp_path / "out", tmp_path / "work"
+    work.mkdir()
+    lines: list[str] = []
+    # No broker restarts here: a scheduler killed while the broker is down comes back with no
+    # leader claim to see and bootstraps a second cluster (a known fault the long soak found;
+    # see BENCHMARKS.md). CI must not fail on chance timing of a fault that is already known.
+    kinds = tuple(k for k in soak.KINDS if k != "broker-restart")
+    opts = soak.Options(minutes=2.0, nodes=4, rate=8.0, sample_s=3.0, seed=3, kinds=kinds)
+    doc = soak.run(opts, out, lines.append, workdir=work, run_id=run_id())
+
+    assert doc["violations"] == [], doc["violations"]
+    assert doc["leftovers"] == []
+    saved = json.loads((out / "soak.json").read_text())
+    assert saved["violations"] == [] and saved["steps"] == doc["steps"]
+    events = [e for e in doc["timeline"] if not e["follow_up"]]
+    assert len({e["kind"] for e in events}) >= 3, events  # chaos of several kinds happened
+    assert doc["steps"]["last_step"] > doc["steps"]["first_step"] + 100  # training went on
+    assert {s["kind"] for s in doc["samples"]} >= {"chaosd", "worker", "broker"}
+    assert all(doc["growth"][k]["samples"] > 0 for k in ("chaosd", "worker"))
+    # Nothing of the run is left: no process from the work dir, no temp state.
+    assert leftovers(work) == []
+    assert list(work.iterdir()) == []
+
+
+def _rows(node_steps: list[tuple[int, int, str]], t0: float = 0.0) -> list[dict[str, Any]]:
+    return [{"t": t0 + i, "step": s, "joins": j, "digest": d}
+            for i, (s, j, d) in enumerate(node_steps)]
+
+
+def _write(tmp: Path, name: str, rows: list[dict[str, Any]]) -> None:
+    (tmp / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_checks_find_doubled_lost_and_mismatched_steps(tmp_path: Path) -> None:
+    # n1 trains 1..4 then rejoins in-process at 7 (allowed); n2 doubles step 3, skips 5->7
+    # inside one segment, and holds another digest at step 2.
+    _write(tmp_path, "n1.10.jsonl", _rows([(1, 1, "a"), (2, 1, "b"), (3, 1, "c"), (4, 1, "d"),
+                                           (7, 2, "g"), (8, 2, "h")]))
+    _write(tmp_path, "n2.20.jsonl", _rows([(1, 1, "a"), (2, 1, "X"), (3, 1, "c"), (3, 1, "c"),
+                                           (4, 1, "d"), (5, 1, "e"), (7, 1, "g")], 0.5))
+    records = soak_report.load_records(tmp_path)
+    assert [len(s) for s in records["n1"]] == [4, 2]
+    violations, steps = soak_report.check(records, (0.0, 7.0), 90.0)
+    assert any(v.startswith("doubled step: n2 committed step 3") for v in violations)
+    assert any(v.startswith("lost steps: n2 went from step 5 to 7") for v in violations)
+    assert "state mismatch at step 2: up to 2 digests per step" in violations
+    assert any("committed by no node, first 6" in v for v in violations)
+    assert steps["segments"] == 3
+
+
+def test_checks_pass_a_rejoin_and_an_abandoned_last_step(tmp_path: Path) -> None:
+    # n2 applied step 3 ("z") then was dropped; the cluster reran 3 without it ("c") and n2
+    # came back with a fresh replica: its lost branch is counted, not a violation.
+    _write(tmp_path, "n1.10.jsonl", _rows([(1, 1, "a"), (2, 1, "b"), (3, 1, "c"), (4, 1, "d"),
+                                           (5, 1, "e")]))
+    _write(tmp_path, "n2.20.jsonl", _rows([(1, 1, "a"), (2, 1, "b"), (3, 1, "z")]))
+    _write(tmp_path, "n2.30.jsonl", _rows([(5, 1, "e")], 4.5))
+    violations, steps = soak_report.check(soak_report.load_records(tmp_path), (0.0, 5.0), 90.0)
+    assert violations == []
+    assert steps["abandoned"] == 1 and steps["steps"] == 5
+    stalled, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 200.0), 90.0)
+    assert stalled == ["training stalled: no step for 196 s"]
+
+
+def test_growth_is_one_slope_with_a_level_per_process() -> None:
+    # Two workers that each grow 1 MiB per minute from different levels (a restart between).
+    samples = [{"t": t, "kind": "worker", "pid": pid, "age": 100.0 + t,
+                "rss": (base + t / 60) * (1 << 20), "fds": 8, "threads": 5}
+               for pid, base, ts in ((1, 300, range(0, 120, 5)), (2, 250, range(130, 300, 5)))
+               for t in ts]
+    g = soak_report.growth(samples, warmup_s=10.0)["worker"]
+    assert g["processes"] == 2 and g["rss_per_h"] == pytest.approx(60.0)
+    assert g["fds_per_h"] == 0 and g["threads_per_h"] == 0
