@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -24,8 +24,16 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from daemon.contracts.errors import ChaosError
 from daemon.contracts.messages import Event
 
-if TYPE_CHECKING:
-    from daemon.agent.node import NodeAgent
+
+class Source(Protocol):
+    """What :meth:`AgentMetrics.update` reads of the agent (a NodeAgent); a protocol, so
+    that the agent may import this module without a cycle."""
+
+    election: Any
+    role: Any
+    counters: dict[str, int]
+    detector: Any
+    monitor: Any
 
 log = logging.getLogger("chaosd.metrics")
 UPDATE_EVERY_S = 1.0
@@ -172,7 +180,7 @@ class AgentMetrics:
             if ev.delay_ms is not None and ev.delay_ms >= 0:
                 self.event_delay.labels(ev.kind).observe(ev.delay_ms / 1000.0)
 
-    def update(self, agent: NodeAgent, now: float) -> None:
+    def update(self, agent: Source, now: float) -> None:
         """Copy what the agent holds into the gauges; at most once per second."""
         if now - self._last_update < UPDATE_EVERY_S:
             return
