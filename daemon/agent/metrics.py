@@ -15,7 +15,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
@@ -29,11 +29,16 @@ class Source(Protocol):
     """What :meth:`AgentMetrics.update` reads of the agent (a NodeAgent); a protocol, so
     that the agent may import this module without a cycle."""
 
-    election: Any
-    role: Any
-    counters: dict[str, int]
-    detector: Any
-    monitor: Any
+    @property
+    def election(self) -> Any: ...
+    @property
+    def role(self) -> Any: ...
+    @property
+    def counters(self) -> Mapping[str, int]: ...
+    @property
+    def detector(self) -> Any: ...
+    @property
+    def monitor(self) -> Any: ...
 
 log = logging.getLogger("chaosd.metrics")
 UPDATE_EVERY_S = 1.0
