@@ -112,8 +112,12 @@ class LocalCluster:
     cluster: str = "demo"
     port: int = 0
     broker_kind: str = "embedded"  # "embedded" (python -m daemon.agent.broker) or "mosquitto"
+    mosquitto_conf: str = ""  # extra mosquitto.conf lines (the control bench: sys_interval)
     config: str = ""  # chaosd.toml text every node loads (flags still win)
     node_config: dict[str, str] = field(default_factory=dict)  # node -> its own, instead
+    # node -> the port of another broker on 127.0.0.1 it attaches to instead of ``port``
+    # (a second broker bridged to this one: tests/integration/test_bridge.py)
+    node_port: dict[str, int] = field(default_factory=dict)
     # The cluster secret every node's config gets (unless its text sets one): fresh per
     # cluster, so control messages are signed as in a real deployment.
     secret: str = field(default_factory=lambda: secrets.token_hex(32))
@@ -166,7 +170,7 @@ class LocalCluster:
         if self.broker_kind == "mosquitto":
             conf = self.workdir / "mosquitto.conf"
             conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n"
-                            "persistence false\nlog_dest stderr\n")
+                            "persistence false\nlog_dest stderr\n" + self.mosquitto_conf)
             argv = [mosquitto_binary(), "-c", str(conf)]
         elif self.broker_kind == "embedded":
             argv = [sys.executable, "-m", "daemon.agent.broker", "--bind", "127.0.0.1",
@@ -213,7 +217,7 @@ class LocalCluster:
             *chaosd_command(), "--config", str(conf),
             "--node-id", node_id,
             "--cluster", self.cluster,
-            "--broker", f"mqtt://127.0.0.1:{self.port}",
+            "--broker", f"mqtt://127.0.0.1:{self.node_port.get(node_id, self.port)}",
             "--socket", str(self.socket_of(node_id)),
             "--data-dir", str(self.workdir / node_id),
             "--advertise", "127.0.0.1",

@@ -6,7 +6,8 @@ The layout under DIR (``*`` marks files created mode 0600)::
     ca/ca.crt ca/ca.key*         the cluster's CA; keep the key offline, it signs new certificates
     broker/mosquitto.conf        TLS listener, no anonymous access, password file and ACL
     broker/{ca.crt,broker.crt,broker.key*,passwd*,acl}
-    nodes/<id>/chaosd.toml*      node_id, cluster, mqtts:// broker, username/password, CA, secret
+    nodes/<id>/chaosd.toml*      node_id, cluster, mqtts:// broker, username/password, CA,
+                                 client certificate and key, secret
     nodes/<id>/{ca.crt,client.crt,client.key*}
 
 The configs name the files at their install paths (/etc/mosquitto/chaos, /etc/chaos), or, with
@@ -170,9 +171,9 @@ def mosquitto_conf(plan: Plan) -> str:
         f"cafile {p('ca.crt')}",
         f"certfile {p('broker.crt')}",
         f"keyfile {p('broker.key')}",
-        "# Nodes log in with a password over TLS. true would also demand a client certificate",
-        "# from the CA (one per node is in nodes/<id>/; chaosd cannot present it yet).",
-        "require_certificate false",
+        "# Mutual TLS: a client must present a certificate from the cluster's CA (each node's",
+        "# is in nodes/<id>/), and then log in with its password, which the ACL binds to its id.",
+        "require_certificate true",
         "# The session's client id is the username: no one can take over another node's session.",
         "use_username_as_clientid true",
         "allow_anonymous false",
@@ -205,6 +206,8 @@ def node_toml(plan: Plan, node: NodeSpec, password: str, secret: str) -> str:
         f"username = {_q(node.id)}",
         f"password = {_q(password)}",
         f"ca_file = {_q(plan.node_path(node.id, 'ca.crt'))}",
+        f"cert_file = {_q(plan.node_path(node.id, 'client.crt'))}",
+        f"key_file = {_q(plan.node_path(node.id, 'client.key'))}",
         "",
     ])
 

@@ -10,9 +10,11 @@ count, so uneven shards still give the true mean. Needs scikit-learn (the ``exam
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import logging
 import os
+import signal
 import sys
 
 import numpy as np
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     # CHAOS_WORKER_LOG=info shows the Trainer's joins, offers and policy switches.
     level = os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s")
+    # kill -USR1 <pid> writes every thread's stack to stderr: where a stalled worker waits.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     try:
         x_all, y_all = load()

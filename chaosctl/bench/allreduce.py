@@ -1,236 +1,154 @@
-"""All-reduce throughput on loopback against a plain socket copy of the same bytes.
+"""Chaos's all-reduce against torch.distributed's gloo, in the same processes and on the same
+tensor, on loopback (here) and on a shaped netns mesh (:mod:`chaosctl.bench.allreduce_mesh`).
 
-``chaosctl bench allreduce [--mb 100] [--nodes 4] [--repeats 5] [--chunk-kb 1024,4096]
-[--result fresh,reuse] [--out DIR]``
+``chaosctl bench allreduce [--network loopback,mesh] [--mb 100] [--nodes 4] [--repeats 5]
+[--chunk-kb 1024,16384] [--tree centre,star] [--wire fp32] [--result reuse] [--samples 1]
+[--mesh-mb 20] [--mesh-chunk-kb 1024] [--fast-mbit 1000] [--slow-mbit 100] [--out DIR]``
 
-A chain of ``--nodes`` processes all-reduces a ``--mb`` MB float32 gradient through
-``daemon.dataplane`` (reduce to the chain's centre, then broadcast). The baseline copies the
-same number of bytes from one process to another over one TCP connection, with the same socket
-settings and receive-into-buffer path. Throughput is gradient bytes per wall-second of a round,
-from the first node's start to the last node's finish; the ratio is all-reduce / copy (medians).
+``--nodes`` worker processes (:mod:`chaosctl.bench.allreduce_worker`) each hold one random
+``--mb`` MB float32 gradient. Every repeat runs one gloo round (``allreduce`` SUM, then divide
+by the world size: gloo has no AVG) and one Chaos round (``AllReducer``) per tree of
+``--tree`` (``chain``: rooted at an end; ``centre``: the same chain rooted at its centre;
+``star``: what ``spanning_tree`` builds over equal links), all on that same gradient in the
+same processes, in an order that rotates every repeat; one warm-up of each is dropped. Each
+round starts from the gradient copied into its input buffer (untimed, alike for both). A
+round's time runs from the first process's start to the last one's finish; throughput is
+gradient bytes per second; the ratio is Chaos / gloo (medians). CPU seconds (every thread of
+every process, ``time.process_time``) per GB of gradient show where a small box's cores go:
+the processes share them, so CPU bounds the wall time. Every round checks that Chaos's
+members hold bit-identical results and that gloo's average equals Chaos's to float32 rounding.
 
-``--result fresh`` is the default API (every round returns a new buffer, whose pages the kernel
-must zero); ``reuse`` passes the same ``out=`` buffer every round, as the copy's receiver does.
-CPU seconds per round (all processes, ``time.process_time``) and CPU seconds per GB reduced are
-reported too: on a small box the processes share the cores, so CPU is what bounds the wall
-time, and the chain moves every byte over 2 * (nodes - 1) links where the copy moves it once.
-Prints a table and writes ``DIR/allreduce_bench.json`` (with every run, to show the noise).
+``--wire`` runs every Chaos tree in each gradient wire format (``fp32``, ``fp16``, ``bf16``,
+``int8``; the policy's ``wire``), named ``chaos/TREE+FORMAT`` (plain ``chaos/TREE`` is fp32).
+Every row shows the megabytes each node's links sent per round (frame headers included;
+measured by ``PeerLinks.traffic``) and, on the mesh, what each namespace's interfaces sent
+(``/proc/net/dev``, TCP/IP headers and gloo included); a compressed row also shows its largest
+difference from gloo's average, the format's error.
+
+``--chunk-kb 0`` (and ``--mesh-chunk-kb 0``) sizes the chunks by the vector, as the Trainer
+does by default (``AllReducer(chunk_bytes=None)``: about 12 chunks of 1 to 16 MiB).
+
+``--result fresh`` lets every Chaos round return a new buffer (the kernel zeroes its pages);
+``reuse`` passes the same ``out=`` every round, as the Trainer does. ``--samples`` above 1
+weights every node alike (the same average, through the weighting path).
+
+Prints a rich table and writes ``DIR/allreduce_bench.json`` with every run, to show the noise.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import platform
-import socket
-import statistics
+import sys
 import time
-from collections.abc import Callable
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from rich.table import Table
 
-from chaosctl.client import CtlError
+from chaosctl.bench import allreduce_mesh
+from chaosctl.bench.allreduce_procs import (
+    GOALS,
+    TOLERANCE,
+    Proc,
+    Say,
+    chunk_label,
+    close_all,
+    compare,
+    run_rounds,
+    wire_of,
+    with_wires,
+    worker_argv,
+)
+from daemon.contracts.policy import SyncPolicy
 
-SECRET = b"bench"
+__all__ = ["GOALS", "TOLERANCE", "TREES", "bench_loopback", "run", "table", "tree", "wire_of"]
 
-
-def _cpu() -> float:
-    return time.process_time()  # all threads of this process, ns resolution
-
-
-def _copy_receiver(conn: Connection, nbytes: int, repeats: int, sock_buf: int) -> None:
-    from daemon.dataplane.frames import recv_exact_into
-    from daemon.dataplane.sockets import set_buffers
-
-    lsock = socket.socket()
-    set_buffers(lsock, sock_buf)
-    lsock.bind(("127.0.0.1", 0))
-    lsock.listen(1)
-    conn.send(lsock.getsockname()[1])
-    sock, _ = lsock.accept()
-    buf = memoryview(np.empty(nbytes, np.uint8).data)
-    for _ in range(repeats):
-        c0 = _cpu()
-        recv_exact_into(sock, buf)
-        conn.send((time.perf_counter(), _cpu() - c0))
-    sock.close()
+TREES = ("chain", "centre", "star")
 
 
-def _copy_sender(conn: Connection, port: int, nbytes: int, repeats: int, sock_buf: int) -> None:
-    from daemon.dataplane.sockets import set_buffers
-
-    sock = socket.socket()
-    set_buffers(sock, sock_buf)
-    sock.connect(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    data = np.ones(nbytes, np.uint8)
-    for _ in range(repeats):
-        conn.recv()  # go
-        c0 = _cpu()
-        start = time.perf_counter()
-        sock.sendall(memoryview(data.data))
-        conn.send((start, _cpu() - c0))
-    sock.close()
-
-
-def bench_copy(nbytes: int, repeats: int, sock_buf: int) -> list[dict[str, float]]:
-    """Time ``repeats`` one-way copies of ``nbytes`` between two processes."""
-    ctx = mp.get_context("spawn")
-    rx_parent, rx_child = ctx.Pipe()
-    tx_parent, tx_child = ctx.Pipe()
-    rx = ctx.Process(target=_copy_receiver, args=(rx_child, nbytes, repeats + 1, sock_buf))
-    rx.start()
-    port = rx_parent.recv()
-    tx = ctx.Process(target=_copy_sender, args=(tx_child, port, nbytes, repeats + 1, sock_buf))
-    tx.start()
-    runs = []
-    try:
-        for _ in range(repeats + 1):  # the first run warms up
-            tx_parent.send("go")
-            start, tx_cpu = tx_parent.recv()
-            end, rx_cpu = rx_parent.recv()
-            runs.append({"seconds": end - start, "cpu_seconds": tx_cpu + rx_cpu})
-    finally:
-        for p in (tx, rx):
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-    return runs[1:]
-
-
-def _node(node: str, ids: list[str], conn: Connection, cfg: dict[str, Any]) -> None:
-    from daemon.dataplane import AllReducer, LinkConfig, PeerLinks, SyncPolicy
-
-    links = PeerLinks(
-        node, "bench", SECRET, is_member=lambda p: True, config=LinkConfig(sock_buf=cfg["sock_buf"])
-    )
-    links.allow(*ids)  # before announcing the address, so a fast neighbour is not refused
-    conn.send(links.start())
-    i = ids.index(node)
+def tree(kind: str, ids: list[str]) -> SyncPolicy:
+    """``chain``: a chain rooted at one end; ``centre``: the same chain rooted at its centre
+    (what spanning_tree picks); ``star``: a star around the first id."""
+    if kind == "star":
+        return SyncPolicy.build(1, ids, [(ids[0], n) for n in ids[1:]], ids[0])
     edges = [(ids[k], ids[k + 1]) for k in range(len(ids) - 1)]
-    peers: dict[str, tuple[str, int]] = conn.recv()
-    if i + 1 < len(ids):
-        links.connect_to(ids[i + 1], *peers[ids[i + 1]])
-    links.wait_connected([p for e in edges for p in e if node in e and p != node], 30)
-    policy = SyncPolicy.build(1, ids, edges, ids[(len(ids) - 1) // 2])
-    reducer = AllReducer(links, chunk_bytes=cfg["chunk_kb"] << 10, timeout=120)
-    grad = np.full(cfg["nbytes"] // 4, i + 1, np.float32)
-    out = np.empty_like(grad) if cfg["reuse"] else None
-    expect = np.float32(sum(range(1, len(ids) + 1)) / len(ids))
-    for step in range(cfg["repeats"] + 1):
-        conn.recv()  # barrier via the parent
-        c0 = _cpu()
-        start = time.perf_counter()
-        res = reducer.allreduce(grad, 1, step=step, policy=policy, out=out)
-        end, cpu = time.perf_counter(), _cpu() - c0
-        conn.send((start, end, cpu, bool(np.all(res.values == expect))))
-        del res  # a fresh result is freed before the next round, as a trainer would
-    conn.recv()
-    links.close()
+    return SyncPolicy.build(1, ids, edges, ids[(len(ids) - 1) // 2 if kind == "centre" else 0])
 
 
-def bench_allreduce(
-    nbytes: int, nodes: int, repeats: int, chunk_kb: int, sock_buf: int, reuse: bool
-) -> list[dict[str, float]]:
-    """Time ``repeats`` all-reduce rounds on a chain of ``nodes`` processes."""
-    ctx = mp.get_context("spawn")
-    ids = [f"n{k}" for k in range(nodes)]
-    cfg = {"nbytes": nbytes, "repeats": repeats, "chunk_kb": chunk_kb, "sock_buf": sock_buf,
-           "reuse": reuse}  # fmt: skip
-    pipes: dict[str, Connection] = {}
-    procs: list[Any] = []
-    try:
-        for node in ids:
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_node, args=(node, ids, child, cfg))
-            p.start()
-            pipes[node], procs = parent, [*procs, p]
-        addrs = {node: pipes[node].recv() for node in ids}
-        for node in ids:
-            pipes[node].send(addrs)
-        runs = []
-        for _ in range(repeats + 1):
-            for node in ids:
-                pipes[node].send("go")
-            stats = [pipes[node].recv() for node in ids]
-            if not all(s[3] for s in stats):
-                raise CtlError("the all-reduce returned a wrong sum: a bug, not a slow box")
-            runs.append(
-                {
-                    "seconds": max(s[1] for s in stats) - min(s[0] for s in stats),
-                    "cpu_seconds": sum(s[2] for s in stats),
-                }
-            )
-        for node in ids:
-            pipes[node].send("stop")
-        return runs[1:]
-    finally:
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-
-
-def _row(case: str, runs: list[dict[str, float]], nbytes: int, copy_s: float) -> dict[str, Any]:
-    sec = statistics.median(r["seconds"] for r in runs)
-    cpu = statistics.median(r["cpu_seconds"] for r in runs)
-    return {
-        "case": case,
-        "seconds": sec,
-        "min_seconds": min(r["seconds"] for r in runs),
-        "throughput_MBps": nbytes / sec / 1e6,
-        "cpu_seconds": cpu,
-        "cpu_s_per_GB": cpu / (nbytes / 1e9),
-        "ratio": copy_s / sec,
-        "runs": runs,
-    }
-
-
-def run(mb: int, nodes: int, repeats: int, chunk_kbs: list[int], results: list[str],
-        sock_buf: int, out: Path, say: Callable[[str], None]) -> dict[str, Any]:
-    """The copy, then every (chunk size, result mode) all-reduce; writes and returns the JSON."""
+def bench_loopback(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path
+                   ) -> dict[str, Any]:
+    """Chaos (over each tree of ``opts["trees"]``) and gloo on ``opts["nodes"]`` loopback
+    processes; one :func:`compare` result."""
+    nodes, mb = opts["nodes"], opts["mb"]
     nbytes = mb * 1_000_000 // 4 * 4
-    load_before = os.getloadavg()
-    say(f"socket copy of {mb} MB, {repeats} repeats")
-    copy = bench_copy(nbytes, repeats, sock_buf)
-    copy_s = statistics.median(r["seconds"] for r in copy)
-    rows = [_row("socket copy (2 procs)", copy, nbytes, copy_s)]
-    for chunk_kb in chunk_kbs:
-        for result in results:
-            case = f"all-reduce chain x{nodes}, {chunk_kb} KiB, {result} out"
-            say(case)
-            runs = bench_allreduce(nbytes, nodes, repeats, chunk_kb, sock_buf, result == "reuse")
-            rows.append(_row(case, runs, nbytes, copy_s))
+    ids = [f"n{k}" for k in range(nodes)]
+    procs: list[Proc] = []
+    try:
+        for rank, node in enumerate(ids):
+            argv = worker_argv(node, rank, nodes, "127.0.0.1", nbytes, opts, chunk_kb, reuse)
+            procs.append(Proc(node, argv, logdir / f"loopback-{node}.log"))
+        policies = with_wires({t: tree(t, ids) for t in opts["trees"]},
+                              opts.get("wires", ["fp32"]))
+        runs = run_rounds(procs, policies, opts["repeats"])
+    finally:
+        close_all(procs)
+    case = (f"loopback x{nodes}, {mb} MB, {chunk_label(chunk_kb)} chunks, "
+            f"{'reuse' if reuse else 'fresh'}")
+    return compare("loopback", case, runs, nbytes,
+                   {"chunk_kb": chunk_kb, "reuse": reuse, "nodes": nodes})
+
+
+def run(opts: dict[str, Any], out: Path, say: Say) -> dict[str, Any]:
+    """Every requested network and case; writes and returns the JSON document.
+
+    ``opts``: networks, mb, nodes, repeats, chunk_kbs, results, trees, wires (default
+    fp32 only), samples, sock_buf, and for the mesh mesh_mb, mesh_chunk_kb, fast_mbit,
+    slow_mbit.
+    """
     out.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "mb": mb,
-        "nodes": nodes,
-        "repeats": repeats,
-        "sock_buf": sock_buf,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "loadavg_before_after": [load_before, os.getloadavg()],
-        "goal_ratio": 0.8,
-        "rows": rows,
-    }
+    logdir = out / "logs"
+    logdir.mkdir(exist_ok=True)
+    load_before = os.getloadavg()
+    t0 = time.perf_counter()
+    results = []
+    if "loopback" in opts["networks"]:
+        for chunk_kb in opts["chunk_kbs"]:
+            for mode in opts["results"]:
+                say(f"loopback: {opts['nodes']} processes, {opts['mb']} MB, trees "
+                    f"{','.join(opts['trees'])}, wire {','.join(opts.get('wires', ['fp32']))}, "
+                    f"{chunk_label(chunk_kb)} chunks, {mode} out, {opts['repeats']} repeats")
+                results.append(bench_loopback(opts, chunk_kb, mode == "reuse", logdir))
+    if "mesh" in opts["networks"]:
+        results.append(allreduce_mesh.run(opts, opts["mesh_chunk_kb"],
+                                          "reuse" in opts["results"], logdir, say))
+    doc = {"options": opts, "cpus": os.cpu_count(), "machine": platform.platform(),
+           "argv": sys.argv, "loadavg_before_after": [load_before, os.getloadavg()],
+           "wall_s": time.perf_counter() - t0, "goals": GOALS, "results": results}
     path = out / "allreduce_bench.json"
     path.write_text(json.dumps(doc, indent=2))
     say(f"wrote {path}")
     return doc
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    """The fixed-width table of the rows."""
-    lines = [f"{'case':42} {'wall s':>7} {'min s':>7} {'MB/s':>7} {'CPU s':>6} "
-             f"{'CPU s/GB':>8} {'ratio':>6}"]  # fmt: skip
-    for row in rows:
-        lines.append(
-            f"{row['case']:42} {row['seconds']:7.3f} {row['min_seconds']:7.3f} "
-            f"{row['throughput_MBps']:7.0f} {row['cpu_seconds']:6.3f} {row['cpu_s_per_GB']:8.2f} "
-            f"{row['ratio']:6.2f}"
-        )
-    return "\n".join(lines)
+def table(doc: dict[str, Any]) -> Table:
+    """The rich table: a line per network, case and implementation, with ratio and goal."""
+    t = Table(title="All-reduce: Chaos vs torch.distributed gloo (medians)")
+    for col in ("case", "impl", "wire", "wall s", "min s", "MB/s", "MB sent/node",
+                "MB tx/node", "max |err|", "CPU s", "CPU s/GB", "chaos/gloo", "goal"):
+        t.add_column(col, justify="left" if col in ("case", "impl", "wire") else "right")
+    for res in doc["results"]:
+        for k, r in enumerate(res["rows"]):
+            ratio = res["ratios"].get(r["kind"])
+            sent, err = r.get("sent_MB_per_node"), r.get("max_err")
+            t.add_row(res["case"] if k == 0 else "", r["kind"].partition("+")[0],
+                      r.get("wire", wire_of(r["kind"])), f"{r['seconds']:.3f}",
+                      f"{r['min_seconds']:.3f}", f"{r['throughput_MBps']:.0f}",
+                      "" if sent is None else f"{sent:.1f}",
+                      f"{r.get('tx_MB_per_node') or 0:.1f}",
+                      "" if err is None else f"{err:.2g}",
+                      f"{r['cpu_seconds']:.3f}", f"{r['cpu_s_per_GB']:.2f}",
+                      "" if ratio is None else f"{ratio:.2f}x",
+                      f">= {res['goal']:.1f}x" if k == 0 and res["goal"] else "")
+    return t

@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from chaosctl.bench.sim.cli import simulate as sim_simulate
 from chaosctl.client import CtlUsageError
 from chaosctl.common import console
 
@@ -109,7 +110,12 @@ def scaleout(
     iperf_seconds: Annotated[float, typer.Option(min=1.0, help="iperf3 test per link.")] = 2.0,
     checkpoints: Annotated[int, typer.Option(min=1, help="Stop-resume checkpoints written.")]
     = 1,
+    stop_runs: Annotated[int, typer.Option(min=1, max=9, help="Stop-resume runs per "
+                                           "instance; the median one is kept.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed of the testbeds and states.")] = 1,
+    star: Annotated[str, typer.Option(help="Instead of random testbeds, one star: the new "
+                                      "node and one neighbour per rate, Mbit/s, e.g. "
+                                      "200,400,800 (--sizes, --bw, --degree unused).")] = "",
     out: Annotated[Path, typer.Option(help="Where results go.")]
     = Path("bench/results/scaleout-testbed"),
 ) -> None:
@@ -126,9 +132,11 @@ def scaleout(
     names = [m.strip() for m in models.split(",") if m.strip()]
     if not names:
         raise CtlUsageError("--models needs at least one model")
+    star_rates = _ints(star, "--star", 1, 100_000) if star else []
     doc = bench_scaleout.run(_sizes(sizes), names, repeats, rates, out,
                              lambda line: console.print(f"[dim]{line}[/]"), degree=degree,
-                             iperf_s=iperf_seconds, checkpoints=checkpoints, seed=seed)
+                             iperf_s=iperf_seconds, checkpoints=checkpoints, seed=seed,
+                             star=[float(r) for r in star_rates], stop_runs=stop_runs)
     table = Table(title="Scale-out on the netns testbed (medians; s, idle in node-s)")
     for col in bench_scaleout_report.COLUMNS:
         table.add_column(col, justify="left" if col == "model" else "right")
@@ -139,24 +147,52 @@ def scaleout(
 
 @bench_app.command("allreduce")
 def allreduce(
-    mb: Annotated[int, typer.Option(min=1, max=4000, help="Gradient size, MB.")] = 100,
-    nodes: Annotated[int, typer.Option(min=2, max=16, help="Processes in the chain.")] = 4,
-    repeats: Annotated[int, typer.Option(min=1, max=100, help="Rounds after one warm-up.")] = 5,
-    chunk_kb: Annotated[str, typer.Option(help="Chunk sizes, KiB, comma-separated.")]
-    = "1024,4096",
+    network: Annotated[str, typer.Option(help="loopback, mesh or both, comma-separated.")]
+    = "loopback,mesh",
+    mb: Annotated[int, typer.Option(min=1, max=4000, help="Gradient size on loopback, MB.")]
+    = 100,
+    nodes: Annotated[int, typer.Option(min=2, max=16, help="Processes on loopback.")] = 4,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Rounds of each after a warm-up.")]
+    = 5,
+    chunk_kb: Annotated[str, typer.Option(help="Chunk sizes, KiB, comma-separated; 0 sizes "
+                                          "them by the vector (the Trainer's default).")]
+    = "0,1024",
     result: Annotated[str, typer.Option(help="fresh, reuse or both, comma-separated.")]
-    = "fresh,reuse",
+    = "reuse",
+    tree: Annotated[str, typer.Option(help="Loopback trees: chain (rooted at an end), centre "
+                                      "(rooted at its centre), star; comma-separated.")]
+    = "centre,star",
+    wire: Annotated[str, typer.Option(help="Gradient wire formats of Chaos's rounds: fp32, "
+                                      "fp16, bf16, int8; comma-separated.")] = "fp32",
+    samples: Annotated[int, typer.Option(min=1, help="Samples per node (1: gloo's average).")]
+    = 1,
+    mesh_mb: Annotated[int, typer.Option(min=1, max=1000, help="Gradient size on the mesh, MB.")]
+    = 20,
+    mesh_chunk_kb: Annotated[int, typer.Option(min=0, max=1 << 14, help="Chunk size on the "
+                                               "mesh, KiB; 0: sized by the vector.")] = 0,
+    fast_mbit: Annotated[float, typer.Option(min=1.0, help="Mesh: n1's links, Mbit/s.")] = 1000.0,
+    slow_mbit: Annotated[float, typer.Option(min=1.0, help="Mesh: the other links, Mbit/s.")]
+    = 100.0,
     sock_buf: Annotated[int, typer.Option(min=0, help="Socket buffers, bytes; 0 = autotuned.")]
     = 0,
     out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/allreduce"),
 ) -> None:
-    """All-reduce throughput on loopback against a plain socket copy of the same bytes."""
+    """Chaos's all-reduce against torch.distributed gloo, in the same processes, on loopback
+    and on a shaped netns full mesh: time, throughput, ratio, CPU seconds per GB."""
     from chaosctl.bench import allreduce as bench_allreduce
+    from daemon.contracts.policy import WIRE_FORMATS
 
-    chunks = _ints(chunk_kb, "--chunk-kb", 4, 1 << 20)
-    modes = _choices(result, "--result", ["fresh", "reuse"])
-    doc = bench_allreduce.run(mb, nodes, repeats, chunks, modes, sock_buf, out, _say)
-    typer.echo(bench_allreduce.table(doc["rows"]))
+    opts = {"networks": _choices(network, "--network", ["loopback", "mesh"]), "mb": mb,
+            "nodes": nodes, "repeats": repeats,
+            "chunk_kbs": _ints(chunk_kb, "--chunk-kb", 0, 1 << 14),
+            "results": _choices(result, "--result", ["fresh", "reuse"]),
+            "trees": _choices(tree, "--tree", list(bench_allreduce.TREES)),
+            "wires": _choices(wire, "--wire", list(WIRE_FORMATS)),
+            "samples": samples, "mesh_mb": mesh_mb, "mesh_chunk_kb": mesh_chunk_kb,
+            "fast_mbit": fast_mbit,
+            "slow_mbit": slow_mbit, "sock_buf": sock_buf}
+    doc = bench_allreduce.run(opts, out, _say)
+    console.print(bench_allreduce.table(doc))
 
 
 @bench_app.command("planner")
@@ -223,7 +259,7 @@ def stall(
                                                 "left in this directory; run nothing.")] = None,
     digest_every: Annotated[int | None, typer.Option(
         min=0, help="The divergence guard's period in steps (default: the Trainer's, 100; "
-        "0: membership changes only).")] = None,
+        "0: joins only).")] = None,
 ) -> None:
     """The training-loop stall each primitive costs a chain of real workers (Table I)."""
     from chaosctl.bench import stall as bench_stall
@@ -268,9 +304,14 @@ def convergence(
     = Path("bench/results/convergence"),
     keep: Annotated[Path | None, typer.Option(help="Copy the workers' records and logs "
                                               "here.")] = None,
+    wire: Annotated[str, typer.Option(help="Gradient wire formats ([training] wire): fp32, "
+                                      "fp16, bf16, int8; comma-separated; each run in each, "
+                                      "compared with fp32.")] = "fp32",
+    static_only: Annotated[bool, typer.Option(help="Only the static runs (to compare wire "
+                                              "formats).")] = False,
 ) -> None:
     """Loss and accuracy through scale-out and scale-in, with and without consistent mode
-    (Figs. 11-14)."""
+    (Figs. 11-14), in each gradient wire format."""
     import importlib.util
 
     from chaosctl.bench import convergence as bench_convergence
@@ -290,7 +331,11 @@ def convergence(
     if "cnn" in names and importlib.util.find_spec("sklearn") is None:
         raise ClusterError("--models cnn needs scikit-learn: pip install "
                            "'chaos-edge[examples]'")
-    doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, _say)
+    from daemon.contracts.policy import WIRE_FORMATS
+
+    wires = _choices(wire, "--wire", list(WIRE_FORMATS))
+    doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, _say,
+                                tuple(wires), static_only)
     console.print(convergence_report.table(doc))
     bad = [f"{m} {k}: {p}" for m, md in doc["models"].items()
            for k, r in md["runs"].items() for p in r["problems"]]
@@ -342,3 +387,53 @@ def soak(
     if doc["violations"]:
         raise ClusterError(f"{len(doc['violations'])} invariant violations, first: "
                            f"{doc['violations'][0]}")
+
+# Defined in chaosctl.bench.sim.cli, which loads SimPy and the planners only when it runs.
+bench_app.command("simulate")(sim_simulate)
+
+
+@bench_app.command("slowlinks")
+def slowlinks(
+    rates: Annotated[str, typer.Option(help="Link rates in Mbit/s, comma-separated.")]
+    = "20,50,100",
+    inner_steps: Annotated[str, typer.Option(help="DiLoCo's H values, comma-separated (each "
+                                             "run beside every-step sync).")] = "20,50",
+    steps: Annotated[int, typer.Option(min=10, max=100_000, help="Training steps per run (a "
+                                       "multiple of every H).")] = 300,
+    nodes: Annotated[int, typer.Option(min=2, max=8, help="Nodes in the testbed.")] = 3,
+    target_acc: Annotated[float, typer.Option(min=0.0, max=1.0, help="Test accuracy whose "
+                                              "wall time is reported.")] = 0.95,
+    outer_lr: Annotated[float, typer.Option(min=0.0, max=10.0, help="DiLoCo's outer "
+                                            "learning rate.")] = 0.7,
+    outer_momentum: Annotated[float, typer.Option(min=0.0, max=0.999, help="Its Nesterov "
+                                                  "momentum.")] = 0.9,
+    out: Annotated[Path, typer.Option(help="Where slowlinks.json and slowlinks.png go.")]
+    = Path("bench/results/slowlinks"),
+) -> None:
+    """Every-step sync against DiLoCo on links shaped to each rate (netns testbed, root):
+    wall time, time to a target accuracy, bytes per node, final quality."""
+    import importlib.util
+
+    from chaosctl.bench import slowlinks as bench_slow
+    from chaosctl.bench import slowlinks_report
+    from chaosctl.cluster import ClusterError
+
+    try:
+        mbps = tuple(float(x) for x in rates.split(",") if x.strip())
+    except ValueError:
+        raise CtlUsageError(f"--rates must be numbers separated by commas, not {rates!r}") from None
+    if not mbps or any(not 0.1 <= r <= 10_000 for r in mbps):
+        raise CtlUsageError("--rates must be Mbit/s values in 0.1..10000")
+    hs = tuple(_ints(inner_steps, "--inner-steps", 2, 10_000))
+    if any(steps % h for h in hs):
+        raise CtlUsageError(f"--steps ({steps}) must be a multiple of every H in --inner-steps")
+    if importlib.util.find_spec("sklearn") is None:
+        raise ClusterError("the slow-links task needs scikit-learn: pip install "
+                           "'chaos-edge[examples]'")
+    opts = bench_slow.Options(mbps, hs, steps, nodes, target_acc=target_acc,
+                              outer_lr=outer_lr, outer_momentum=outer_momentum)
+    try:
+        doc = bench_slow.run(opts, out, _say)
+    except (TimeoutError, OSError) as exc:
+        raise ClusterError(f"the slow-links bench failed: {exc}") from None
+    typer.echo(slowlinks_report.table(doc))

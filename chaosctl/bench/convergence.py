@@ -11,7 +11,10 @@ mode, all from the same seed:
 - ``N->N+1``: a node joins (scale-out) at epoch ``--at``; ``N+1->N``: one leaves (scale-in,
   ``chaosctl leave``) there;
 - each in ``plain`` mode (every member takes a fixed local batch, so the global batch follows
-  the cluster's size) and ``consistent`` mode (``global_batch=``: N local batches always).
+  the cluster's size) and ``consistent`` mode (``global_batch=``: N local batches always);
+- each in every gradient wire format of ``--wire`` (chaosd's ``[training] wire``: fp32, fp16,
+  bf16, int8), compared with the same run in fp32 (``--static-only`` keeps the static runs,
+  which is what a comparison of formats needs).
 
 The models are those of :mod:`chaos_edge.examples.cnn` (a CNN with BatchNorm and Dropout on
 scikit-learn's digits) and :mod:`chaos_edge.examples.chartf` (a character transformer on
@@ -93,6 +96,7 @@ class Run:
     start: int
     end: int
     repeat: bool = False
+    wire: str = "fp32"
 
     @property
     def name(self) -> str:
@@ -102,15 +106,19 @@ class Run:
 
     @property
     def key(self) -> str:
-        return f"{self.name}/{self.mode}"
+        return f"{self.name}/{self.mode}" + ("" if self.wire == "fp32" else f"/{self.wire}")
 
 
-def runs_of(model: str, nodes: int, modes: list[str], repeat: bool) -> list[Run]:
-    """Static N (and again), static N+1, scale-out, scale-in; each mode in turn."""
-    runs = [Run(model, mode, a, b) for a, b in [(nodes, nodes), (nodes + 1, nodes + 1),
-                                                (nodes, nodes + 1), (nodes + 1, nodes)]
-            for mode in modes]
-    return runs + ([Run(model, mode, nodes, nodes, True) for mode in modes] if repeat else [])
+def runs_of(model: str, nodes: int, modes: list[str], repeat: bool,
+            wires: tuple[str, ...] = ("fp32",), static_only: bool = False) -> list[Run]:
+    """Static N (and again), static N+1, then (unless ``static_only``) scale-out and
+    scale-in; each mode in turn, each in every wire format."""
+    shapes = [(nodes, nodes), (nodes + 1, nodes + 1)]
+    if not static_only:
+        shapes += [(nodes, nodes + 1), (nodes + 1, nodes)]
+    runs = [Run(model, mode, a, b, wire=w) for w in wires for a, b in shapes for mode in modes]
+    return runs + ([Run(model, mode, nodes, nodes, True, w) for w in wires for mode in modes]
+                   if repeat else [])
 
 
 def worker_argv(run: Run, plan: Plan, nodes: int, work: Path, node: str,
@@ -130,7 +138,8 @@ def worker_argv(run: Run, plan: Plan, nodes: int, work: Path, node: str,
 def dirname(run: Run) -> str:
     """A run's directory name under ``--keep`` (after the model's): ``4-5-plain``,
     ``static-4-again-consistent``."""
-    return f"{run.name.replace('->', '-').replace(' ', '-')}-{run.mode}"
+    return f"{run.name.replace('->', '-').replace(' ', '-')}-{run.mode}" + (
+        "" if run.wire == "fp32" else f"-{run.wire}")
 
 
 def _records(work: Path) -> Records:
@@ -154,7 +163,8 @@ def run_cluster(run: Run, plan: Plan, nodes: int, work: Path, seed: int, broker:
     """Run one training run on a fresh local cluster; returns the workers' records."""
     work.mkdir(parents=True)
     size = max(run.start, run.end)
-    with LocalCluster(work / "c", size, cluster="conv", broker_kind=broker) as c:
+    with LocalCluster(work / "c", size, cluster="conv", broker_kind=broker,
+                      config=f'[training]\nwire = "{run.wire}"\n') as c:
         c.start()
         c.wait(lambda: c.agreed(states={"standby": size}), 30, "a scheduler")
         ids = c.node_ids
@@ -229,7 +239,8 @@ def prepare(models: list[str], tmp: Path, short: bool) -> dict[str, dict[str, An
 
 def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | None,
         epochs: int | None, seed: int, out: Path, keep: Path | None,
-        say: Say) -> dict[str, Any]:
+        say: Say, wires: tuple[str, ...] = ("fp32",), static_only: bool = False
+        ) -> dict[str, Any]:
     """Every run of every model; writes ``convergence.json`` (and PNGs) under ``out``.
 
     Raises:
@@ -238,7 +249,7 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
     broker = "mosquitto" if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists() \
         else "embedded"
     doc: dict[str, Any] = {"bench": "convergence", "short": short, "nodes": nodes,
-                           "modes": modes, "seed": seed, "broker": broker,
+                           "modes": modes, "wires": list(wires), "seed": seed, "broker": broker,
                            "python": platform.python_version(), "models": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -248,7 +259,7 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
                 plan = plan_of(model, nodes, short, at, epochs)
                 runs: dict[str, Any] = {}
                 doc["models"][model] = {"plan": asdict(plan), "data": data[model], "runs": runs}
-                for r in runs_of(model, nodes, modes, repeat=not short):
+                for r in runs_of(model, nodes, modes, not short, wires, static_only):
                     say(f"{model} {r.key}: training on {max(r.start, r.end)} chaosd "
                         f"({broker})...")
                     t0 = time.monotonic()
@@ -256,7 +267,8 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
                     recs = run_cluster(r, plan, nodes, work, seed, broker,
                                        0.0 if short else HOLD_S)
                     res = report.analyse(recs, plan.epoch_samples, plan.epochs)
-                    res.update(name=r.name, mode=r.mode, start=r.start, end=r.end, repeat=r.repeat,
+                    res.update(name=r.name, mode=r.mode, wire=r.wire, start=r.start, end=r.end,
+                               repeat=r.repeat,
                                wall_s=round(time.monotonic() - t0, 1),
                                stale_shard_steps=report.stale_shards(recs),
                                problems=report.check(recs, r.start, r.end, plan.epochs

@@ -7,7 +7,10 @@ Every figure comes from the JSON lines the workers wrote (see
 - per epoch (``epoch_samples`` global samples): the mean of those losses over the steps that
   started in it, and the validation loss and accuracy at its end;
 - the mean absolute difference of the per-epoch training loss (and of the validation loss) to
-  the static run with the same starting node count and mode, over the epochs after ``--at``;
+  the static run with the same starting node count, mode and wire format, over the epochs
+  after ``--at``;
+- for a run in a compressed wire format: its final loss and accuracy minus those of the same
+  run in fp32, and the mean absolute difference of their per-epoch training losses;
 - checks: every step ``1..N`` committed, each once by each member; while training, the
   members (the nodes that committed a round, and a leaver in its last rounds) change only at
   the planned join or leave; identical state digests at every step the members share; the
@@ -23,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.table import Table
+
+from chaosctl.bench.plots import pyplot
 
 Records = dict[str, list[dict[str, Any]]]
 MAX_PROBLEMS = 10  # per run: the first ones say enough
@@ -143,12 +148,18 @@ def check(recs: Records, start: int, end: int, budget: int) -> list[str]:
     return problems[:MAX_PROBLEMS]
 
 
+def _suffix(res: dict[str, Any]) -> str:
+    wire = res.get("wire", "fp32")
+    return "" if wire == "fp32" else f"/{wire}"
+
+
 def compare(mdoc: dict[str, Any], at: int) -> None:
-    """Add each run's mean |loss - static| (same mode, its starting node count), but the
-    static run's own."""
+    """Add each run's mean |loss - static| (same mode and wire format, its starting node
+    count), but the static run's own; and a compressed run's difference from its fp32 twin."""
     runs = mdoc["runs"]
     for res in runs.values():
-        base = runs.get(f"static-{res['start']}/{res['mode']}")
+        res["vs_fp32"] = _vs_fp32(res, runs.get(f"{res['name']}/{res['mode']}"))
+        base = runs.get(f"static-{res['start']}/{res['mode']}{_suffix(res)}")
         if base is None or base is res:
             res["delta"] = None
             continue
@@ -161,6 +172,18 @@ def compare(mdoc: dict[str, Any], at: int) -> None:
         res["delta"] = {"baseline": f"static-{res['start']}/{res['mode']}", "after_epoch": at,
                         "train_loss": _mean([abs(a - b) for a, b in pairs]),
                         "val_loss": _mean([abs(a - b) for a, b in val])}
+
+
+def _vs_fp32(res: dict[str, Any], fp32: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Final figures minus the fp32 run's, and the mean |per-epoch loss difference|."""
+    if fp32 is None or fp32 is res:
+        return None
+    diff = {k: None if None in (res["final"][k], fp32["final"][k])
+            else res["final"][k] - fp32["final"][k] for k in ("train_loss", "val_loss", "val_acc")}
+    pairs = [abs(a["train_loss"] - b["train_loss"]) for a, b in
+             zip(res["epochs"], fp32["epochs"], strict=True)
+             if None not in (a["train_loss"], b["train_loss"])]
+    return {"final": diff, "mean_abs_train_loss": _mean(pairs)}
 
 
 def summary(res: dict[str, Any]) -> str:
@@ -178,43 +201,59 @@ def _fmt(value: float | None, digits: int = 4) -> str:
 
 
 def table(doc: dict[str, Any]) -> Table:
-    """One row per model and run: final figures and mean |loss - static| in each mode."""
+    """One row per model, run and wire format: final figures, mean |loss - static| and (for a
+    compressed format) the final loss and accuracy minus fp32's, in each mode."""
     modes = doc["modes"]
+    wires = doc.get("wires", ["fp32"])
     t = Table(title="Convergence under scale-out/scale-in (loss: training, per epoch)")
     t.add_column("model")
     t.add_column("run")
-    for what in ("final loss", "final acc", "mean |loss - static|"):
+    t.add_column("wire")
+    whats = ["final loss", "final acc", "mean |loss - static|"]
+    if wires != ["fp32"]:
+        whats += ["loss - fp32", "acc - fp32"]
+    for what in whats:
         for mode in modes:
             t.add_column(f"{what}\n{mode}", justify="right")
     for model, mdoc in doc["models"].items():
         names = list(dict.fromkeys(r["name"] for r in mdoc["runs"].values()))
-        for name in names:
-            got = [mdoc["runs"].get(f"{name}/{m}") for m in modes]
-            cells = [_fmt(r["final"]["train_loss"]) if r else "" for r in got]
-            cells += [_fmt(r["final"]["val_acc"], 3) if r else "" for r in got]
-            cells += [_fmt(r["delta"]["train_loss"]) if r and r["delta"] else "-" for r in got]
-            t.add_row(model, name, *cells)
+        for wire in wires:
+            sfx = "" if wire == "fp32" else f"/{wire}"
+            for name in names:
+                got = [mdoc["runs"].get(f"{name}/{m}{sfx}") for m in modes]
+                if not any(got):
+                    continue
+                cells = [_fmt(r["final"]["train_loss"]) if r else "" for r in got]
+                cells += [_fmt(r["final"]["val_acc"], 3) if r else "" for r in got]
+                cells += [_fmt(r["delta"]["train_loss"]) if r and r["delta"] else "-"
+                          for r in got]
+                if wires != ["fp32"]:
+                    vs = [r.get("vs_fp32") if r else None for r in got]
+                    cells += [_signed(v["final"]["train_loss"]) if v else "-" for v in vs]
+                    cells += [_signed(v["final"]["val_acc"], 3) if v else "-" for v in vs]
+                t.add_row(model, name, wire, *cells)
     return t
+
+
+def _signed(value: float | None, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:+.{digits}f}"
 
 
 def plot(model: str, mdoc: dict[str, Any], path: Path) -> bool:
     """Accuracy and loss against epochs, one line per run and mode; False without
     matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
     colours: dict[str, str] = {}
     for res in mdoc["runs"].values():
         if res["start"] == res["end"] and res["delta"] is not None:
             continue  # a repeat: its line would hide the static run's
-        colour = colours.setdefault(res["name"], f"C{len(colours)}")
+        wire = "" if res.get("wire", "fp32") == "fp32" else f" {res['wire']}"
+        colour = colours.setdefault(res["name"] + wire, f"C{len(colours) % 10}")
         style = "-" if res["mode"] == "consistent" else "--"
-        label = f"{res['name']} {res['mode']}"
+        label = f"{res['name']}{wire} {res['mode']}"
         acc_ax.plot([e["epoch"] for e in res["evals"]], [e["val_acc"] for e in res["evals"]],
                     style, color=colour, label=label)
         ep = [e for e in res["epochs"] if e["train_loss"] is not None]

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosctl.bench.models import make_state, map_state
+from chaosctl.bench.plots import pyplot
 from daemon.dataplane import auth
 from daemon.replication.manifest import Manifest
 from daemon.replication.planning.model import Neighbor, PlanInput
@@ -282,12 +283,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], out: Path) -> bool:
     """Grouped bars of the four delays per model, with the lower bound marked."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(9, 4.5))
     names = list(STRATEGIES)

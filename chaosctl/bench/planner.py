@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from chaosctl.bench.models import model_names, tensor_sizes
+from chaosctl.bench.plots import pyplot
 from daemon.replication.manifest import BLOCK_SIZE
 from daemon.replication.planning.exact import assignment_makespan, brute_force_assign
 from daemon.replication.planning.greedy import greedy_assign, lpt_order
@@ -302,12 +303,8 @@ def tables(result: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     # The largest paper model timed (gpt2-large unless --models left it out).
     model = max((r for r in result["runtime"] if not r["state"].startswith("synthetic-")),

@@ -3,14 +3,25 @@
 For each cluster size N and repeat, a fresh testbed of N+1 nodes (random topology: node i links
 to ``degree`` random earlier nodes, each link shaped with tbf at a rate drawn from ``bw``; the
 seed changes per size and repeat). ``n{N+1}`` is the new node and its testbed neighbours are its
-replication neighbours. iperf3 measures each of its links (neighbour to new node, one link at a
-time, inside the namespaces) before any transfer. Then for each model every other node runs a
-state server (:mod:`chaosctl.bench.scaleout_node`) on one shared snapshot, and the new node runs
-the strategies one after the other (order rotated per repeat) on that same instance: ``chaos``
-(planned from the measured rates by its default planner, water-filling), ``chaos-paper`` (the
-same strategy with the paper's Algorithms 1+2, the ``paper`` planner), ``single``,
-``multi-source`` (an even split over all N nodes, relayed hop by hop along shortest-hop testbed
-paths) and ``stop-resume``.
+replication neighbours. iperf3 measures its links (neighbour to new node, inside the
+namespaces) before any transfer, one at a time and then all at once
+(:mod:`chaosctl.bench.scaleout_links`). Then for each model every other node runs a state
+server (:mod:`chaosctl.bench.scaleout_node`) on one shared snapshot, and the new node runs the
+strategies one after the other (order rotated per repeat) on that same instance: ``chaos``
+(planned by its default planner, water-filling, from the rates measured all at once, as a
+joining trainer measures them; rebalanced at run time), ``chaos-paper`` (the same strategy with
+the paper's Algorithms 1+2, the ``paper`` planner), ``single``, ``multi-source`` (an even split
+over all N nodes, relayed hop by hop along shortest-hop testbed paths), ``stop-resume``, and
+``plain``: plain sockets with the water-filling split, no protocol, no verification on the
+clock (:mod:`chaosctl.bench.scaleout_plain`).
+
+With ``star`` (``chaosctl bench scaleout --star 200,400,800``, the issue's testbed), there is
+one testbed per repeat instead: the new node ``n1`` at the centre of a star, one neighbour per
+given rate, each link shaped with tbf to it.
+
+The bounds: water-filling over the rates measured one at a time (``lb_measured``: each link
+alone), over the rates measured all at once (``lb_achievable``: what the links deliver together
+on this box, the bound the goal is stated against), and over the configured tbf rates.
 
 Stop-resume writes, fsyncs, evicts and reads back ``checkpoints`` real checkpoints on this
 box's disk and takes the slowest (every node holds the same state and, as modelled, a disk of
@@ -30,7 +41,6 @@ node-seconds over the N existing nodes (the new node is not counted):
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -46,6 +56,7 @@ from typing import IO, Any
 
 from chaosctl.bench import scaleout_report as report
 from chaosctl.bench.models import make_state, model_entries
+from chaosctl.bench.scaleout_links import measure_concurrent, measure_links, reap
 from chaosctl.client import CtlError, CtlUsageError
 from chaosctl.testbed.core import Testbed
 from daemon.replication.manifest import Manifest
@@ -54,7 +65,7 @@ from netprobe import iperf, netns
 STRATEGIES = report.STRATEGIES
 MIB = 1 << 20
 PORT = 7600
-IPERF_PORT = 5298
+PLAIN_PORT = PORT + 1
 ANSWER_S = 600.0
 Say = Callable[[str], None]
 
@@ -81,52 +92,6 @@ def routes_from(links: Sequence[tuple[str, str]], new: str) -> dict[str, list[st
         if path:
             out[node] = path[::-1]
     return out
-
-
-def measure_links(tb: Testbed, new: str, nbrs: list[str], seconds: float) -> dict[str, float]:
-    """iperf3, neighbour -> new node (``-R``), one link at a time; Mbit/s per neighbour."""
-    out = {}
-    for nb in nbrs:
-        srv = tb.exec(nb, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], stdout=subprocess.DEVNULL,
-                      stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            for _ in range(100):  # until it listens
-                if _listening(srv.pid, IPERF_PORT):
-                    break
-                time.sleep(0.05)
-            test = iperf.measure(tb.addr_of(nb), IPERF_PORT, duration_s=seconds, reverse=True,
-                                 timeout_s=seconds + 20,
-                                 exec_prefix=netns.exec_prefix(tb.ns_of(new)))
-            # Not asyncio.run: its SIGINT handler turns a Ctrl-C into a cancellation that the
-            # measurement may absorb. Here Ctrl-C raises KeyboardInterrupt, and we tear down.
-            loop = asyncio.new_event_loop()
-            task = loop.create_task(test)
-            try:
-                res = loop.run_until_complete(task)
-            except BaseException:
-                task.cancel()  # kills the iperf3 client before the loop goes
-                with contextlib.suppress(BaseException):
-                    loop.run_until_complete(task)
-                raise
-            finally:
-                loop.close()
-            out[nb] = res.bits_per_second / 1e6
-        finally:
-            _reap(srv)
-    return out
-
-
-def _listening(pid: int, port: int) -> bool:
-    from chaosctl.testbed.procs import listening
-
-    return listening(pid, port)
-
-
-def _reap(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
 
 
 class Child:
@@ -164,12 +129,15 @@ class Child:
             self.send("quit")
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=3)
-        _reap(self.proc)
+        reap(self.proc)
 
 
 def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, Any],
-              order: list[str], checkpoints: int) -> dict[str, Any]:
-    """Servers on every existing node, the strategies on the new node; one result each."""
+              order: list[str], checkpoints: int, stop_runs: int = 1) -> dict[str, Any]:
+    """Servers on every existing node, the strategies on the new node; one result each.
+    ``stop-resume`` runs ``stop_runs`` times on the instance and keeps its median run (its
+    restart, a fresh process that imports torch, varied 5x between runs on a loaded box);
+    ``samples_s`` has every run's delay."""
     nodes = [n for n in tb.nodes if n != new]
     nbrs = inst["neighbours"]
     addrs = {n: [tb.addr_of(n), PORT] for n in tb.nodes}
@@ -183,17 +151,20 @@ def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, An
         for n in nodes:
             peers = json.dumps({p: addrs[p] for p in tb.neighbours(n)})
             servers[n] = Child(tb, n, ["serve", "--node", n, *common, "--port", str(PORT),
-                                       "--peers", peers], logdir / f"{n}-{model}.log")
+                                       "--plain-port", str(PLAIN_PORT), "--peers", peers],
+                               logdir / f"{n}-{model}.log")
             kids.append(servers[n])
         for child in servers.values():
             child.recv(60)
         cfg = inst["configured_mbps"]
+        # Planned from the links measured all at once, as a joining trainer measures them.
         job = {
-            "neighbors": [[n, 0.0, 8 / (inst["measured_mbps"][n] * 1e6)] for n in nbrs],
+            "neighbors": [[n, 0.0, 8 / (inst["concurrent_mbps"][n] * 1e6)] for n in nbrs],
             "sources": [[n, 0.0, 8 / (min(cfg[_key(p, q)] for p, q in _hops(new, r)) * 1e6)]
                         for n, r in inst["routes"].items()],
             "routes": inst["routes"],
             "addresses": {n: addrs[n] for n in nodes},
+            "plain_addresses": {n: [tb.addr_of(n), PLAIN_PORT] for n in nbrs},
             "checkpoint_nodes": nbrs[:checkpoints],
             "planner": "chaos",
         }
@@ -207,14 +178,20 @@ def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, An
         joiner.recv(60)
         out = {}
         for name in order:
-            for child in servers.values():
-                child.ask("mark", 30)
-            res = joiner.ask(f"run {name}")
-            if "error" in res:
-                raise CtlError(f"{name} failed on {len(nodes)}->{len(nodes) + 1}, {model}: "
-                               f"{res['error']}")
-            res["servers"] = {n: child.ask("report", 30) for n, child in servers.items()}
-            out[name] = res
+            runs = []
+            for _ in range(stop_runs if name == "stop-resume" else 1):
+                for child in servers.values():
+                    child.ask("mark", 30)
+                res = joiner.ask(f"run {name}")
+                if "error" in res:
+                    raise CtlError(f"{name} failed on {len(nodes)}->{len(nodes) + 1}, "
+                                   f"{model}: {res['error']}")
+                res["servers"] = {n: child.ask("report", 30) for n, child in servers.items()}
+                runs.append(res)
+            runs.sort(key=lambda r: float(r["delay_s"]))
+            out[name] = runs[(len(runs) - 1) // 2]
+            if len(runs) > 1:
+                out[name]["samples_s"] = [r["delay_s"] for r in runs]
         return out
     finally:
         for child in kids:
@@ -232,41 +209,60 @@ def _hops(new: str, route: list[str]) -> list[tuple[str, str]]:
 
 def run_instance(size: int, rep: int, models: list[str], states: dict[str, Path],
                  opts: dict[str, Any], base: Path, say: Say) -> dict[str, Any]:
-    """One testbed of size+1 nodes: measure the new node's links, then every model on it."""
+    """One testbed of size+1 nodes: measure the new node's links, then every model on it.
+
+    With ``opts["star"]`` (Mbit/s per neighbour), the testbed is a star instead: the new node
+    ``n1`` at its centre, one neighbour per rate, each link shaped to its rate.
+    """
     seed = opts["seed"] * 1000 + size * 10 + rep
     tag = f"{size}->{size + 1} repeat {rep + 1}"
-    with Testbed(base / f"tb-{size}-{rep}", size + 1, "random", opts["bw"], seed,
+    star: list[float] = opts.get("star") or []
+    kind = "star" if star else "random"
+    with Testbed(base / f"tb-{size}-{rep}", size + 1, kind, opts["bw"], seed,
                  degree=opts["degree"], run_id=opts["run_id"]) as tb:
-        say(f"{tag}: building the testbed ({size + 1} namespaces, seed {seed})")
+        say(f"{tag}: building the testbed ({size + 1} namespaces, {kind}, seed {seed})")
         tb.up(start_daemons=False)
-        new = f"n{size + 1}"
+        new = "n1" if star else f"n{size + 1}"
         nbrs = tb.neighbours(new)
+        for nb, mbit in zip(nbrs, star, strict=False):
+            tb.shape(new, nb, mbit)
         cfg = {_key(i.a, i.b): float(i.mbit or 0.0) for i in tb.link_info()}
-        say(f"{tag}: iperf3 on the new node's links to {', '.join(nbrs)}")
+        say(f"{tag}: iperf3 on the new node's links to {', '.join(nbrs)}, one at a time "
+            "and all at once")
         meas = measure_links(tb, new, nbrs, opts["iperf_s"])
+        conc = measure_concurrent(tb, new, nbrs, opts["iperf_s"])
         inst: dict[str, Any] = {
             "size": size, "repeat": rep, "seed": seed, "new": new, "neighbours": nbrs,
             "links": [list(ln) for ln in tb.links], "configured_mbps": cfg,
-            "measured_mbps": meas, "routes": routes_from(tb.links, new), "models": {},
+            "measured_mbps": meas, "concurrent_mbps": conc,
+            "routes": routes_from(tb.links, new), "models": {},
         }
         say(f"{tag}: measured " + ", ".join(
-            f"{n} {meas[n]:.0f}/{cfg[_key(n, new)]:.0f}" for n in nbrs) + " Mbit/s (meas/cfg)")
-        k = rep % len(STRATEGIES)
-        order = list(STRATEGIES[k:] + STRATEGIES[:k])
+            f"{n} {meas[n]:.0f}/{conc[n]:.0f}/{cfg[_key(n, new)]:.0f}" for n in nbrs)
+            + " Mbit/s (alone/all at once/configured)")
+        k = rep % len(report.RUNS)
+        order = list(report.RUNS[k:] + report.RUNS[:k])
         for model in models:
             t0 = time.perf_counter()
-            res = run_model(tb, new, model, states[model], inst, order, opts["checkpoints"])
+            res = run_model(tb, new, model, states[model], inst, order, opts["checkpoints"],
+                            opts.get("stop_runs", 1))
             inst["models"][model] = res
             say(f"{tag}: {model}: " + ", ".join(
-                f"{s} {res[s]['delay_s']:.2f}s" for s in STRATEGIES)
+                f"{s} {res[s]['delay_s']:.2f}s" for s in report.RUNS)
                 + f" ({time.perf_counter() - t0:.0f}s)")
     return inst
 
 
 def run(sizes: list[int], models: list[str], repeats: int, bw: tuple[float, float], out: Path,
         say: Say, *, degree: int = 3, iperf_s: float = 2.0, checkpoints: int = 1,
-        seed: int = 1, workdir: Path | None = None, run_id: str | None = None) -> dict[str, Any]:
+        seed: int = 1, workdir: Path | None = None, run_id: str | None = None,
+        star: Sequence[float] = (), stop_runs: int = 1) -> dict[str, Any]:
     """Run the whole bench, write JSON/markdown/PNG under ``out``; returns the JSON document.
+
+    ``star`` (Mbit/s per neighbour) replaces the random testbeds with one star: the new node
+    at the centre, ``len(star)`` neighbours, each link at its rate (``sizes``, ``bw`` and
+    ``degree`` are then unused). ``stop_runs``: stop-resume runs per instance (the median
+    one is kept).
 
     Raises:
         CtlError: Not root (or no ``ip netns``), no iperf3, or a strategy failed.
@@ -281,8 +277,11 @@ def run(sizes: list[int], models: list[str], repeats: int, bw: tuple[float, floa
             model_entries(m)  # unknown names fail before anything is built
         except ValueError as exc:
             raise CtlUsageError(str(exc)) from None
+    if star:
+        sizes, degree = [len(star)], len(star)
+        bw = (min(star), max(star))
     opts = {"bw": bw, "degree": degree, "iperf_s": iperf_s, "checkpoints": checkpoints,
-            "seed": seed, "run_id": run_id}
+            "seed": seed, "run_id": run_id, "star": list(star), "stop_runs": stop_runs}
     t_start = time.perf_counter()
     instances = []
     with tempfile.TemporaryDirectory(prefix="chaos-scaleout-", dir=workdir) as tmp:
@@ -298,7 +297,9 @@ def run(sizes: list[int], models: list[str], repeats: int, bw: tuple[float, floa
             for rep in range(repeats):
                 instances.append(run_instance(size, rep, models, states, opts, base, say))
     meta = {"sizes": sizes, "models": models, "repeats": repeats, "bw_mbps": list(bw),
+            "star_mbps": list(star),
             "degree": degree, "iperf_s": iperf_s, "checkpoints": checkpoints, "seed": seed,
+            "stop_runs": stop_runs,
             "argv": sys.argv, "wall_s": time.perf_counter() - t_start,
             "mib": {m: manifests[m].total_bytes / MIB for m in models},
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

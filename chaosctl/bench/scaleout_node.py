@@ -3,15 +3,21 @@
 ``serve``: an existing node. It maps the shared state file read-only (the page cache holds one
 copy for every node), serves it with :func:`daemon.replication.transfer.serve` on
 ``0.0.0.0:PORT`` inside its namespace, and relays ``GET_VIA`` requests to its testbed
-neighbours (``--peers``). A thread samples the server's counters every 10 ms, so the node can
-report how long it was busy with replication: from the first request it got after ``mark`` to
-the last byte it sent or relayed.
+neighbours (``--peers``). With ``--plain-port`` it also serves the ``plain`` baseline's bare
+sockets (:mod:`chaosctl.bench.scaleout_plain`). A thread samples the server's counters every
+10 ms, so the node can report how long it was busy with replication: from the first request it
+got after ``mark`` to the last byte it sent or relayed.
+
+Before every run, both read a byte of every page of the mapped state (:func:`resident`), so no
+strategy is timed reading a state file that the page cache dropped.
 
 ``join``: the new node. It runs one strategy per ``run NAME`` line with
 :func:`daemon.replication.transfer.run_strategy` on the job given as JSON (``--job``), checks
 the received bytes against the manifest's block checksums once more, and answers one JSON line.
 ``NAME`` is a strategy, or a bench variant of one from :data:`VARIANTS` (``chaos-paper``: the
-``chaos`` strategy with the paper's planner).
+``chaos`` strategy with the paper's planner), or ``plain``: plain sockets from the job's
+``plain_addresses``, the water-filling split of the state as one segment, verified after the
+clock stops.
 
 Both speak a line protocol on stdin/stdout with the bench (one JSON answer per command line);
 ``quit`` (or EOF) ends them.
@@ -29,10 +35,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from chaosctl.bench import scaleout_plain
 from chaosctl.bench.models import map_state
 from daemon.dataplane import auth
 from daemon.replication.manifest import Manifest, verify_buffer
-from daemon.replication.planning.model import Neighbor
+from daemon.replication.planning.model import Neighbor, PlanInput, merge_ranges
+from daemon.replication.planning.planner import make_plan
 from daemon.replication.transfer import (
     FetchOptions,
     ScaleOutJob,
@@ -44,6 +54,7 @@ from daemon.replication.transfer import (
 
 SECRET = b"chaos-bench-scaleout"
 SAMPLE_S = 0.01
+PAGE = 4096
 #: Bench variants: name -> (strategy, planner); a plain strategy keeps the job's planner.
 VARIANTS = {"chaos-paper": ("chaos", "paper")}
 
@@ -51,6 +62,18 @@ VARIANTS = {"chaos-paper": ("chaos", "paper")}
 def ident(node: str) -> auth.Identity:
     """The bench's credentials for ``node`` (one shared secret, as in a cluster)."""
     return auth.Identity(node, "bench", SECRET, auth.new_incarnation())
+
+
+def resident(data: memoryview) -> None:
+    """Read a byte of every page of the mapped state before a clock starts.
+
+    A real source serves a snapshot in its RAM, but here the state is a file, and on a shared
+    box the page cache may have dropped part of it (other processes, the stop-resume
+    checkpoints): a strategy would then be timed reading the disk, and whichever ran first
+    would pay for it. This also maps every page into the process, so no strategy pays the
+    page faults either.
+    """
+    int(np.frombuffer(data, dtype=np.uint8)[::PAGE].sum())
 
 
 def answer(doc: Any) -> None:
@@ -115,11 +138,14 @@ def serve_main(args: argparse.Namespace) -> None:
         Snapshot.create(manifest, data), ident(args.node), host="0.0.0.0", port=args.port,
         peers=peers, io_timeout=60.0,
     )
+    resident(data)
     meter = BusyMeter(server)
-    answer({"ready": list(server.address)})
+    plain = None if args.plain_port < 0 else scaleout_plain.PlainServer(data, port=args.plain_port)
+    answer({"ready": list(server.address), **({"plain": plain.port} if plain else {})})
     for line in sys.stdin:
         cmd = line.strip()
         if cmd == "mark":
+            resident(data)
             meter.mark()
             answer({"ok": True})
         elif cmd == "report":
@@ -128,6 +154,8 @@ def serve_main(args: argparse.Namespace) -> None:
             break
     meter.stop.set()
     server.close()
+    if plain is not None:
+        plain.close()
 
 
 def _neighbors(rows: list[list[Any]]) -> tuple[Neighbor, ...]:
@@ -157,6 +185,10 @@ def join_main(args: argparse.Namespace) -> None:
         if not words or words[0] == "quit":
             break
         name = words[1]
+        resident(data)  # stop-resume writes its checkpoints from it
+        if name == "plain":
+            answer(plain_run(job, spec))
+            continue
         strategy, planner = VARIANTS.get(name, (name, job.planner))
         try:
             res = run_strategy(strategy, dataclasses.replace(job, planner=planner))
@@ -175,15 +207,52 @@ def join_main(args: argparse.Namespace) -> None:
         }
         if res.fetch is not None:
             doc["sources"] = {
-                s: [t.start_s, t.end_s, t.bytes, t.failed] for s, t in res.fetch.sources.items()
+                s: [t.start_s, t.end_s, t.bytes, t.failed, t.taken_bytes, t.given_bytes]
+                for s, t in res.fetch.sources.items()
             }
             doc["refetched_blocks"] = len(res.fetch.refetched_blocks)
+            doc["steals"] = len(res.fetch.steals)
         if res.plan is not None:
             doc["plan_bytes"] = {s: sum(n for _, n in r) for s, r in res.plan.ranges.items()}
             doc["planner"] = res.plan.planner
             doc["plan_makespan_s"] = res.plan.makespan_s
         del res
         answer(doc)
+
+
+def plain_run(job: ScaleOutJob, spec: dict[str, Any]) -> dict[str, Any]:
+    """The ``plain`` baseline: the water-filling split of one segment over plain sockets."""
+    m = job.manifest
+    addrs = {k: (h, int(p)) for k, (h, p) in spec.get("plain_addresses", {}).items()}
+    nbrs = [n for n in job.neighbors if n.id in addrs]
+    try:
+        if not nbrs:
+            raise ValueError("the job has no plain_addresses for its neighbours")
+        plan = make_plan("waterfill", PlanInput.create(nbrs, [m.total_bytes]))
+        ranges = {}
+        for s, rs in plan.ranges.items():
+            merged = merge_ranges(rs)
+            if len(merged) > 1:
+                raise ValueError(f"water-filling gave {s} {len(merged)} ranges, not one")
+            ranges[s] = merged[0] if merged else (0, 0)
+        buf = bytearray(m.total_bytes)
+        res = scaleout_plain.pull(addrs, ranges, buf)
+    except (OSError, ValueError) as exc:
+        return {"strategy": "plain", "error": f"{type(exc).__name__}: {exc}"}
+    t0 = time.perf_counter()
+    bad = verify_buffer(m, buf)
+    return {
+        "strategy": "plain",
+        "delay_s": res.delay_s,
+        "decision_s": 0.0,
+        "phases": {"transfer": res.delay_s},
+        "verified": not bad,
+        "verify_s": time.perf_counter() - t0,
+        "sources": {s: [0.0, e, n, None, 0, 0] for s, (e, n) in res.sources.items()},
+        "plan_bytes": {s: n for s, (_, n) in ranges.items()},
+        "planner": "waterfill",
+        "plan_makespan_s": plan.makespan_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -198,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     s = sub.choices["serve"]
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--peers", default="{}", help="JSON: neighbour -> [host, port] for relays")
+    s.add_argument("--plain-port", type=int, default=-1,
+                   help="also serve the plain baseline's sockets here (0: any port; -1: no)")
     j = sub.choices["join"]
     j.add_argument("--job", required=True, help="JSON file: neighbours, sources, routes, ...")
     j.add_argument("--workdir", required=True, help="where stop-resume writes checkpoints")

@@ -7,16 +7,20 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from chaosctl.bench.plots import pyplot
 from daemon.replication.manifest import Manifest
 from daemon.replication.planning.model import Neighbor, PlanInput
 from daemon.replication.planning.waterfill import lower_bound
 
 # ``chaos-paper`` is the chaos strategy with the paper's planner (Algorithms 1+2), run beside
-# the default planner; the baselines are the other systems.
+# the default planner; the baselines are the other systems. ``plain`` (plain sockets, the
+# water-filling split, no protocol) is what the links allow through Python sockets: it is run
+# beside them but is no scale-out system, so it has no idle time.
 STRATEGIES = ("chaos", "chaos-paper", "single", "multi-source", "stop-resume")
+RUNS = (*STRATEGIES, "plain")
 BASELINES = ("single", "multi-source", "stop-resume")
 SHORT = {"chaos": "chaos", "chaos-paper": "paper", "single": "single", "multi-source": "multi",
-         "stop-resume": "stop"}
+         "stop-resume": "stop", "plain": "plain"}
 IDLE_DEFINITION = (
     "Cluster idle time (Fig. 10), node-seconds over the N existing nodes (new node not counted). "
     "Measured busy_node_s: per state server, first replication request to last byte sent or "
@@ -42,6 +46,12 @@ def idle(name: str, res: dict[str, Any], size: int) -> tuple[float, float, int]:
     return busy, busy, len(moved)
 
 
+def spread(res: dict[str, Any]) -> float:
+    """Seconds between the first and the last of a run's sources to finish sending."""
+    ends = [v[1] for v in res.get("sources", {}).values() if v[1] is not None and v[2] > 0]
+    return max(ends) - min(ends) if ends else 0.0
+
+
 def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -> list[dict]:
     """One row per (size, model): medians over the repeats, per-repeat ratios' medians."""
     groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
@@ -50,16 +60,18 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
         cfg = {n: inst["configured_mbps"]["-".join(sorted((n, new), key=lambda x: int(x[1:])))]
                for n in inst["neighbours"]}
         for model, res in inst["models"].items():
-            lb_meas = waterfill(inst["measured_mbps"], manifests[model])
-            lb_cfg = waterfill(cfg, manifests[model])
-            one: dict[str, Any] = {"lb_meas": lb_meas, "lb_cfg": lb_cfg, "delay": {},
-                                   "decision": {}, "idle": {}, "busy": {}, "participants": {}}
+            one: dict[str, Any] = {
+                "lb_meas": waterfill(inst["measured_mbps"], manifests[model]),
+                "lb_ach": waterfill(inst["concurrent_mbps"], manifests[model]),
+                "lb_cfg": waterfill(cfg, manifests[model]),
+                "delay": {s: res[s]["delay_s"] for s in RUNS},
+                "spread": spread(res["chaos"]),
+                "decision": {}, "idle": {}, "busy": {}, "participants": {}}
             for s in STRATEGIES:
-                one["delay"][s] = res[s]["delay_s"]
                 one["decision"][s] = res[s].get("decision_s", 0.0)
                 i, b, p = idle(s, res[s], inst["size"])
                 one["idle"][s], one["busy"][s], one["participants"][s] = i, b, p
-            one["verified"] = all(res[s]["verified"] for s in STRATEGIES)
+            one["verified"] = all(res[s]["verified"] for s in RUNS)
             one["neighbours"] = len(inst["neighbours"])
             groups.setdefault((inst["size"], model), []).append(one)
     rows = []
@@ -70,12 +82,18 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
         rows.append({
             "size": size, "model": model, "mib": manifests[model].total_bytes / (1 << 20),
             "repeats": len(runs), "neighbours": med(lambda r: r["neighbours"]),
-            "delay_s": {s: med(lambda r, s=s: r["delay"][s]) for s in STRATEGIES},
+            "delay_s": {s: med(lambda r, s=s: r["delay"][s]) for s in RUNS},
+            "lb_achievable_s": med(lambda r: r["lb_ach"]),
             "lb_measured_s": med(lambda r: r["lb_meas"]),
             "lb_configured_s": med(lambda r: r["lb_cfg"]),
+            "chaos_over_lb_achievable": med(lambda r: r["delay"]["chaos"] / r["lb_ach"]),
+            "paper_over_lb_achievable": med(lambda r: r["delay"]["chaos-paper"] / r["lb_ach"]),
+            "plain_over_lb_achievable": med(lambda r: r["delay"]["plain"] / r["lb_ach"]),
+            "chaos_over_plain": med(lambda r: r["delay"]["chaos"] / r["delay"]["plain"]),
             "chaos_over_lb_measured": med(lambda r: r["delay"]["chaos"] / r["lb_meas"]),
             "chaos_over_lb_configured": med(lambda r: r["delay"]["chaos"] / r["lb_cfg"]),
             "paper_over_lb_measured": med(lambda r: r["delay"]["chaos-paper"] / r["lb_meas"]),
+            "chaos_finish_spread_s": med(lambda r: r["spread"]),
             "paper_over_chaos": med(lambda r: r["delay"]["chaos-paper"] / r["delay"]["chaos"]),
             "decision_ms": {s: med(lambda r, s=s: r["decision"][s]) * 1e3
                             for s in ("chaos", "chaos-paper")},
@@ -91,8 +109,9 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
     return sorted(rows, key=lambda r: (r["model"], r["size"]))
 
 
-COLUMNS = ("N", "model", "MiB", "K", *(f"{SHORT[s]} s" for s in STRATEGIES), "LB meas s",
-           "LB cfg s", "chaos/LBm", "paper/LBm", *(f"{SHORT[s]}/chaos" for s in BASELINES),
+COLUMNS = ("N", "model", "MiB", "K", *(f"{SHORT[s]} s" for s in RUNS), "LB ach s",
+           "LB meas s", "LB cfg s", "chaos/LBa", "paper/LBa", "plain/LBa", "chaos/plain",
+           "chaos/LBm", "paper/LBm", *(f"{SHORT[s]}/chaos" for s in BASELINES),
            *(f"idle {SHORT[s]}" for s in STRATEGIES))
 
 
@@ -100,8 +119,11 @@ def cells(r: dict[str, Any]) -> list[str]:
     """The table cells of one row (same order as :data:`COLUMNS`)."""
     d, b, i = r["delay_s"], r["baseline_over_chaos"], r["idle_s"]
     return [f"{r['size']}->{r['size'] + 1}", r["model"], f"{r['mib']:.0f}",
-            f"{r['neighbours']:g}", *(f"{d[s]:.2f}" for s in STRATEGIES),
-            f"{r['lb_measured_s']:.2f}", f"{r['lb_configured_s']:.2f}",
+            f"{r['neighbours']:g}", *(f"{d[s]:.2f}" for s in RUNS),
+            f"{r['lb_achievable_s']:.2f}", f"{r['lb_measured_s']:.2f}",
+            f"{r['lb_configured_s']:.2f}", f"{r['chaos_over_lb_achievable']:.3f}",
+            f"{r['paper_over_lb_achievable']:.3f}", f"{r['plain_over_lb_achievable']:.3f}",
+            f"{r['chaos_over_plain']:.3f}",
             f"{r['chaos_over_lb_measured']:.3f}", f"{r['paper_over_lb_measured']:.3f}",
             *(f"{b[s]:.2f}" for s in BASELINES),
             *(f"{i[s]:.1f}" for s in STRATEGIES)]
@@ -110,14 +132,21 @@ def cells(r: dict[str, Any]) -> list[str]:
 def markdown(doc: dict[str, Any]) -> str:
     """The markdown table, with the run's parameters and the idle-time definition."""
     m = doc["meta"]
+    shape = (f"a star: the new node and {len(m['star_mbps'])} neighbours at "
+             f"{'/'.join(f'{r:g}' for r in m['star_mbps'])} Mbit/s (tbf)"
+             if m.get("star_mbps") else
+             f"sizes {m['sizes']}, links {m['bw_mbps'][0]:g}-{m['bw_mbps'][1]:g} Mbit/s (tbf), "
+             f"new node degree {m['degree']}")
     lines = [
-        f"Scale-out on the netns testbed: sizes {m['sizes']}, models {m['models']}, "
-        f"{m['repeats']} repeat(s), links {m['bw_mbps'][0]:g}-{m['bw_mbps'][1]:g} Mbit/s (tbf), "
-        f"new node degree {m['degree']}; medians over repeats; seconds. K = new node's "
-        "neighbours. chaos = the chaos strategy with its default planner (water-filling), "
-        "paper = the same strategy with the paper's Algorithms 1+2. LB = water-filling lower "
-        "bound from the iperf3-measured (meas) or configured (cfg) rates of the new node's "
-        "links. Idle in node-seconds.",
+        f"Scale-out on the netns testbed: {shape}, models {m['models']}, "
+        f"{m['repeats']} repeat(s); medians over repeats; seconds. K = new node's "
+        "neighbours. chaos = the chaos strategy with its default planner (water-filling) and "
+        "run-time rebalancing, paper = the same strategy with the paper's Algorithms 1+2, "
+        "plain = plain sockets with the water-filling split (no protocol, no verification on "
+        "the clock). LB = water-filling lower bound over the new node's links, from iperf3 "
+        "rates measured all at once (ach: achievable, what the links deliver together on this "
+        "box; the plans use these rates), one link at a time (meas), or the configured tbf "
+        "rates (cfg). Idle in node-seconds.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),
@@ -129,12 +158,8 @@ def markdown(doc: dict[str, Any]) -> str:
 
 def plot(doc: dict[str, Any], path: Path) -> bool:
     """Fig. 7 (delay) and Fig. 10 (idle) per model vs cluster size; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
     fig, axes = plt.subplots(2, len(models), figsize=(4.5 * len(models), 7), squeeze=False)
@@ -142,10 +167,12 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
         rows = [r for r in doc["rows"] if r["model"] == model]
         xs = [r["size"] for r in rows]
         labels = [f"{r['size']}->{r['size'] + 1}" for r in rows]
-        for s in STRATEGIES:
+        for s in RUNS:
             axes[0][j].plot(xs, [r["delay_s"][s] for r in rows], "o-", label=s)
+        for s in STRATEGIES:
             axes[1][j].plot(xs, [max(r["idle_s"][s], 1e-3) for r in rows], "o-", label=s)
-        axes[0][j].plot(xs, [r["lb_measured_s"] for r in rows], "k--", label="LB (measured)")
+        axes[0][j].plot(xs, [r["lb_achievable_s"] for r in rows], "k--", label="LB (achievable)")
+        axes[0][j].plot(xs, [r["lb_measured_s"] for r in rows], "k:", label="LB (one at a time)")
         axes[0][j].set_title(f"{model} ({rows[0]['mib']:.0f} MiB): scale-out delay")
         axes[1][j].set_title(f"{model}: cluster idle time")
         axes[0][j].set_ylabel("seconds")

@@ -15,7 +15,8 @@ that are possible at that moment:
 - ``cut``: a data link goes down, and comes back a few seconds later (never a partition);
 - ``broker-restart``: mosquitto stops and starts again.
 
-Leaves, kills and freezes keep at least ``MIN_TRAINING`` nodes training. Every
+Leaves, kills and freezes keep at least ``MIN_TRAINING`` nodes training, counting only
+active members (a node whose join is still in flight holds no state yet). Every
 ``--sample-seconds`` the RSS, open file descriptors and threads of each chaosd, worker and
 the broker are sampled (psutil); a process in a node's namespace that is neither its chaosd
 nor a child of it is a leaked process. At the end the testbed is torn down and checked for
@@ -116,13 +117,27 @@ class Chaos:
     def training(self) -> list[str]:
         return [n for n, s in self.state.items() if s == "training"]
 
+    def members(self) -> list[str]:
+        """Training nodes that the cluster lists as active: a node whose join is still in
+        flight holds no state yet, and must not count toward MIN_TRAINING (two leaves while
+        two joins were pending once left nobody to replicate from, and a joiner bootstrapped
+        a fresh model: the harness's doing, not the cluster's)."""
+        training = self.training()
+        for asker in training:
+            rows = self.tb.query(asker, "nodes", timeout=1.0)
+            if isinstance(rows, list):
+                active = {r.get("id") for r in rows if r.get("state") == "active"}
+                return [n for n in training if n in active]
+        return []
+
     def options(self, kind: str) -> list[str]:
         """The arguments ``kind`` could take now (empty: not possible now)."""
         now = self.now()
         if kind == "join":
             return [n for n, s in self.state.items() if s == "idle" and self.ready_at[n] <= now]
         if kind in ("leave", "kill", "freeze"):
-            return self.training() if len(self.training()) > MIN_TRAINING else []
+            members = self.members()
+            return members if len(members) > MIN_TRAINING else []
         if kind == "cut":
             return [f"{a}:{b}" for a, b in self.tb.links
                     if (a, b) not in self.cut and self._connected(self.cut | {(a, b)})]
@@ -216,10 +231,10 @@ class Chaos:
 
     def event(self) -> None:
         """One Poisson arrival: a kind among those possible now, then its argument."""
-        kinds = [k for k in self.opts.kinds if self.options(k)]
-        if kinds:
-            kind = self.rng.choice(kinds)
-            self.act(kind, self.rng.choice(self.options(kind)))
+        possible = {k: args for k in self.opts.kinds if (args := self.options(k))}
+        if possible:
+            kind = self.rng.choice(list(possible))
+            self.act(kind, self.rng.choice(possible[kind]))
 
     def run_due(self) -> None:
         now = self.now()

@@ -26,6 +26,8 @@ from typing import Any
 
 from rich.table import Table
 
+from chaosctl.bench.plots import pyplot
+
 METRICS = {"rss": ("RSS MiB", 1 / (1 << 20)), "fds": ("fds", 1.0), "threads": ("threads", 1.0)}
 PROC_KINDS = ("chaosd", "worker", "broker")
 PROC_WARMUP_S = 30.0  # the most a process of its own is left out after it starts
@@ -214,12 +216,8 @@ def write(doc: dict[str, Any], out: Path, say: Callable[[str], None]) -> None:
 def plot(doc: dict[str, Any], path: Path) -> bool:
     """RSS, fds and threads of every process over the run, chaos actions marked; False
     without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     colours = {"chaosd": "tab:blue", "worker": "tab:orange", "broker": "tab:green"}
     fig, axes = plt.subplots(len(METRICS), 1, figsize=(9, 8), sharex=True)

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chaosctl.bench.plots import pyplot
 from chaosctl.client import CtlUsageError, call_once
 from chaosctl.cluster import LocalCluster
 
@@ -213,12 +214,8 @@ def report(events: list[dict[str, Any]], rows: Rows, out: Path | None,
 
 def plot(samples: dict[str, list[float]], path: Path) -> bool:
     """CDF of the stalls per kind; False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, values in samples.items():

@@ -5,7 +5,7 @@ script (``tests/training/_worker.py`` calls :func:`main`). Writes one JSON line 
 step to ``--out``: ``{"step", "digest", "loss", "stall_ms", "update_ms", "reruns",
 "policy_version"}``. ``--fault EVENT:INDEX:FROM_STEP`` kills this process with SIGKILL at the
 first data-plane hook ``EVENT`` with ``INDEX`` once round ``FROM_STEP`` or later runs (fault
-injection).
+injection); ``--stall EVENT:INDEX:SECONDS`` sleeps there instead, while a planned change waits.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", required=True)
     ap.add_argument("--fault", default="")
+    ap.add_argument("--stall", default="",
+                    help="EVENT:INDEX:SECONDS: sleep at that data-plane hook while a newer "
+                         "policy waits to take effect (a slow link as a planned change lands)")
     ap.add_argument("--wait-members", type=int, default=1)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--leave-at", type=int, default=-1)
@@ -57,6 +60,17 @@ def main(argv: list[str] | None = None) -> int:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         trainer.reducer.fault_hook = hook
+    if args.stall:
+        s_event, s_index, seconds = args.stall.split(":")
+
+        def stall(ev: str, i: int) -> None:
+            book = trainer._s.book
+            now, newest = book.for_round(trainer.step + 1), book.newest
+            if (ev == s_event and i == int(s_index) and now is not None
+                    and newest is not None and newest.version > now.version):
+                time.sleep(float(seconds))
+
+        trainer.reducer.fault_hook = stall
     gen = torch.Generator().manual_seed(sum(map(ord, node)))
     w_true = torch.randn(8, 2, generator=torch.Generator().manual_seed(1))
     with open(args.out, "a") as out:

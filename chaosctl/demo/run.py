@@ -10,9 +10,12 @@ measured delays, and always tears every process down.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 from types import FrameType
 from typing import Annotated, Any
@@ -27,6 +30,18 @@ from chaosctl.common import console
 from chaosctl.demo.script import Cast, Script, Timings
 from chaosctl.demo.train import TrainingAct, example_command, losses
 from chaosctl.demo.view import DemoView
+
+
+def _dump_worker_stacks(cluster: LocalCluster) -> None:
+    """Have every worker write its threads' stacks into its worker.log (the example registers
+    faulthandler on SIGUSR1): a failed demo keeps its logs, and a stack says where a stalled
+    worker waits."""
+    for node in cluster.node_ids:
+        pid = ((cluster.query(node, "ping", timeout=2.0) or {}).get("worker") or {}).get("pid")
+        if isinstance(pid, int) and pid > 0:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGUSR1)
+    time.sleep(0.5)  # faulthandler writes from a signal handler: let it finish
 
 
 def _find(events: list[dict[str, Any]], kind: str, node: str) -> Any:
@@ -102,6 +117,7 @@ def demo(
             trained = {n: losses(workdir, n) for n in script.survivors}
     except ClusterError as exc:
         keep_dir = True
+        _dump_worker_stacks(cluster)
         raise ClusterError(f"demo failed: {exc} (logs kept in {workdir})") from None
     finally:
         cluster.close()

@@ -57,6 +57,7 @@ class Testbed:
         redraw_period_s: Redraw every link's bandwidth this often (0: never).
         qdisc: ``tbf`` or ``htb``.
         run_id: Run id for the name prefix (random by default).
+        config: More chaosd.toml text for every node (tables after the secret).
     """
 
     __test__ = False  # not a pytest test class, despite the name
@@ -64,7 +65,7 @@ class Testbed:
     def __init__(self, directory: str | Path = DEFAULT_DIR, nodes: int = 4,
                  topology: str = "random", bw: tuple[float, float] = (100.0, 1000.0),
                  seed: int = 0, degree: int = topo.DEFAULT_DEGREE, redraw_period_s: float = 0.0,
-                 qdisc: str = "tbf", run_id: str | None = None) -> None:
+                 qdisc: str = "tbf", run_id: str | None = None, config: str = "") -> None:
         if qdisc not in ("tbf", "htb"):
             raise topo.TopologyError(f"--qdisc must be tbf or htb, not {qdisc!r}")
         self.dir = Path(directory).resolve()
@@ -72,7 +73,8 @@ class Testbed:
         prefix = netns.make_prefix(run_id)
         self.state = TestbedState(prefix=prefix, dir=str(self.dir), hub_ns=prefix + "hub",
                                   broker=procs.broker_url(), topology=topology, seed=seed, bw=bw,
-                                  redraw_period_s=redraw_period_s, qdisc=qdisc)
+                                  redraw_period_s=redraw_period_s, qdisc=qdisc,
+                                  config=config)
         for name in plan.nodes:
             self.state.nodes[name] = NodeRecord(
                 ns=prefix + name, addr=topo.data_addr(name), mgmt=topo.mgmt_addr(name),

@@ -107,7 +107,7 @@ def node_config(state: TestbedState, node: str) -> Path:
     conf = Path(state.dir) / f"{node}.toml"
     fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
-        out.write(f'secret = "{path.read_text().strip()}"\n')
+        out.write(f'secret = "{path.read_text().strip()}"\n{state.config}')
     return conf
 
 

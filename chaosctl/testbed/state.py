@@ -86,6 +86,7 @@ class TestbedState:
     redraw_period_s: float = 0.0
     qdisc: str = "tbf"
     cluster: str = "testbed"
+    config: str = ""  # more chaosd.toml for every node (a bench's [training] mode, say)
     owner_pid: int = field(default_factory=os.getpid)
     created_at: float = field(default_factory=time.time)
     nodes: dict[str, NodeRecord] = field(default_factory=dict)

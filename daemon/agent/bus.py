@@ -3,7 +3,12 @@
 While the broker is away nothing local is lost: heartbeats (QoS 0) are simply not sent, and
 reliable messages (requests, commands) wait in a bounded outbox that is flushed, in order, as
 soon as the connection is back. Each (re)connect calls ``on_connect`` so the node can
-re-announce itself and re-subscribe.
+re-announce itself.
+
+The subscriptions are a wanted set that the node may change at any time (a follower hears
+only the scheduler's heartbeat, the scheduler hears everyone's): :meth:`Bus.want` sets it,
+:meth:`Bus.sync` makes the broker agree, and every (re)connect subscribes the whole set again
+(the session is clean, so the broker forgets it with the connection).
 
 With a cluster secret, the bus seals every payload as it hands it to the broker (so a message
 that waited in the outbox carries the time it was really sent) and opens every payload before
@@ -65,7 +70,8 @@ class Bus:
         key = cfg.control_key
         self.auth = ControlAuth(key, cfg.auth_window_s) if key is not None else None
         self._topics = Topics(cfg.cluster)
-        self._subscriptions = subscriptions
+        self._wanted = set(subscriptions)
+        self._active: set[str] = set()  # what the broker holds for this connection
         self._on_message = on_message
         self._on_connect = on_connect
         self._on_disconnect = on_disconnect
@@ -81,6 +87,8 @@ class Bus:
         tls: ssl.SSLContext | None = None
         if scheme == "mqtts":
             tls = ssl.create_default_context(cafile=mq.ca_file or None)
+            if mq.cert_file:  # mutual TLS: the broker asks for a certificate from the CA
+                tls.load_cert_chain(mq.cert_file, mq.key_file or None)
             if mq.tls_insecure:
                 tls.check_hostname = False
                 tls.verify_mode = ssl.CERT_NONE
@@ -108,8 +116,8 @@ class Bus:
             try:
                 async with client:
                     self._client = client
-                    for topic in self._subscriptions:
-                        await client.subscribe(topic, qos=1, timeout=CALL_TIMEOUT_S)
+                    self._active = set(self._wanted)
+                    await self._subscribe(client, sorted(self._active))
                     self.connected = True
                     self.connects += 1
                     last_error = ""
@@ -133,11 +141,49 @@ class Bus:
                 last_error = str(exc)
             finally:
                 self._client = None
+                self._active = set()
                 if self.connected:
                     self.connected = False
                     self._on_disconnect()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self._cfg.mqtt.reconnect_max_s)
+
+    @property
+    def subscriptions(self) -> frozenset[str]:
+        """The topic filters this node wants (held by the broker while connected)."""
+        return frozenset(self._wanted)
+
+    def want(self, topics: set[str]) -> None:
+        """Set the wanted subscriptions; :meth:`sync` (or the next connect) applies them."""
+        self._wanted = set(topics)
+
+    async def sync(self) -> None:
+        """Subscribe what is wanted and not held, unsubscribe what is held and not wanted.
+
+        Never raises on broker trouble: what failed is retried at the next call, and a lost
+        connection subscribes the whole set again when it comes back.
+        """
+        client = self._client
+        if client is None or not self.connected:
+            return
+        add, drop = sorted(self._wanted - self._active), sorted(self._active - self._wanted)
+        if not add and not drop:
+            return
+        self._active = (self._active | set(add)) - set(drop)
+        try:
+            if add:
+                await self._subscribe(client, add)
+            if drop:
+                await client.unsubscribe(drop, timeout=CALL_TIMEOUT_S)
+        except aiomqtt.MqttError as exc:
+            log.debug("subscription change failed: %s", exc)
+            self._active = (self._active - set(add)) | set(drop)  # try again next time
+
+    @staticmethod
+    async def _subscribe(client: aiomqtt.Client, topics: list[str]) -> None:
+        # One SUBSCRIBE packet for them all: the scheduler changes ~N filters at once.
+        if topics:
+            await client.subscribe([(t, 1) for t in topics], timeout=CALL_TIMEOUT_S)
 
     def seal(self, topic: str, payload: bytes) -> bytes:
         """``payload`` signed for ``topic`` now; unchanged when insecure, or empty (an empty
@@ -151,7 +197,8 @@ class Bus:
         if self.auth is not None and payload:
             try:
                 payload = self.auth.open(topic, payload, self._wall(), retained=retained,
-                                         retainable=self._topics.retainable(topic))
+                                         retainable=self._topics.retainable(topic),
+                                         timeless=self._topics.is_status(topic))
             except AuthError as exc:
                 if self._on_auth_error is not None:
                     self._on_auth_error(topic, exc)

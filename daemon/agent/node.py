@@ -1,10 +1,13 @@
 """The node agent: what one chaosd does on the bus.
 
-It sends heartbeats, watches everyone else's with the phi-accrual detector, takes part in the
-scheduler election, mirrors the retained cluster state, and, while elected, runs the
-:class:`~daemon.cluster.scheduler.Scheduler`. Message handlers only update state; the periodic
-:meth:`NodeAgent.tick` makes the decisions, so the order in which messages arrive never
-matters more than one tick (0.1 s).
+It sends heartbeats, takes part in the scheduler election, mirrors the retained cluster state,
+and, while elected, runs the :class:`~daemon.cluster.scheduler.Scheduler`. Only the scheduler
+hears every heartbeat (and every request); a follower hears the scheduler's, so the broker
+delivers O(N) heartbeats per interval, not N^2 (see ``_wanted_topics``). Presence (retained,
+silent between changes) still reaches everyone: it ranks the candidates of an election.
+Message handlers only update state; the periodic :meth:`NodeAgent.tick` makes the decisions,
+so the order in which messages arrive never matters more than one tick (0.1 s). Claims, the
+snapshot it follows and contests after a partition are :mod:`daemon.agent.leadership`'s.
 """
 
 from __future__ import annotations
@@ -12,23 +15,26 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from typing_extensions import assert_never
 
 from daemon.agent.bus import Bus, Outgoing
+from daemon.agent.leadership import Leadership
+from daemon.agent.memory import TermMemory
 from daemon.agent.metrics import AgentMetrics
 from daemon.agent.probes import LinkMonitor, PeerEndpoint
 from daemon.agent.resources import sample
 from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unresponsive_for
 from daemon.cluster.detector import PhiAccrualDetector
-from daemon.cluster.election import Action, Election, better
+from daemon.cluster.election import Action, Election
 from daemon.cluster.role import SchedulerRole
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.config import Config
 from daemon.contracts.errors import MessageError
-from daemon.contracts.kinds import COMMAND_OPS, RequestOp, WorkerExitReason, member
+from daemon.contracts.kinds import COMMAND_OPS, LIVE_STATES, RequestOp, WorkerExitReason, member
 from daemon.contracts.messages import (
     ClusterState,
     Command,
@@ -41,7 +47,6 @@ from daemon.contracts.messages import (
     decode,
     encode,
 )
-from daemon.contracts.policy import POLICY_KEEP
 from daemon.contracts.signing import AuthError
 
 log = logging.getLogger("chaosd.node")
@@ -50,11 +55,10 @@ SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, 
 # A broker that shuts down may publish every client's last will as it goes. A will that is
 # not followed by the loss of our own connection within this window is a real crash.
 WILL_CONFIRM_S = 0.5
-EVENTS_KEEP = 1000
 AUTH_LOG_S = 10.0  # at most one line per this long about messages that fail authentication
 
 
-class NodeAgent:
+class NodeAgent(Leadership):
     """One node's membership, election and (when elected) scheduling logic."""
 
     def __init__(self, cfg: Config, clock: Clock | None = None) -> None:
@@ -66,6 +70,8 @@ class NodeAgent:
         self.incarnation = time.time_ns() // 1000
         self.detector = PhiAccrualDetector(cfg.detector, self.clock)
         self.election = Election(self.me, cfg.election, self.clock)
+        self.memory = TermMemory(cfg.data_dir, cfg.cluster)
+        self.election.restore(self.memory.load())
         self.role: SchedulerRole | None = None  # only while elected, for that term
         self.monitor: LinkMonitor | None = None  # set by the daemon once the probes listen
         self.worker = WorkerSession()
@@ -76,6 +82,7 @@ class NodeAgent:
         self._req_seq = 0
         self.replies: dict[str, str | None] = {}  # req_id -> error (None: ok)
         self.view: ClusterState | None = None
+        self._held_state: ClusterState | None = None  # a rival's, while we defer its claim
         self.presence: dict[str, Status] = {}
         self.beats: dict[str, Heartbeat] = {}
         self.events: dict[tuple[int, float], Event] = {}
@@ -106,19 +113,52 @@ class NodeAgent:
         self._auth_unlogged: tuple[int, str] = (0, "")  # failures since the last log line
         self._auth_logged_at: float | None = None
         self._repair_retained = False  # a forgery overwrote the retained claim or snapshot
-        topics = self.topics
         self.bus = Bus(
             cfg,
             client_id=f"chaos-{cfg.cluster}-{self.me}",
             will=self._will,
-            subscriptions=[f"{topics.root}/node/+/hb", f"{topics.root}/node/+/status",
-                           topics.cmd(self.me), topics.leader, topics.req, topics.state],
+            subscriptions=sorted(self._wanted_topics()),
             on_message=self.on_message,
             on_connect=self.on_connect,
             on_disconnect=self.on_disconnect,
             on_auth_error=self.on_auth_error,
             wall=self.clock.wall,
         )
+
+    # --- subscriptions ------------------------------------------------------------------
+    def watches(self, node: str) -> bool:
+        """Do we hear ``node``'s heartbeats? All of them while we schedule; otherwise the
+        scheduler's, and the previous one's until a new one is followed (so that a frozen
+        ex-scheduler stays judged dead and out of the next election's ranking)."""
+        return self.role is not None or node in (self.election.leader, self._last_leader)
+
+    def _wanted_topics(self) -> set[str]:
+        t = self.topics
+        wanted = {f"{t.root}/node/+/status", t.cmd(self.me), t.leader, t.state}
+        if self.role is not None:
+            return wanted | {f"{t.root}/node/+/hb", t.req}
+        return wanted | {t.hb(n) for n in (self.election.leader, self._last_leader)
+                         if n is not None and n != self.me}
+
+    def _watch_leader(self) -> None:
+        """Judge the accepted scheduler's silence from now on, unless it is known to be gone
+        (the claim can arrive before its first heartbeat, or before we subscribed to it)."""
+        leader = self.election.leader
+        if leader is None or leader == self.me or leader in self.detector.known():
+            return
+        st = self.presence.get(leader)
+        if st is None or st.online:
+            self.detector.heartbeat(leader, seed=True)
+
+    async def _sync_subscriptions(self) -> None:
+        """Follow the role: forget whom we no longer hear, and tell the broker."""
+        for node in self.detector.known():
+            if not self.watches(node):
+                self.detector.forget(node)
+                self.beats.pop(node, None)
+        self._watch_leader()
+        self.bus.want(self._wanted_topics())
+        await self.bus.sync()
 
     # --- outgoing -----------------------------------------------------------------------
     @property
@@ -166,10 +206,6 @@ class NodeAgent:
         """Handlers are synchronous; they queue, and the tick publishes."""
         self._pending.append(Outgoing(topic, payload, qos, retain))
 
-    def _queue_claim(self) -> None:
-        claim = LeaderClaim(id=self.me, term=self.election.term, ts=self.clock.wall())
-        self.queue(self.topics.leader, encode(claim), retain=True)
-
     async def flush(self) -> None:
         pending, self._pending = self._pending, []
         for out in pending:
@@ -182,7 +218,8 @@ class NodeAgent:
         hb = Heartbeat(node=self.me, seq=self._hb_seq, incarnation=self.incarnation,
                        step=self.step, state=self.worker.state if self.worker.attached else
                        self.state, cpu_percent=res.cpu_percent,
-                       mem_percent=res.mem_percent, battery_percent=res.battery_percent)
+                       mem_percent=res.mem_percent, battery_percent=res.battery_percent,
+                       policy_version=self.worker.version if self.worker.attached else -1)
         await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
 
     async def leave(self) -> None:
@@ -195,10 +232,13 @@ class NodeAgent:
     async def on_connect(self) -> None:
         self.election.connected()
         # Everyone's silence while we were cut off was ours, not theirs; and after a broker
-        # outage the others reconnect on their own backoff, up to reconnect_max_s after us.
+        # outage the others reconnect on their own backoff, up to reconnect_max_s after the
+        # broker is back, and then connect, subscribe and beat: on a loaded box that took more
+        # than grace_s on top, and a peer failed for it costs a whole re-replication. So
+        # forgive two backoffs (a node that died in the outage is found 5 s later).
         self.detector.reset_all()
         if self.bus.connects > 1:
-            self._judge_after = (self.clock.monotonic() + self.cfg.mqtt.reconnect_max_s
+            self._judge_after = (self.clock.monotonic() + 2 * self.cfg.mqtt.reconnect_max_s
                                  + self.cfg.election.grace_s)
         await self.bus.publish(self.topics.status(self.me), encode(self._status(True, "up")),
                                qos=1, retain=True)
@@ -259,8 +299,8 @@ class NodeAgent:
     def _on_heartbeat(self, node: str, hb: Heartbeat) -> None:
         if hb.node != node:
             raise MessageError(f"heartbeat for {hb.node!r} on the topic of {node!r}")
-        if node == self.me:
-            return
+        if node == self.me or not self.watches(node):
+            return  # ours, or one in flight from before an unsubscribe
         now = self.clock.monotonic()
         self.detector.heartbeat(node)
         prev = self.beats.get(node)
@@ -302,9 +342,21 @@ class NodeAgent:
             # The will of an earlier connection than the "up" we hold: replayed, or late.
             self.counters["stale_wills"] += 1
             return
+        if (st.online and prev is not None and st.incarnation == prev.incarnation
+                and st.ts < prev.ts):
+            # Statuses skip the freshness window (a will fires long after it was signed):
+            # an "up" of an earlier connection than the one we hold is a replay.
+            self.counters["stale_statuses"] += 1
+            return
         if not st.online and st.reason == "lost":
             self._wills[node] = (st, self.clock.monotonic())  # confirmed in tick()
             return
+        if (st.online and node == self.election.leader and prev is not None
+                and st.incarnation > prev.incarnation):
+            # The scheduler's process restarted, so the one that held the term is dead, even
+            # if its will never came (it died while the broker was away).
+            log.warning("scheduler %s restarted; its term %d is over", node, self.election.term)
+            self.election.leader_lost()
         self._wills.pop(node, None)
         self._apply_status(node, st)
 
@@ -320,19 +372,10 @@ class NodeAgent:
         # "up" is a sign of life too: judge its silence from now on. This catches a node that
         # freezes before its first heartbeat, and it keeps a node that comes back (thawed,
         # reconnected) from being judged by the silence it has just ended.
-        self.detector.heartbeat(node, seed=True)
+        if self.watches(node):
+            self.detector.heartbeat(node, seed=True)
         if self.role is not None:
             self.role.on_status(st)
-
-    def _on_claim(self, claim: LeaderClaim) -> None:
-        verdict = self.election.on_claim(claim.id, claim.term)
-        if verdict.action is Action.CLAIM:
-            self._queue_claim()
-        elif verdict.action is Action.STEP_DOWN:
-            log.warning("stepping down: %s holds term %d", claim.id, claim.term)
-            self.role = None
-        if verdict.action in (Action.FOLLOW, Action.STEP_DOWN):
-            log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
 
     def _on_command(self, cmd: Command) -> None:
         if not self.election.admits(cmd.term, cmd.leader):
@@ -358,6 +401,10 @@ class NodeAgent:
     def _on_request(self, req: Request) -> None:
         if self.role is not None:
             self.counters["requests"] += 1
+            if req.node != self.me:
+                # A request is a sign of life: a node that asks to join right after a healed
+                # partition must not be failed for the silence that the partition was.
+                self.detector.heartbeat(req.node, seed=True)
             self.role.on_request(req)
 
     def request(self, op: RequestOp, **args: Any) -> str:
@@ -401,41 +448,6 @@ class NodeAgent:
             self.worker.detach()
             self.request("worker-exit", code=code, reason=reason)
 
-    def _on_state(self, st: ClusterState) -> None:
-        claim = (st.term, st.leader)
-        accepted = (self.election.term, self.election.leader or "")
-        if self.role is not None:
-            if claim != (self.role.term, self.me):
-                # Someone else's snapshot overwrote the retained topic: repair it.
-                self.role.sched.dirty = True
-            return
-        if better(accepted, claim) and self.election.leader is not None:
-            self.counters["stale_states"] += 1
-            return  # from a stale or losing scheduler
-        if self.view is not None and (self.view.term, self.view.leader) == claim \
-                and st.version <= self.view.version:
-            return
-        self.view = st
-        self._merge_events(st.events)
-        self._merge_policies(st)
-
-    def _merge_policies(self, st: ClusterState) -> None:
-        for pol in [*st.policies, st.policy]:
-            version = pol.get("version") if isinstance(pol, dict) else None
-            if isinstance(version, int):
-                self.policies.setdefault(version, pol)
-        for version in sorted(self.policies)[:-POLICY_KEEP]:
-            del self.policies[version]
-
-    def _merge_events(self, events: list[Event]) -> None:
-        new = [ev for ev in events if (ev.seq, ev.ts) not in self.events]
-        for ev in events:
-            self.events.setdefault((ev.seq, ev.ts), ev)
-        self.metrics.new_events(new)
-        if len(self.events) > EVENTS_KEEP:
-            for key in sorted(self.events)[: len(self.events) - EVENTS_KEEP]:
-                del self.events[key]
-
     # --- decisions ----------------------------------------------------------------------
     def step_of(self, node: str) -> int:
         """``node``'s training step now: its last heartbeat's step tag, plus the steps it
@@ -445,7 +457,9 @@ class NodeAgent:
             return self.step
         hb = self.beats.get(node)
         if hb is None:
-            return 0
+            # Not heard yet (a scheduler elected a moment ago): the last snapshot's word.
+            rec = self.view.nodes.get(node) if self.view is not None else None
+            return rec.step if rec is not None else 0
         rate, heard = self._step_rates.get(node, (0.0, self.clock.monotonic()))
         return hb.step + int(rate * (self.clock.monotonic() - heard) + 0.999)
 
@@ -460,15 +474,30 @@ class NodeAgent:
     def silence(self, node: str) -> float | None:
         """Seconds since ``node``'s last heartbeat: an upper bound on a detection delay."""
         heard = self.last_heard.get(node)
-        return None if heard is None else self.clock.monotonic() - heard
+        if heard is None:
+            # Not heard since we began to listen (a new scheduler hears the followers only
+            # from its election on): the time since the detector began to judge it.
+            return self.detector.age(node)
+        return self.clock.monotonic() - heard
 
     def live_peers(self) -> set[str]:
-        """Peers we believe alive: online, and heard recently (or forgiven after reconnect)."""
+        """Peers we believe alive. Those we hear: online, and heard recently (or forgiven
+        after a reconnect). Those we do not hear (a follower hears only the scheduler): online
+        presence, unless the scheduler's snapshot says they failed or left."""
         forgiving = self.clock.monotonic() < self._judge_after
         live = set()
-        for node in self.detector.known():
+        known = set(self.detector.known())
+        for node in known:
             st = self.presence.get(node)
             if (forgiving or self.detector.is_alive(node)) and (st is None or st.online):
+                live.add(node)
+        if self.role is not None:
+            return live
+        members = self.view.nodes if self.view is not None else {}
+        for node, st in self.presence.items():
+            rec = members.get(node)
+            if (node != self.me and node not in known and st.online and node not in self._wills
+                    and (rec is None or rec.state in LIVE_STATES)):
                 live.add(node)
         return live
 
@@ -483,18 +512,22 @@ class NodeAgent:
         elif self.bus.connected:
             self._decide(now)
         self._check_worker(paused=gap > SELF_PAUSE_S)
+        self.memory.save(self.election.term, self.election.leader)
         self._log_auth_failures()
         if self._repair_retained and self.role is not None and self.bus.connected:
             self._queue_claim()
             self.role.sched.dirty = True
         self._repair_retained = False
         self._sync_probes()
+        # Before the claim goes out: a new scheduler hears every heartbeat and request by the
+        # time anyone follows it.
+        await self._sync_subscriptions()
         if self.role is not None:
             self.role.flush()
         await self.flush()
         if self.role is not None and self.bus.connected and (
                 self.role.sched.dirty or now - self._last_publish > REPUBLISH_S):
-            snap = self.role.snapshot()
+            snap = self._stamped(self.role.snapshot())
             self.view = snap
             self._merge_events(snap.events)
             self._merge_policies(snap)
@@ -506,6 +539,19 @@ class NodeAgent:
         # not a sign that the process was frozen.
         self._last_tick = self.clock.monotonic()
 
+    def _stamped(self, snap: ClusterState) -> ClusterState:
+        """The snapshot with each node's step and last heartbeat as the scheduler heard them:
+        followers hear no one else, and show these in ``chaosctl nodes``. Not a reason to
+        republish on their own (they change with every heartbeat)."""
+        wall, nodes = self.clock.wall(), dict(snap.nodes)
+        for node, rec in snap.nodes.items():
+            silence = 0.0 if node == self.me else self.silence(node)
+            hb = self.beats.get(node)
+            nodes[node] = replace(
+                rec, step=self.step if node == self.me else (hb.step if hb else rec.step),
+                heard_at=rec.heard_at if silence is None else round(wall - silence, 3))
+        return replace(snap, nodes=nodes)
+
     def _decide(self, now: float) -> None:
         for node, (will, heard) in list(self._wills.items()):
             if now - heard >= WILL_CONFIRM_S:
@@ -513,10 +559,21 @@ class NodeAgent:
                 self._apply_status(node, will)
         if self.election.leader not in (None, self.me):
             self._last_leader = self.election.leader
+        self._watch_leader()
         live = self.live_peers()
-        verdict = self.election.tick(live)
-        if verdict.action is Action.CLAIM:
+        before, term = self.election.leader, self.election.term
+        rival = self.election.contested
+        # Counted only while a contest runs: it walks every live node, and this is every tick.
+        own = self.training_count(live) if rival is not None else 0
+        verdict = self.election.tick(live, has_state=self.view is not None, own=own)
+        if verdict.action is Action.CLAIM and self.role is not None and rival is not None:
+            self.role.outbid(verdict.term, rival.leader, own, rival.training)
+            self._queue_claim()
+        elif verdict.action is Action.CLAIM:
             self.role = SchedulerRole(self, self._last_leader)
             self._queue_claim()
+            self._ask_new_leader(before)
+        else:
+            self._settled(verdict, before, term)
         if self.role is not None:
             self.role.judge(live)

@@ -123,6 +123,8 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
         raise ControlError("no worker is attached; call worker.attach first", code="failed")
     before = (w.step, w.state)
     w.step = agent.step = _int(args, "step", agent.step)
+    if "committed_version" in args:  # from the first committed round on
+        w.version = _int(args, "committed_version")
     state = member(args.get("state", w.state), WORKER_STATES)
     if state is not None and state != "standby":
         w.state = state

@@ -56,6 +56,9 @@ def nodes(agent: NodeAgent, _args: dict[str, Any]) -> list[dict[str, Any]]:
         st = agent.presence.get(node)
         hb = agent.beats.get(node)
         age = 0.0 if node == agent.me else agent.detector.age(node)
+        if age is None and rec is not None and rec.heard_at is not None:
+            # A follower does not hear this node: the scheduler's word, as of its snapshot.
+            age = max(0.0, agent.clock.wall() - rec.heard_at)
         out.append({
             "id": node,
             "state": node_state(agent, node),
@@ -63,7 +66,8 @@ def nodes(agent: NodeAgent, _args: dict[str, Any]) -> list[dict[str, Any]]:
                      (agent.cfg.advertise if node == agent.me else ""))),
             "scheduler": node == agent.election.leader,
             "heartbeat_age_s": None if age is None else round(age, 3),
-            "step": agent.step if node == agent.me else (hb.step if hb else 0),
+            "step": agent.step if node == agent.me else (hb.step if hb else
+                                                         rec.step if rec else 0),
             "neighbors": list(rec.neighbors) if rec else [],
         })
     return out

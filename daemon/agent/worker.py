@@ -42,6 +42,7 @@ class WorkerSession:
     pid: int = 0
     data_addr: str = ""
     step: int = 0
+    version: int = -1  # the policy its last committed round ran under (worker.poll)
     state: str = "standby"
     neighbors: list[str] = field(default_factory=list)
     leave_requested: bool = False
@@ -92,6 +93,7 @@ class WorkerSession:
 
     def detach(self) -> None:
         self.pid = 0
+        self.version = -1
         self.data_addr = ""
         self.state = "standby"
         self.leave_requested = False

@@ -8,15 +8,30 @@ Rules (all nodes apply the same ones, so they converge without talking more):
   stopped) and it has been connected for ``grace_s`` (so a reconnecting node hears the retained
   claim first). Live nodes stand in id order, ``stagger_s`` apart, so usually exactly one does;
   if two do, the tie-break settles it.
-* A leader that sees a better claim steps down at once. A leader that sees a worse claim (a
-  stale leader thawed from SIGSTOP, say) re-asserts its own, repairing the retained topic.
+* A leader that sees a better claim steps down at once, unless more nodes train under its own
+  policies than the claim says train under the claimant's (two sides of a healed partition
+  meet): then it restates its claim and contests for ``contest_s``, taking in the fresher
+  claims that answer it, and if it still outnumbers the best of them it claims a term above
+  it. The largest training part keeps its scheduler, as the partition rule wants, rather than
+  whichever side elected last. A leader with nobody training under it (a stale one, thawed
+  from SIGSTOP: its old followers' beats now name the new term's policies) has nothing to
+  contest with. A tie keeps the better claim.
+* A leader that sees a worse claim (a stale leader, say) re-asserts its own, repairing the
+  retained topic.
+* A follower whose leader is alive does not leave it for a better claim at once: it waits up to
+  two contest windows (the leader may outbid the claim), and goes as soon as its leader dies.
 * Commands carry the term: a node drops a command whose term is below the best it knows.
+* The term outlives the process (the agent keeps it in the data dir and :meth:`restore` s it).
+  A node that remembers a cluster (term > 0) but holds none of its state stands only after
+  ``orphan_s`` of vacancy: a broker that restarted without persistence has lost every retained
+  claim and snapshot, and the peers that still hold the state must get the first chance to
+  lead, or this node would bootstrap a second cluster beside them.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from daemon.contracts.clock import Clock
 from daemon.contracts.config import ElectionConfig
@@ -34,6 +49,20 @@ class Verdict:
     action: Action
     term: int
     leader: str | None
+
+
+@dataclass(frozen=True)
+class Rival:
+    """A better claim held back: a leader contests it, a follower defers it."""
+
+    term: int
+    leader: str
+    training: int  # nodes training under its policies, as its claim said (-1: not said)
+    until: float  # monotonic time of the decision
+
+    @property
+    def claim(self) -> tuple[int, str]:
+        return (self.term, self.leader)
 
 
 def better(a: tuple[int, str], b: tuple[int, str]) -> bool:
@@ -54,6 +83,24 @@ class Election:
         self._vacant_since: float | None = None
         self._connected_since: float | None = None
         self._my_term: int | None = None  # the last term this process itself claimed
+        self._contest: Rival | None = None  # as leader: a better claim we may outnumber
+        self._deferred: Rival | None = None  # as follower: a better claim, our leader alive
+        self._live: set[str] = set()  # the live peers of the last tick
+
+    @property
+    def contested(self) -> Rival | None:
+        """The better claim we lead against, while we count."""
+        return self._contest
+
+    @property
+    def deferring(self) -> bool:
+        """A follower holding on to its live leader against a better claim: it must not take
+        the claimant's snapshot or policies meanwhile."""
+        return self._deferred is not None
+
+    def restore(self, term: int) -> None:
+        """Start from the best term an earlier run of this node knew (never go back)."""
+        self.term = max(self.term, term)
 
     @property
     def is_leader(self) -> bool:
@@ -69,8 +116,13 @@ class Election:
     def disconnected(self) -> None:
         self._connected_since = None
 
-    def on_claim(self, leader: str, term: int) -> Verdict:
-        """Apply a claim heard on ``sched/leader``."""
+    def on_claim(self, leader: str, term: int, training: int = -1, own: int = 0) -> Verdict:
+        """Apply a claim heard on ``sched/leader``.
+
+        Args:
+            training: The nodes training under the claimant's policies, as its claim says.
+            own: The nodes training under ours, if we lead (as we hear their heartbeats).
+        """
         if leader == self.me and term != self._my_term:
             # A claim in our name that this process never made: an earlier run of this node
             # left it retained, and peers may still follow it. Leave the seat vacant in our
@@ -85,30 +137,88 @@ class Election:
         if self.leader is None and term >= self.term:
             was = self.leader
             self.term, self.leader = term, leader
+            self._deferred = None
             return self._verdict(Action.NONE if was == leader else Action.FOLLOW)
         current = (self.term, self.leader or "")
         if (term, leader) == current:
             return self._verdict(Action.NONE)
         if better((term, leader), current):
-            was_leader = self.is_leader
-            self.term, self.leader = term, leader
-            self._vacant_since = None
-            return self._verdict(Action.STEP_DOWN if was_leader else Action.FOLLOW)
+            now = self._clock.monotonic()
+            if self.is_leader and own > max(training, 0) and self._cfg.contest_s > 0:
+                opened = self._contest is None
+                self._contest = self._hold(self._contest, term, leader, training,
+                                           now + self._cfg.contest_s)  # fmt: skip
+                # Opening, we restate our claim with our count: the rival answers a worse
+                # claim with its own, freshly counted (the one we heard may be retained, from
+                # before its part grew; a healed bridge drops repeats of old ones as replays).
+                return self._verdict(Action.CLAIM if opened else Action.NONE)
+            if (not self.is_leader and self.leader in self._live and leader != self.leader
+                    and self._cfg.contest_s > 0):
+                self._deferred = self._hold(self._deferred, term, leader, training,
+                                            now + 2 * self._cfg.contest_s)  # fmt: skip
+                return self._verdict(Action.NONE)
+            return self._adopt(term, leader)
         # A worse claim: only the leader answers, by re-asserting its own.
         return self._verdict(Action.CLAIM if self.is_leader else Action.NONE)
+
+    @staticmethod
+    def _hold(held: Rival | None, term: int, leader: str, training: int,
+              until: float) -> Rival:  # fmt: skip
+        """The best claim held back so far; a repeat of it brings a fresher count, and the
+        decision stays at the time the first one set."""
+        if held is None or better((term, leader), held.claim):
+            return Rival(term, leader, training, held.until if held else until)
+        if (term, leader) == held.claim:
+            return replace(held, training=training)
+        return held
+
+    def _adopt(self, term: int, leader: str) -> Verdict:
+        """Accept a better claim: step down if we led, else follow."""
+        was_leader = self.is_leader
+        self.term, self.leader = term, leader
+        self._vacant_since = None
+        self._contest = None
+        if self._deferred is not None and not better(self._deferred.claim, (term, leader)):
+            self._deferred = None
+        return self._verdict(Action.STEP_DOWN if was_leader else Action.FOLLOW)
+
+    def _settle_rivals(self, now: float, own: int) -> Verdict | None:
+        """Decide a contest or a deferral whose time has come."""
+        c = self._contest
+        if c is not None and now >= c.until:
+            self._contest = None
+            if self.is_leader and own > max(c.training, 0):
+                # Still the larger part: outbid the claim, so everyone takes ours.
+                self.term = max(self.term, c.term) + 1
+                self._my_term, self.elected_at = self.term, now
+                return self._verdict(Action.CLAIM)
+            if better(c.claim, (self.term, self.leader or "")):
+                return self._adopt(c.term, c.leader)
+        d = self._deferred
+        if d is not None and (now >= d.until or self.leader not in self._live):
+            self._deferred = None
+            if better(d.claim, (self.term, self.leader or "")):
+                return self._adopt(d.term, d.leader)
+        return None
 
     def leader_lost(self) -> None:
         """The accepted leader died (last will or detector): the seat is vacant."""
         if not self.is_leader:
             self.leader = None
 
-    def tick(self, live: set[str]) -> Verdict:
+    def tick(self, live: set[str], has_state: bool = True, own: int = 0) -> Verdict:
         """Decide whether to stand, given the nodes we currently believe alive.
 
         Args:
             live: ids of live nodes as this node sees them (``me`` is implied).
+            has_state: this node holds a cluster snapshot that a new scheduler can start from.
+            own: the nodes training under our policies, if we lead (a contest's count).
         """
         now = self._clock.monotonic()
+        self._live = set(live)
+        settled = self._settle_rivals(now, own)
+        if settled is not None:
+            return settled
         if self._connected_since is None or now - self._connected_since < self._cfg.grace_s:
             return self._verdict(Action.NONE)
         if self.leader is not None and (self.leader in live or self.is_leader):
@@ -117,7 +227,10 @@ class Election:
         if self._vacant_since is None:
             self._vacant_since = now
         rank = sorted(live | {self.me}).index(self.me)
-        if now - self._vacant_since < rank * self._cfg.stagger_s:
+        wait = rank * self._cfg.stagger_s
+        if self.term > 0 and not has_state:
+            wait = max(wait, self._cfg.orphan_s)  # let a peer that holds the state lead
+        if now - self._vacant_since < wait:
             return self._verdict(Action.NONE)
         self.term += 1
         self.leader = self.me

@@ -31,7 +31,7 @@ from daemon.contracts.kinds import (
     member,
 )
 from daemon.contracts.messages import Event, LinkRecord
-from daemon.contracts.policy import SyncPolicy, spanning_tree
+from daemon.contracts.policy import EVERY_STEP, SyncMode, SyncPolicy, spanning_tree
 
 log = logging.getLogger("chaosd.primitives")
 AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
@@ -42,6 +42,19 @@ RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
 
 def link_key(a: str, b: str) -> tuple[str, str]:
     return (a, b) if a < b else (b, a)
+
+
+def measured(value: float) -> float:
+    """A probe's figure to three significant digits, as the snapshot keeps it: within the
+    probes' own noise, and a few characters per link instead of seventeen (the snapshot
+    carries three links per node)."""
+    return float(f"{value:.3g}")
+
+
+def _finite(value: object) -> TypeGuard[float]:
+    """A number a snapshot can carry (JSON has no NaN or infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
 
 
 def _is_digest(value: object) -> TypeGuard[str]:
@@ -55,10 +68,12 @@ class Negotiator:
 
     def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int],
                  alive: Callable[[str], bool] = lambda _node: True,
-                 strategy: str = "chaos", wire: str = "fp32") -> None:
+                 strategy: str = "chaos", wire: str = "fp32",
+                 sync: SyncMode = EVERY_STEP) -> None:
         self.sched = sched
         self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
         self.wire = wire  # gradient wire format, put in every policy (all members alike)
+        self.sync = sync  # every-step or diloco, likewise
         self.clock = clock
         self.step_of = step_of
         self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
@@ -85,7 +100,7 @@ class Negotiator:
             return False
         ka, kb = link_key(a, b)
         self.sched.links.append(LinkRecord(a=ka, b=kb, state="up",
-                                           measured_at=self.clock.wall()))
+                                           measured_at=self.sched.now_ms()))
         addr_a, addr_b = self.sched.nodes[a].data_addr, self.sched.nodes[b].data_addr
         self._cmd(a, "connect", peer=b, addr=addr_b)
         self._cmd(b, "connect", peer=a, addr=addr_a)
@@ -107,9 +122,12 @@ class Negotiator:
         return dropped
 
     def _set_neighbors(self) -> None:
+        adj: dict[str, set[str]] = {}
+        for lk in self.sched.links:  # once over the links, not once per node
+            adj.setdefault(lk.a, set()).add(lk.b)
+            adj.setdefault(lk.b, set()).add(lk.a)
         for node, rec in list(self.sched.nodes.items()):
-            nbrs = sorted({lk.b if lk.a == node else lk.a for lk in self.sched.links
-                           if node in (lk.a, lk.b)})
+            nbrs = sorted(adj.get(node, ()))
             if nbrs != rec.neighbors:
                 self.sched.nodes[node] = replace(rec, neighbors=nbrs)
 
@@ -176,7 +194,7 @@ class Negotiator:
             policy = SyncPolicy.build(self.sched.policy_version + 1, members, plan.edges,
                                       plan.root, effective_step,
                                       {n: self.sched.nodes[n].data_addr for n in members},
-                                      wire=self.wire)
+                                      wire=self.wire, sync=self.sync)
         except PolicyError as exc:  # pragma: no cover - spanning_tree guarantees a tree
             log.error("could not build a sync policy: %s", exc)
             return self.sched.policy
@@ -240,7 +258,14 @@ class Negotiator:
         # The worker's own transfer time is a detail; delay_ms is request-to-applied.
         detail = {("transfer_ms" if k == "delay_ms" else k): v for k, v in report.items()
                   if k not in ("kind", "node", "peer", "term", "ts", "seq")}
-        declined = self._declined.pop(node, None)
+        # Who declined: the sources' own reports, and what the new node heard from them (a
+        # source's report may reach us after the new node's, since they publish apart).
+        heard = report.get("declined")
+        declined: dict[str, str] = {}
+        if isinstance(heard, dict):
+            declined.update((str(k), str(v)[:200]) for k, v in heard.items())
+        declined.update(self._declined.pop(node, {}))
+        detail.pop("declined", None)
         if declined:
             detail["declined"] = declined
         self.sched.record("scale-out", node=node, delay_ms=delay,
@@ -257,7 +282,9 @@ class Negotiator:
         self._join_steps.pop(node, None)
         self._declined.pop(node, None)
         effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
-        self.sched.set_node(node, state="left")  # first, so only survivors are told
+        # First, so only survivors are told; and without its worker's address, so that no
+        # later link report rejoins a node whose worker has gone (it asks to join anew).
+        self.sched.set_node(node, state="left", data_addr="")
         self._drop_links(node)
         self._leaving[node] = effective
         policy = self.publish_policy(effective_step=effective)
@@ -325,10 +352,9 @@ class Negotiator:
         if lk is None:
             return
         rtt, bw = args.get("rtt_ms"), args.get("bandwidth_mbps")
-        new = replace(lk, measured_at=self.clock.wall(),
-                      rtt_ms=float(rtt) if isinstance(rtt, (int, float)) else lk.rtt_ms,
-                      bandwidth_mbps=float(bw) if isinstance(bw, (int, float))
-                      else lk.bandwidth_mbps)
+        new = replace(lk, measured_at=self.sched.now_ms(),
+                      rtt_ms=measured(rtt) if _finite(rtt) else lk.rtt_ms,
+                      bandwidth_mbps=measured(bw) if _finite(bw) else lk.bandwidth_mbps)
         self.sched.links[self.sched.links.index(lk)] = new
 
     def handle(self, node: str, op: str, args: dict[str, Any]) -> str | None:
@@ -357,6 +383,8 @@ class Negotiator:
             return self.report(node, kind, args)
         elif req == "worker-exit":  # the reason: it exited, or it hung and was killed
             self.gone(node, member(args.get("reason"), WORKER_EXIT_REASONS) or "worker-exit")
+            if node in self.sched.nodes:  # no worker to rejoin with until it asks again
+                self.sched.set_node(node, data_addr="")
         else:
             assert_never(req)
         return None
@@ -373,6 +401,14 @@ class Negotiator:
                 # The peer itself is going (its last will is being confirmed): that is
                 # a node failure, handled as one, not a cut link or a partition.
                 log.info("link %s-%s failed with its peer; awaiting the node failure",
+                         node, peer)
+                return None
+            if node in self._joins or peer in self._joins:
+                # A rejoining node's old links (from before it froze or was cut off) break
+                # as it comes back, and their reports arrive just after its join made the new
+                # ones: cutting those isolated it for good. The join's fetch plans around a
+                # source whose link truly fails; after the join, failures count again.
+                log.info("link %s-%s failed during a join; the fetch plans around it",
                          node, peer)
                 return None
             return self.link(node, peer, up=False, failed=True)

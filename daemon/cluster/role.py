@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election
 from daemon.cluster.primitives import Negotiator
-from daemon.cluster.scheduler import Scheduler
+from daemon.cluster.scheduler import TERM_POLICY_SPAN, Scheduler
 from daemon.contracts.clock import Clock
 from daemon.contracts.config import Config
 from daemon.contracts.messages import (
@@ -61,16 +61,44 @@ class SchedulerRole:
         self.sched = Scheduler(agent.me, self.term, agent.view, agent.clock)
         self.neg = Negotiator(self.sched, agent.clock, agent.step_of, agent.daemon_alive,
                               strategy=agent.cfg.replication.strategy,
-                              wire=agent.cfg.training.wire)
+                              wire=agent.cfg.training.wire,
+                              sync=agent.cfg.training.sync_mode())
         self._cmd_seq = 0
+        # The versions of our policies, (above, up to) per term we held (None: to the newest):
+        # a heartbeat naming one trains under us.
+        self._spans: list[tuple[int, int | None]] = [(self.sched.policy_version, None)]
         self.sched.observe_status(agent.own_status())
         for st in agent.presence.values():
-            self.sched.observe_status(st)
+            if self.sched.observe_status(st) == "restarted":
+                self.on_status(st)
         silence = agent.silence(previous) if previous else None
         log.warning("elected scheduler, term %d (previous: %s)", self.term, previous)
         self.sched.record("scheduler-elected", node=agent.me, previous=previous,
                           term_previous=agent.view.term if agent.view else 0,
                           delay_ms=None if silence is None else silence * 1000.0)
+
+    def trains_under_us(self, version: int) -> bool:
+        """Whether a round committed under policy ``version`` ran under this term's policies
+        (each term numbers its own above the last it knew, Scheduler.__init__)."""
+        top = self.sched.policy_version
+        return any(lo < version <= (top if hi is None else hi) for lo, hi in self._spans)
+
+    def outbid(self, term: int, rival: str, own: int, theirs: int) -> None:
+        """We won a contest: lead ``term``, above the rival's. A policy of the new term's
+        numbers, effective at once, is the newest everywhere, so the rival's members find
+        themselves outside it and rejoin by scale-out; ours rerun one round under it."""
+        self.term = self.sched.term = term
+        last = self.sched.policy_version
+        self.sched.policy_version = max(last, (term - 1) * TERM_POLICY_SPAN)
+        # The versions in between are the rival's: ours are the old term's and the new one's.
+        self._spans = [*self._spans[:-1], (self._spans[-1][0], last),
+                       (self.sched.policy_version, None)]
+        log.warning("outbid %s: %d nodes train under us, %d under it; term %d", rival, own,
+                    theirs, term)
+        self.sched.record("scheduler-elected", node=self.agent.me, previous=rival,
+                          term_previous=term - 1, contest={"own": own, "rival": theirs})
+        self.neg.publish_policy(effective_step=0)
+        self.sched.dirty = True
 
     # --- outputs --------------------------------------------------------------------------
     def command(self, node: str, op: str, **args: Any) -> None:
@@ -105,6 +133,9 @@ class SchedulerRole:
         verdict = self.sched.observe_status(st)
         if verdict == "lost":
             self.fail(st.node, "last-will")
+        elif verdict == "restarted":
+            self.fail(st.node, "restarted")
+            self.sched.observe_status(st)  # failed now: admitted again as a standby
         elif verdict == "left":
             self.neg.gone(st.node, "daemon-left")
             self.flush()

@@ -21,6 +21,7 @@ from daemon.contracts.policy import POLICY_KEEP, SyncPolicy, parse
 log = logging.getLogger("chaosd.scheduler")
 EVENT_KEEP = 100          # events carried in the retained snapshot
 FORGET_AFTER_S = 600.0    # failed/left nodes drop out of the snapshot after this long
+TERM_POLICY_SPAN = 1_000_000  # policy versions per term (see Scheduler.__init__)
 
 
 class Scheduler:
@@ -32,7 +33,11 @@ class Scheduler:
         self._clock = clock
         self.nodes: dict[str, NodeRecord] = dict(base.nodes) if base else {}
         self.links: list[LinkRecord] = list(base.links) if base else []
-        self.policy_version = base.policy_version if base else 0
+        # Each term numbers its policies from a floor of its own: the schedulers of two terms
+        # (the two sides of a partition, each electing one) never issue the same version, and
+        # when the sides meet the newer term's policies are the newest everywhere.
+        self.policy_version = max(base.policy_version if base else 0,
+                                  (term - 1) * TERM_POLICY_SPAN)
         self.policy: SyncPolicy | None = parse(base.policy) if base else None
         self.policies: deque[SyncPolicy] = deque(
             (p for doc in (base.policies if base else ()) if (p := parse(doc)) is not None),
@@ -42,6 +47,11 @@ class Scheduler:
         self.events: deque[Event] = deque(base.events if base else (), maxlen=EVENT_KEEP)
         self._seq = max((e.seq for e in self.events), default=0)
         self.dirty = True
+
+    def now_ms(self) -> float:
+        """Wall time to the millisecond: what the snapshot's records keep (whole
+        milliseconds pack into a few bytes, daemon/contracts/statepack.py)."""
+        return round(self._clock.wall(), 3)
 
     # --- events -------------------------------------------------------------------------
     def record(self, kind: EventKind, node: str | None = None, peer: str | None = None,
@@ -59,23 +69,31 @@ class Scheduler:
 
     # --- membership ---------------------------------------------------------------------
     def set_node(self, node: str, **changes: Any) -> None:
-        rec = self.nodes.get(node) or NodeRecord(state="standby", joined_at=self._clock.wall())
+        rec = self.nodes.get(node) or NodeRecord(state="standby", joined_at=self.now_ms())
         if "state" in changes and changes["state"] != rec.state:
-            changes.setdefault("since", self._clock.wall())
+            changes.setdefault("since", self.now_ms())
         new = replace(rec, **changes)
         if new != self.nodes.get(node):
             self.nodes[node] = new
             self.dirty = True
 
     def observe_status(self, st: Status) -> str | None:
-        """Apply a presence message: ``"lost"`` (a failure to declare), ``"left"`` or None."""
+        """Apply a presence message: ``"lost"`` (a failure to declare), ``"left"``,
+        ``"restarted"`` (a member came back as a new process: fail it, then observe again)
+        or None."""
         rec = self.nodes.get(st.node)
         if rec is not None and st.incarnation < rec.incarnation:
             return None  # an older process of that node: its news is stale
+        if st.online and rec is not None and rec.state in LIVE_STATES \
+                and rec.state != "standby" and st.incarnation > rec.incarnation:
+            # Its old process died unannounced (its will lost with a broker that restarted):
+            # it is still in the sync policy, and must be scaled in before it can rejoin.
+            return "restarted"
         if st.online:
             if rec is None or rec.state in ("failed", "left") or st.incarnation > rec.incarnation:
+                # A new process (or one back from failed/left) has no worker attached yet.
                 self.set_node(st.node, state="standby", addr=st.addr, incarnation=st.incarnation,
-                          neighbors=[])
+                              neighbors=[], data_addr="")
             else:
                 self.set_node(st.node, addr=st.addr)
             return None

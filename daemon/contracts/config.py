@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import re
 import socket
+import ssl
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,7 +19,13 @@ from urllib.parse import urlsplit
 
 from daemon.contracts.control import DEFAULT_SOCKET
 from daemon.contracts.errors import ConfigError
-from daemon.contracts.policy import WIRE_FORMATS
+from daemon.contracts.policy import (
+    MAX_INNER_STEPS,
+    OUTER_OPTIMIZERS,
+    SYNC_MODES,
+    WIRE_FORMATS,
+    SyncMode,
+)
 from daemon.contracts.signing import control_key
 
 if sys.version_info >= (3, 11):
@@ -39,6 +46,10 @@ class MqttConfig:
     username: str = ""
     password: str = ""
     ca_file: str = ""
+    # For a broker that demands client certificates (mutual TLS): this node's certificate
+    # (PEM, chain allowed) and its private key; an empty key_file means the key is in cert_file.
+    cert_file: str = ""
+    key_file: str = ""
     tls_insecure: bool = False
     # The broker fires our last will after 1.5x keepalive of silence (MQTT 3.1.1, 3.1.2.10).
     keepalive_s: int = 3
@@ -67,6 +78,14 @@ class DetectorConfig:
 class ElectionConfig:
     stagger_s: float = 0.3
     grace_s: float = 1.5
+    # A node that knows a cluster existed (a term, kept in data_dir) but holds no snapshot of
+    # it waits this long before it stands and starts afresh: longer than a peer that holds the
+    # state needs to reconnect (mqtt.reconnect_max_s) and stand.
+    orphan_s: float = 10.0
+    # A scheduler that hears a better claim while more nodes train under it than under the
+    # claimant (a healed partition) counts this long before it outbids or yields; its
+    # followers hold on to it for twice this. 0 turns the contest off (newest term wins).
+    contest_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,6 +135,19 @@ class TrainingConfig:
     # bytes) or int8 (a quarter, per-block scales, error feedback). Buffers, counters and
     # speed slots always travel as fp32.
     wire: str = "fp32"
+    # every-step: all-reduce the gradients of every step. diloco: each member steps its own
+    # optimizer for inner_steps steps, then the members all-reduce the change of the
+    # parameters and apply it with the outer optimizer (far fewer bytes on slow links).
+    sync: str = "every-step"
+    inner_steps: int = 50  # DiLoCo's H (diloco only)
+    outer_optimizer: str = "nesterov"  # nesterov (SGD with Nesterov momentum) or sgd
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    def sync_mode(self) -> SyncMode:
+        """The sync mode the scheduler puts in every policy."""
+        return SyncMode(self.sync, self.inner_steps if self.sync == "diloco" else 1,
+                        self.outer_optimizer, self.outer_lr, self.outer_momentum)
 
 
 @dataclass(frozen=True)
@@ -247,6 +279,24 @@ def _positive(key: str, value: float) -> None:
         raise ConfigError(f"config: {key} must be > 0, not {value}")
 
 
+def _check_client_cert(mq: MqttConfig) -> None:
+    """A client certificate and key that TLS can load, or neither (checked once, here, so a
+    wrong path or a key of another certificate stops chaosd in one line, not in a retry loop)."""
+    if mq.key_file and not mq.cert_file:
+        raise ConfigError("config: mqtt.key_file needs mqtt.cert_file (the certificate it signs)")
+    if not mq.cert_file:
+        return
+    for key in ("cert_file", "key_file"):
+        path = getattr(mq, key)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"config: mqtt.{key} {path!r} does not exist")
+    try:
+        ssl.create_default_context().load_cert_chain(mq.cert_file, mq.key_file or None)
+    except (ssl.SSLError, OSError) as exc:
+        raise ConfigError(f"config: mqtt.cert_file/key_file cannot be loaded as a certificate "
+                          f"and its key: {exc}") from None
+
+
 def validate(cfg: Config) -> Config:
     """Check values that types alone don't catch; return ``cfg`` unchanged."""
     for key in ("node_id", "cluster"):
@@ -275,6 +325,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config: mqtt.embedded_port {cfg.mqtt.embedded_port} out of range")
     if cfg.mqtt.ca_file and not Path(cfg.mqtt.ca_file).is_file():
         raise ConfigError(f"config: mqtt.ca_file {cfg.mqtt.ca_file!r} does not exist")
+    _check_client_cert(cfg.mqtt)
     if not 1 <= cfg.mqtt.keepalive_s <= 3600:
         raise ConfigError(f"config: mqtt.keepalive_s must be 1..3600, not {cfg.mqtt.keepalive_s}")
     _positive("mqtt.reconnect_min_s", cfg.mqtt.reconnect_min_s)
@@ -303,6 +354,7 @@ def validate(cfg: Config) -> Config:
     if cfg.training.wire not in WIRE_FORMATS:
         raise ConfigError(f"config: training.wire must be one of {', '.join(WIRE_FORMATS)}, "
                           f"not {cfg.training.wire!r}")
+    _check_training(cfg.training)
     silence = cfg.worker.poll_silence_s
     if silence != 0 and not MIN_POLL_SILENCE_S <= silence <= 3600:
         raise ConfigError(f"config: worker.poll_silence_s must be 0 (off) or "
@@ -315,6 +367,10 @@ def validate(cfg: Config) -> Config:
                           f"(e.g. \"127.0.0.1:9464\"), or empty for none, not {listen!r}")
     _positive("election.stagger_s", cfg.election.stagger_s)
     _positive("election.grace_s", cfg.election.grace_s)
+    _positive("election.orphan_s", cfg.election.orphan_s)
+    if not 0 <= cfg.election.contest_s <= 60:
+        raise ConfigError(f"config: election.contest_s must be 0 (off) to 60, "
+                          f"not {cfg.election.contest_s:g}")
     if not cfg.socket:
         raise ConfigError("config: socket must not be empty")
     if cfg.secret and len(cfg.secret) < MIN_SECRET_CHARS:
@@ -333,6 +389,23 @@ def require_secret(cfg: Config) -> Config:
     if not cfg.secret and not cfg.insecure:
         raise ConfigError(NO_SECRET)
     return cfg
+
+
+def _check_training(tr: TrainingConfig) -> None:
+    if tr.sync not in SYNC_MODES:
+        raise ConfigError(f"config: training.sync must be one of {', '.join(SYNC_MODES)}, "
+                          f"not {tr.sync!r}")
+    if not 1 <= tr.inner_steps <= MAX_INNER_STEPS:
+        raise ConfigError(f"config: training.inner_steps must be 1..{MAX_INNER_STEPS}, "
+                          f"not {tr.inner_steps}")
+    if tr.outer_optimizer not in OUTER_OPTIMIZERS:
+        raise ConfigError(f"config: training.outer_optimizer must be one of "
+                          f"{', '.join(OUTER_OPTIMIZERS)}, not {tr.outer_optimizer!r}")
+    if not 0 < tr.outer_lr <= 10:
+        raise ConfigError(f"config: training.outer_lr must be in (0, 10], not {tr.outer_lr:g}")
+    if not 0 <= tr.outer_momentum < 1:
+        raise ConfigError(f"config: training.outer_momentum must be in [0, 1), "
+                          f"not {tr.outer_momentum:g}")
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> Config:

@@ -9,20 +9,31 @@ daemon of the same protocol version add fields.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import math
 import types
 import typing
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Union
 
 from daemon.contracts.config import NAME_RE
 from daemon.contracts.errors import MessageError
 from daemon.contracts.kinds import EVENT_KINDS, NODE_STATES
+from daemon.contracts.statepack import pack, unpack
 
 PROTOCOL_VERSION = 1
 MAX_PAYLOAD = 256 * 1024
+# The retained snapshot travels packed (daemon/contracts/statepack.py, docs/control-protocol.md):
+# ``{"v": 2, "kind": "state", <the header fields>, "z": base85(deflate(JSON of the packed
+# rest))}`` (base85: 5 characters per 4 bytes, none that JSON escapes). Version 2 so that a
+# daemon that only knows the plain form drops it, rather than reading a snapshot without
+# nodes. Plain (v1) snapshots are still accepted.
+STATE_PACKED_VERSION = 2
+STATE_HEADER = ("term", "leader", "version", "policy_version", "step")
+MAX_UNPACKED = 64 << 20  # bytes a packed snapshot may inflate to (a 10,000-node one: ~10 MB)
 
 
 class Topics:
@@ -58,6 +69,10 @@ class Topics:
             return True
         return topic.endswith("/status") and self.node_of(topic) is not None
 
+    def is_status(self, topic: str) -> bool:
+        """Is ``topic`` a node's presence (``node/<id>/status``)?"""
+        return topic.endswith("/status") and self.node_of(topic) is not None
+
     def node_of(self, topic: str) -> str | None:
         """The node id in a ``node/<id>/...`` topic, if it is one."""
         parts = topic.split("/")
@@ -77,6 +92,9 @@ class Heartbeat:
     cpu_percent: float
     mem_percent: float
     battery_percent: float | None = None
+    # The sync policy the worker last committed a round under (-1: no worker, none yet): a
+    # scheduler counts who trains under its own policies when it contests a claim.
+    policy_version: int = -1
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,7 @@ class LeaderClaim:
     id: str
     term: int
     ts: float = 0.0
+    training: int = -1  # nodes training under the claimant's policies (-1: not counted)
 
 
 @dataclass(frozen=True)
@@ -136,6 +155,9 @@ class NodeRecord:
     since: float = 0.0
     step: int = 0
     data_addr: str = ""  # host:port of the node's training worker, once attached
+    # Wall time of the node's last heartbeat as the scheduler heard it, stamped when the
+    # snapshot is published (followers hear only the scheduler: this is their news of the rest).
+    heard_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -272,10 +294,40 @@ def _check_semantics(obj: Any, where: str) -> None:
         raise MessageError(f"{where}.term: negative")
 
 
+def _json(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def plain_state(st: ClusterState) -> dict[str, Any]:
+    """``dataclasses.asdict`` of a snapshot, without its deep copies (a 10,000-node one has
+    40,000 records): the records' own dicts, read only."""
+    return {"term": st.term, "leader": st.leader, "version": st.version,
+            "nodes": {k: dict(vars(r)) for k, r in st.nodes.items()},
+            "links": [dict(vars(lk)) for lk in st.links],
+            "policy_version": st.policy_version, "step": st.step,
+            "events": [dataclasses.asdict(e) for e in st.events],
+            "policy": st.policy, "policies": st.policies}
+
+
+def encode_state(st: ClusterState) -> bytes:
+    """The packed wire form of a snapshot (what :func:`encode` sends), whatever its size."""
+    doc = plain_state(st)
+    head = {k: doc.pop(k) for k in STATE_HEADER}
+    blob = base64.b85encode(zlib.compress(_json(pack(doc)), 6)).decode("ascii")
+    return _json({"v": STATE_PACKED_VERSION, "kind": ClusterState.KIND, **head, "z": blob})
+
+
 def encode(msg: Message) -> bytes:
-    """Serialise a message with its version and kind."""
-    body = {"v": PROTOCOL_VERSION, "kind": msg.KIND, **dataclasses.asdict(msg)}
-    data = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    """Serialise a message with its version and kind (a snapshot packed, see above)."""
+    if isinstance(msg, ClusterState):
+        try:
+            data = encode_state(msg)
+        except (TypeError, KeyError, ValueError, AttributeError):
+            # Only a snapshot built by hand with values of the wrong types: sent plain, and
+            # its receivers' validation says what is wrong with it.
+            data = _json({"v": PROTOCOL_VERSION, "kind": msg.KIND, **dataclasses.asdict(msg)})
+    else:
+        data = _json({"v": PROTOCOL_VERSION, "kind": msg.KIND, **dataclasses.asdict(msg)})
     if len(data) > MAX_PAYLOAD:
         raise MessageError(f"{msg.KIND}: payload of {len(data)} bytes exceeds {MAX_PAYLOAD}")
     return data
@@ -299,6 +351,8 @@ def decode(payload: bytes | bytearray | str, expect: type | None = None) -> Mess
         raise MessageError(f"not JSON: {str(exc)[:80]}") from None
     if not isinstance(data, dict):
         raise MessageError("not a JSON object")
+    if data.get("v") == STATE_PACKED_VERSION and data.get("kind") == ClusterState.KIND:
+        data = _unpack_state(data)
     if data.get("v") != PROTOCOL_VERSION:
         raise MessageError(f"unsupported protocol version {str(data.get('v'))[:20]!r}")
     kind = data.get("kind")
@@ -309,3 +363,22 @@ def decode(payload: bytes | bytearray | str, expect: type | None = None) -> Mess
         raise MessageError(f"expected {expect.KIND!r} here, got {kind!r}")  # type: ignore[attr-defined]
     msg: Message = _build(cls, data, cls.KIND)  # type: ignore[attr-defined]
     return msg
+
+
+def _unpack_state(data: dict[str, Any]) -> dict[str, Any]:
+    """A packed snapshot as the plain (v1) dict that :func:`decode` validates."""
+    blob = data.get("z")
+    if not isinstance(blob, str):
+        raise MessageError("state: packed snapshot without 'z'")
+    try:
+        raw = base64.b85decode(blob)
+        inflate = zlib.decompressobj()
+        text = inflate.decompress(raw, MAX_UNPACKED)
+        if inflate.unconsumed_tail or not inflate.eof:
+            raise MessageError(f"state: packed snapshot truncated or over {MAX_UNPACKED} bytes")
+        inner = json.loads(text, parse_constant=_reject_constant)
+        rest = unpack(inner)
+    except (zlib.error, ValueError, RecursionError) as exc:
+        raise MessageError(f"state: bad packed snapshot: {str(exc)[:80]}") from None
+    head = {k: data[k] for k in STATE_HEADER if k in data}
+    return {"v": PROTOCOL_VERSION, "kind": ClusterState.KIND, **head, **rest}

@@ -5,7 +5,9 @@ retained cluster state and ``worker.poll`` carry its :meth:`~SyncPolicy.to_dict`
 worker and its all-reduce run under it. :func:`spanning_tree` is a pure function that chooses
 the tree from measured links. Every holder keeps the newest :data:`POLICY_KEEP` versions.
 A policy also names the cluster's gradient wire format (:data:`WIRE_FORMATS`), so every
-member of a round encodes and decodes alike (``daemon.dataplane.codec``).
+member of a round encodes and decodes alike (``daemon.dataplane.codec``), and its sync mode
+(:class:`SyncMode`): an all-reduce every step, or DiLoCo's local steps with an outer step
+every ``inner_steps`` (docs/training-protocol.md, "Sync modes").
 """
 
 from __future__ import annotations
@@ -28,10 +30,82 @@ POLICY_KEEP = 8
 #: live in ``daemon.dataplane.codec``; the names are here so that config and policy can
 #: validate them without importing the data plane.
 WIRE_FORMATS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
+#: Sync modes: ``every-step`` all-reduces the gradients of every step (the default);
+#: ``diloco`` steps each member's own optimizer locally and all-reduces the parameter change
+#: every ``inner_steps`` steps ("DiLoCo: Distributed Low-Communication Training of Language
+#: Models").
+SYNC_MODES: tuple[str, ...] = ("every-step", "diloco")
+#: Outer optimizers of ``diloco``: SGD with Nesterov momentum (the paper's) or heavy-ball SGD.
+OUTER_OPTIMIZERS: tuple[str, ...] = ("nesterov", "sgd")
+MAX_INNER_STEPS = 1_000_000
 
 
 def _norm(a: str, b: str) -> Edge:
     return (a, b) if a <= b else (b, a)
+
+
+@dataclass(frozen=True)
+class SyncMode:
+    """How members synchronise: every step, or DiLoCo's outer step every ``inner_steps``.
+
+    Attributes:
+        mode: One of :data:`SYNC_MODES`.
+        inner_steps: DiLoCo's H: local steps per outer step (1 for ``every-step``).
+        outer: The outer optimizer (:data:`OUTER_OPTIMIZERS`).
+        outer_lr: Its learning rate (DiLoCo: 0.7).
+        outer_momentum: Its momentum (DiLoCo: 0.9; 0 is plain SGD).
+    """
+
+    mode: str = "every-step"
+    inner_steps: int = 1
+    outer: str = "nesterov"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+
+    @property
+    def diloco(self) -> bool:
+        """Whether members step locally between outer steps."""
+        return self.mode == "diloco"
+
+    def validate(self) -> None:
+        """Raise PolicyError for an unknown mode or optimizer, or a value out of range."""
+        if self.mode not in SYNC_MODES:
+            raise PolicyError(f"sync mode {self.mode!r} is not one of {', '.join(SYNC_MODES)}")
+        if self.outer not in OUTER_OPTIMIZERS:
+            raise PolicyError(f"outer optimizer {self.outer!r} is not one of "
+                              f"{', '.join(OUTER_OPTIMIZERS)}")
+        if not 1 <= self.inner_steps <= MAX_INNER_STEPS:
+            raise PolicyError(f"inner_steps must be 1..{MAX_INNER_STEPS}, not {self.inner_steps}")
+        if not 0 < self.outer_lr <= 10:  # also false for NaN
+            raise PolicyError(f"outer_lr must be in (0, 10], not {self.outer_lr}")
+        if not 0 <= self.outer_momentum < 1:
+            raise PolicyError(f"outer_momentum must be in [0, 1), not {self.outer_momentum}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {"mode": self.mode, "inner_steps": self.inner_steps, "outer": self.outer,
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any] | None) -> SyncMode:
+        """Parse and validate (None or {}: ``every-step``).
+
+        Raises:
+            PolicyError: Mistyped fields or values out of range.
+        """
+        if not doc:
+            return EVERY_STEP
+        try:
+            mode = cls(str(doc.get("mode", "every-step")), int(doc.get("inner_steps", 1)),
+                       str(doc.get("outer", "nesterov")), float(doc.get("outer_lr", 0.7)),
+                       float(doc.get("outer_momentum", 0.9)))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise PolicyError(f"malformed sync mode: {exc!r}") from None
+        mode.validate()
+        return mode
+
+
+EVERY_STEP = SyncMode()
 
 
 @dataclass(frozen=True)
@@ -46,6 +120,7 @@ class SyncPolicy:
         effective_step: The first round it governs (0: at once, rounds in flight rerun).
         addrs: Data-plane address (``host:port``) per member.
         wire: Wire format of the gradients in this policy's rounds (:data:`WIRE_FORMATS`).
+        sync: The sync mode of the rounds it governs (:class:`SyncMode`).
     """
 
     version: int
@@ -55,17 +130,19 @@ class SyncPolicy:
     effective_step: int = 0
     addrs: Mapping[str, str] = field(default_factory=dict, hash=False)
     wire: str = "fp32"
+    sync: SyncMode = EVERY_STEP
 
     @classmethod
     def build(
         cls, version: int, members: Iterable[str], edges: Iterable[Edge], root: str,
         effective_step: int = 0, addrs: Mapping[str, str] | None = None, wire: str = "fp32",
+        sync: SyncMode = EVERY_STEP,
     ) -> SyncPolicy:
         """Normalise and validate a policy.
 
         Raises:
             PolicyError: The edges are not a spanning tree of the members, the root is not
-                a member, or the wire format is unknown.
+                a member, the wire format is unknown or the sync mode is invalid.
         """
         policy = cls(
             int(version),
@@ -75,6 +152,7 @@ class SyncPolicy:
             int(effective_step),
             {str(k): str(v) for k, v in (addrs or {}).items()},
             wire,
+            sync,
         )
         policy.validate()
         return policy
@@ -87,6 +165,7 @@ class SyncPolicy:
         if self.wire not in WIRE_FORMATS:
             raise PolicyError(f"wire format {self.wire!r} is not one of "
                               f"{', '.join(WIRE_FORMATS)}")
+        self.sync.validate()
         if self.root not in self.members:
             raise PolicyError(f"root {self.root!r} is not a member")
         nodes = set(self.members)
@@ -121,12 +200,13 @@ class SyncPolicy:
             "effective_step": self.effective_step,
             "addrs": dict(self.addrs),
             "wire": self.wire,
+            "sync": self.sync.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> SyncPolicy:
-        """Parse and validate a dict made by ``to_dict`` (one without ``wire``, from an older
-        scheduler, is fp32).
+        """Parse and validate a dict made by ``to_dict`` (one without ``wire`` or ``sync``,
+        from an older scheduler, is fp32 and every-step).
 
         Raises:
             PolicyError: Missing or mistyped fields, or not a tree.
@@ -135,7 +215,8 @@ class SyncPolicy:
             edges = [(str(a), str(b)) for a, b in doc["edges"]]
             return cls.build(int(doc["version"]), map(str, doc["members"]), edges,
                              str(doc["root"]), int(doc.get("effective_step") or 0),
-                             dict(doc.get("addrs") or {}), str(doc.get("wire") or "fp32"))
+                             dict(doc.get("addrs") or {}), str(doc.get("wire") or "fp32"),
+                             SyncMode.from_dict(doc.get("sync")))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"malformed sync policy: {exc!r}") from None
 
@@ -189,9 +270,11 @@ class TreePlan:
         """Whether the link graph joins every member."""
         return len(self.components) == 1
 
-    def policy(self, version: int, wire: str = "fp32") -> SyncPolicy:
+    def policy(self, version: int, wire: str = "fp32", sync: SyncMode = EVERY_STEP
+               ) -> SyncPolicy:
         """The sync policy over the largest component."""
-        return SyncPolicy.build(version, self.components[0], self.edges, self.root, wire=wire)
+        return SyncPolicy.build(version, self.components[0], self.edges, self.root, wire=wire,
+                                sync=sync)
 
 
 def spanning_tree(members: Iterable[str], links: Mapping[Edge, float]) -> TreePlan:
@@ -217,9 +300,10 @@ def spanning_tree(members: Iterable[str], links: Mapping[Edge, float]) -> TreePl
     nodes = sorted(set(members))
     if not nodes:
         raise PolicyError("cannot build a tree over no members")
+    known = set(nodes)
     bw: dict[Edge, float] = {}
     for (a, b), value in links.items():
-        if a != b and a in nodes and b in nodes and value > 0:
+        if a != b and a in known and b in known and value > 0:
             e = _norm(a, b)
             bw[e] = min(bw.get(e, value), value)
     leader = {n: n for n in nodes}
@@ -242,8 +326,7 @@ def spanning_tree(members: Iterable[str], links: Mapping[Edge, float]) -> TreePl
     comps = sorted((frozenset(g) for g in groups.values()), key=lambda g: (-len(g), min(g)))
     main = comps[0]
     main_edges = tuple(sorted(e for e in tree if e[0] in main))
-    root = min(main, key=lambda n: _height_key(n, main_edges))
-    return TreePlan(root, main_edges, tuple(comps))
+    return TreePlan(_centre(main, main_edges), main_edges, tuple(comps))
 
 
 def _bfs(root: str, edges: Iterable[Edge]) -> dict[str, str | None]:
@@ -263,11 +346,38 @@ def _bfs(root: str, edges: Iterable[Edge]) -> dict[str, str | None]:
     return parents
 
 
-def _height_key(root: str, edges: tuple[Edge, ...]) -> tuple[int, int, str]:
-    parents = _bfs(root, edges)
-    depth: dict[str, int] = {root: 0}
-    for n in parents:  # BFS order: a parent is always listed before its children
-        p = parents[n]
-        if p is not None:
-            depth[n] = depth[p] + 1
-    return (max(depth.values()), sum(depth.values()), root)
+def _centre(nodes: frozenset[str], edges: tuple[Edge, ...]) -> str:
+    """The tree's centre: the node with the least eccentricity (the depth of the tree rooted
+    there), then the least total depth, then the least id.
+
+    Two passes over the tree, O(N): rooted anywhere, the first (leaves up) gives each node's
+    height and subtree depth sums; the second (root down) the longest path and the depth sum
+    through its parent. It equals rooting the tree at every node in turn, which was O(N^2)
+    (one second of the scheduler's loop at 1,000 members).
+    """
+    start = min(nodes)
+    parents = _bfs(start, edges)
+    order = list(parents)  # BFS order: parents before children
+    kids: dict[str, list[str]] = {n: [] for n in order}
+    for n in order[1:]:
+        kids[parents[n]].append(n)  # type: ignore[index]
+    size = dict.fromkeys(order, 1)
+    down = dict.fromkeys(order, 0)  # height of the subtree
+    below = dict.fromkeys(order, 0)  # sum of depths within the subtree
+    for n in reversed(order):
+        for c in kids[n]:
+            size[n] += size[c]
+            down[n] = max(down[n], down[c] + 1)
+            below[n] += below[c] + size[c]
+    total = len(order)
+    up = {start: 0}  # longest path that leaves the subtree through the parent
+    depth_sum = {start: below[start]}
+    for n in order:
+        # The two highest children, so each child knows the best branch that is not its own.
+        best = sorted((down[c] + 1 for c in kids[n]), reverse=True)[:2]
+        for c in kids[n]:
+            other = best[1] if len(best) > 1 and down[c] + 1 == best[0] else (
+                best[0] if best and down[c] + 1 != best[0] else 0)
+            up[c] = 1 + max(up[n], other)
+            depth_sum[c] = depth_sum[n] - size[c] + (total - size[c])
+    return min(order, key=lambda n: (max(down[n], up[n]), depth_sum[n], n))

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 from collections import OrderedDict
 
@@ -57,6 +58,15 @@ class AuthError(MessageError):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
+
+
+def _is_will(body: bytes) -> bool:
+    """Is ``body`` a last will: a status that says its connection was lost?"""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and doc.get("online") is False and doc.get("reason") == "lost"
 
 
 def control_key(secret: str, cluster: str) -> bytes:
@@ -96,7 +106,7 @@ class ControlAuth:
         return signed + _SIG_OPEN + _mac(self._key, topic, signed) + b'"}'
 
     def open(self, topic: str, payload: bytes, now: float, *, retained: bool = False,
-             retainable: bool = False) -> bytes:
+             retainable: bool = False, timeless: bool = False) -> bytes:
         """Check a sealed payload; return the message's JSON without the envelope.
 
         Args:
@@ -105,6 +115,10 @@ class ControlAuth:
             now: the receiver's wall clock, in seconds.
             retained: the broker delivered its retained copy (the MQTT RETAIN flag).
             retainable: the topic legitimately carries retained messages.
+            timeless: a presence topic, where a last will comes live but was signed when
+                its connection opened, maybe hours before: a will outside the window is
+                accepted (the receiver fences it by incarnation and connection time), any
+                other message outside it is still ``stale``.
 
         Raises:
             AuthError: ``oversized``, ``unsigned``, ``bad-signature``, ``retained`` (a retained
@@ -130,6 +144,8 @@ class ControlAuth:
             return body  # old by nature: fenced by incarnation, term and version
         now_us = int(now * 1e6)
         if abs(now_us - ts) > self._window_us:
+            if timeless and _is_will(body):
+                return body
             raise AuthError("stale", f"timestamp {(ts - now_us) / 1e6:+.1f} s off this clock")
         self._expire(now_us)
         if sig in self._seen:

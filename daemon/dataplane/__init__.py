@@ -12,7 +12,10 @@ that ``close()`` joins. No asyncio. Layers, bottom up (each module maps to one c
 - ``threads``: :class:`ThreadSet`, helper threads joined on close.
 - :class:`SyncPolicy` and :func:`spanning_tree` are re-exported from
   :mod:`daemon.contracts.policy`, where the one policy type lives.
-- ``rounds`` / ``allreduce``: :class:`AllReducer`, the chunked, pipelined tree all-reduce.
+- ``rounds`` / ``allreduce``: :class:`AllReducer`, the chunked, pipelined tree all-reduce,
+  in layers: ``phases`` (phase state, waits, the agreement), ``pipeline`` (a round's data
+  path), ``router`` (received frames), and ``chunkwire`` (each chunk's bytes in the policy's
+  wire format, with ``codec``: fp32, fp16, bf16, int8 with error feedback).
 - ``fences``: the phases a newer policy makes pointless (``AllReducer.supersede``).
 - ``tensors``: flatten/unflatten torch gradients, result digests.
 

@@ -4,6 +4,11 @@
 towards the root chunk by chunk, the root divides each chunk by the global sample count and
 broadcasts it back down, and every node forwards broadcast chunks to its children as they
 arrive. Only the root computes the final values, so every holder has bit-identical results.
+In a lossy wire format (``policy.wire``: fp16, bf16, int8) partial sums are encoded on the
+way up, the root encodes each final chunk once, and every member, the root included, decodes
+those same bytes, so this still holds (:mod:`daemon.dataplane.chunkwire`). The modules:
+``phases`` (shared state, waits, the agreement), ``pipeline`` (a round's data path),
+``router`` (received frames), ``rounds`` (a phase's counters), ``chunkwire`` (the bytes).
 
 **Commit.** Holding the result is not enough to apply it: a node whose subtree holds the whole
 result sends ``ACK`` to its parent (a leaf as soon as it holds it; an inner node once every
@@ -38,10 +43,8 @@ the other tree neighbours so nobody waits for a dead round, and the caller gets
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,22 +53,20 @@ from typing import Any
 import numpy as np
 
 from daemon.contracts.policy import SyncPolicy
-from daemon.dataplane.agree import Agreement, Decision, Summary, decide
-from daemon.dataplane.early import EarlyFrames
+from daemon.dataplane.agree import Agreement, Decision, Summary
+from daemon.dataplane.chunkwire import RoundWire
 from daemon.dataplane.errors import DataPlaneError, PeerGone, RoundAborted
-from daemon.dataplane.fences import Fences
-from daemon.dataplane.frames import MAX_PAYLOAD, FrameHeader, Kind, phase_flags
+from daemon.dataplane.frames import Kind
 from daemon.dataplane.links import PeerLinks
-from daemon.dataplane.rounds import MAX_REASON, Phase, Round, Tag, as_flat_float32, as_out_buffer
-from daemon.dataplane.threads import ThreadSet
+from daemon.dataplane.phases import ABORT_SEND_S, FaultHook
+from daemon.dataplane.rounds import Phase, Round, as_flat_float32, as_out_buffer
+from daemon.dataplane.router import FrameRouter
+
+__all__ = ["AllReducer", "FaultHook", "ReduceResult"]
 
 log = logging.getLogger("chaos.dataplane.allreduce")
-#: Test seam: ``hook(event, index)`` after each send: "reduce"/"bcast" (chunk), "ack",
-#: "commit" (child index), "agree-up", "agree-down" (child index).
-FaultHook = Callable[[str, int], None]
 _KINDS = (Kind.COUNT, Kind.TOTAL, Kind.REDUCE, Kind.BCAST, Kind.ABORT, Kind.ACK, Kind.COMMIT,
           Kind.AGREE_UP, Kind.AGREE_DOWN)  # fmt: skip
-_ABORT_SEND_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -85,12 +86,20 @@ class ReduceResult:
     policy_version: int
 
 
-class AllReducer:
+
+class AllReducer(FrameRouter):
     """Runs all-reduce rounds and agreements for one node over its PeerLinks.
+
+    The layers: :class:`~daemon.dataplane.phases.PhaseRunner` (phase state, waits, sends,
+    the agreement), :class:`~daemon.dataplane.pipeline.RoundPipeline` (a round's data path),
+    :class:`~daemon.dataplane.router.FrameRouter` (received frames); this class adds the
+    public calls and the phase lifecycle.
 
     Args:
         links: This node's started PeerLinks.
-        chunk_bytes: Pipeline chunk size (a multiple of 4, at most MAX_PAYLOAD).
+        chunk_bytes: Pipeline chunk size (a multiple of 4, at most MAX_PAYLOAD), or None to
+            size chunks by the round's vector (``chunkwire.auto_chunk_elems``: about 12
+            chunks, 1 to 16 MiB each). Every member of a cluster must use the same.
         ring: Receive slots per child; memory is ``ring * chunk_bytes`` per child.
         timeout: Default seconds a round may take before it aborts.
         fault_hook: Test seam, see FaultHook.
@@ -100,41 +109,29 @@ class AllReducer:
         self,
         links: PeerLinks,
         *,
-        chunk_bytes: int = 1 << 20,
+        chunk_bytes: int | None = 1 << 20,
         ring: int = 4,
         timeout: float = 30.0,
         fault_hook: FaultHook | None = None,
     ) -> None:
-        if chunk_bytes % 4 or not 0 < chunk_bytes <= MAX_PAYLOAD or ring < 1:
-            raise ValueError("chunk_bytes must be a multiple of 4 in (0, MAX_PAYLOAD]; ring >= 1")
-        self.links, self.node_id = links, links.me.node_id
-        self.chunk_elems, self.ring, self.timeout = chunk_bytes // 4, ring, timeout
-        self.fault_hook = fault_hook
-        self._cond = threading.Condition()
-        self._phase: Phase | None = None
-        self._floor: Tag = (-1, -1, -1)  # tag of the last phase started here
-        self._seen: dict[int, int] = {}  # policy version -> newest attempt seen on the wire
-        self._told: set[tuple[str, Tag]] = set()  # stale phases we answered with an ABORT
-        self._lost = False  # whether the last phase run here (the floor) aborted
-        self._early = EarlyFrames()  # control frames of phases not opened yet
-        self._fences = Fences()  # newer policies: phases they make pointless abort at once
-        self._threads = ThreadSet()  # ABORT replies to stale phases, joined on close
+        super().__init__(links, chunk_bytes=chunk_bytes, ring=ring, timeout=timeout,
+                         fault_hook=fault_hook)
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
 
     def close(self) -> None:
         """Wait (bounded) for the ABORT replies still being sent; the links close after."""
-        self._threads.join(_ABORT_SEND_S + 1.0)
+        self._threads.join(ABORT_SEND_S + 1.0)
 
     def newest_epoch(self) -> tuple[int, int]:
         """The newest ``(policy_version, attempt)`` seen on the wire or started here."""
-        with self._cond:
+        with self._lock:
             seen = max(self._seen.items(), default=(-1, -1))
             return max(seen, (self._floor[0], self._floor[1]))
 
     def newest_attempt(self, version: int) -> int:
         """The newest attempt of ``version`` a neighbour has sent (-1 if none)."""
-        with self._cond:
+        with self._lock:
             return self._seen.get(version, -1)
 
     def allreduce(
@@ -147,6 +144,7 @@ class AllReducer:
         attempt: int = 0,
         timeout: float | None = None,
         out: Any = None,
+        lossy: int | None = None,
     ) -> ReduceResult:
         """Average ``grad`` over the policy's members, weighted by sample counts; commit.
 
@@ -164,10 +162,15 @@ class AllReducer:
                 the kernel zeroing a fresh buffer's pages every round; it is overwritten even
                 if the round aborts, so it must not hold a result still needed (an uncertain
                 one, say).
+            lossy: How many leading elements may travel in ``policy.wire``'s format (the
+                gradients); the rest travel exact as float32. Default: all of them. With
+                ``int8`` the node's error feedback is staged and applied only when this
+                round's result is (it commits here, or a later :meth:`agree` applies it).
 
         Returns:
             The averaged values (a flat view of ``out``, else a new buffer) and the global
-            sample count; the round has committed, so the caller must apply it.
+            sample count; the round has committed, so the caller must apply it. Every member
+            holds bit-identical values, in every wire format.
 
         Raises:
             RoundAborted: Timeout, lost link, newer epoch or a neighbour's abort; ``result``
@@ -177,16 +180,25 @@ class AllReducer:
         inp, to_torch = as_flat_float32(grad)
         if samples < 0 or step < 0:
             raise DataPlaneError("samples and step must be >= 0")
+        if lossy is not None and not 0 <= lossy <= inp.size:
+            raise DataPlaneError(f"lossy must be in [0, {inp.size}], not {lossy}")
         out = np.empty_like(inp) if out is None else as_out_buffer(out, inp)
-        rnd = Round((policy.version, attempt, step), policy.parent(self.node_id),
-                    policy.children(self.node_id), out, self.chunk_elems, self.ring, self._cond)
+        tag = (policy.version, attempt, step)
+        plan = self._plans.get(policy.wire, inp.size, inp.size if lossy is None else lossy)
+        parent, children = policy.parent(self.node_id), policy.children(self.node_id)
+        wire = RoundWire(plan, out, parent, children, self.ring, self._pool,
+                         self._feedback.for_plan(plan), tag)
+        rnd = Round(tag, parent, children, wire, self._cond)
         self._execute(rnd, functools.partial(self._run_round, rnd, inp, samples), timeout)
         if rnd.aborted:
             held = None
-            if rnd.complete:
-                held = to_torch(out) if to_torch else out
+            if rnd.complete:  # uncertain: the next agreement applies or drops it (and the
+                held = to_torch(out) if to_torch else out  # residual it staged)
+            else:
+                self._feedback.discard()
             raise RoundAborted(step, policy.version, rnd.abort_reason or "", rnd.abort_peer, held)
         assert rnd.total is not None
+        self._feedback.commit(tag)
         return ReduceResult(to_torch(out) if to_torch else out, rnd.total, step, policy.version)
 
     def agree(
@@ -214,7 +226,9 @@ class AllReducer:
             The decision; apply the held result if ``decision.step == committed + 1``, drop
             it if ``decision.step == committed``. If ``decision.step == committed`` and this
             node gave a digest other than ``decision.digest``, its state has diverged from
-            the majority's (``agree.decide`` says how a tie is broken).
+            the majority's (``agree.decide`` says how a tie is broken). The int8 error
+            feedback staged by the round whose result this node holds is committed when the
+            decision applies that result, and discarded otherwise.
 
         Raises:
             RoundAborted: As for :meth:`allreduce` (``step`` is ``committed``).
@@ -229,6 +243,10 @@ class AllReducer:
         self._execute(ag, functools.partial(self._run_agreement, ag, own), timeout)
         if ag.aborted or ag.decision is None:
             raise RoundAborted(committed, policy.version, ag.abort_reason or "", ag.abort_peer)
+        if holds and ag.decision.step == committed + 1:
+            self._feedback.commit(self._feedback.staged)  # the held result is applied
+        else:
+            self._feedback.discard()
         return ag.decision
 
     def supersede(self, version: int, from_step: int) -> tuple[str, ...]:
@@ -242,7 +260,7 @@ class AllReducer:
         Returns:
             The tree neighbours of the phase this aborted (empty if it aborted none).
         """
-        with self._cond:
+        with self._lock:
             self._fences.add(version, from_step)
             ph = self._phase
             if ph is None or ph.aborted or ph.done or self._fences.over(ph) is None:
@@ -253,7 +271,7 @@ class AllReducer:
     # -- phase lifecycle -------------------------------------------------------------------
     def _execute(self, ph: Phase, body: Callable[[float], None], timeout: float | None) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
-        with self._cond:
+        with self._lock:
             if self._phase is not None:
                 raise DataPlaneError("another all-reduce phase is running on this node")
             if ph.tag <= self._floor:
@@ -262,6 +280,7 @@ class AllReducer:
                     "rerun under a newer policy version or attempt"
                 )
             self._phase, self._floor = ph, ph.tag
+            ph.deadline = deadline
             due, old = self._early.release(ph.tag)
             for peer, h, _ in old:
                 self._drop_stale(peer, h, ph.tag)
@@ -276,10 +295,10 @@ class AllReducer:
                 self._await_links(ph, deadline)
                 body(deadline)
         except PeerGone as exc:
-            with self._cond:
+            with self._lock:
                 ph.abort(f"link to {exc.peer_id} lost: {exc.reason}", exc.peer_id)
         finally:
-            with self._cond:
+            with self._lock:
                 self._phase = None
                 self._lost = ph.aborted
                 self._cond.notify_all()
@@ -300,240 +319,3 @@ class AllReducer:
             if self.links.wait_connected(missing, min(left, 0.1)):
                 return
 
-    # -- agreement -------------------------------------------------------------------------
-    def _run_agreement(self, ag: Agreement, own: Summary, deadline: float) -> None:
-        if not self._wait(ag, deadline, ag.children_reported):
-            return
-        summary = own
-        for c in ag.children:
-            child = ag.child_summary[c]
-            assert child is not None
-            summary = summary.merge(child)
-        if ag.parent is not None:
-            self._send(ag, ag.parent, Kind.AGREE_UP, 0, summary.pack(), deadline)
-            self._fire("agree-up", 0)
-            if not self._wait(ag, deadline, lambda: ag.decision is not None):
-                return
-        else:  # the root's own digest breaks a tie, if it is of the newest step
-            mine = own.tally[0][0] if own.tally and own.high == summary.high else b""
-            ag.decision = decide(summary, mine)
-        assert ag.decision is not None
-        with self._cond:
-            ag.done = True  # the decision is known here; a child that misses it re-agrees
-        for i, c in enumerate(ag.children):
-            with contextlib.suppress(PeerGone):
-                self._send(ag, c, Kind.AGREE_DOWN, 0, ag.decision.pack(), deadline)
-            self._fire("agree-down", i)
-
-    # -- round -----------------------------------------------------------------------------
-    def _run_round(self, r: Round, inp: np.ndarray, samples: int, deadline: float) -> None:
-        if not self._wait(r, deadline, lambda: all(s.count is not None for s in r.child.values())):
-            return
-        subtree = samples + sum(s.count or 0 for s in r.child.values())
-        if r.parent is not None:
-            self._send(r, r.parent, Kind.COUNT, 0, subtree.to_bytes(8, "big"), deadline)
-        else:
-            r.total = subtree
-        n32 = np.float32(samples)
-        red = fwd = 0
-        total_sent = False
-        while True:
-            with self._cond:
-                ready = self._wait_locked(
-                    r, deadline, functools.partial(self._progress, r, red, fwd, total_sent)
-                )
-                if not ready:
-                    return
-                up_to = min((s.received for s in r.child.values()), default=r.nchunks)
-                down_to = red if r.parent is None else r.bcast_received
-                total = r.total
-                if r.parent is not None and r.bcast_received == r.nchunks and total is not None:
-                    r.complete = True  # we hold the whole result: uncertain from here on
-            if total is not None and not total_sent:
-                for c in r.children:
-                    self._send(r, c, Kind.TOTAL, 0, total.to_bytes(8, "big"), deadline)
-                total_sent = True
-            if red < min(up_to, r.nchunks):
-                self._reduce_chunk(r, inp, n32, red)
-                red += 1
-                if r.parent is not None:
-                    lo, hi = r.bounds(red - 1)
-                    self._send(
-                        r, r.parent, Kind.REDUCE, red - 1, r.out_bytes[lo * 4 : hi * 4], deadline
-                    )
-                    self._fire("reduce", red - 1)
-                down_to = red if r.parent is None else down_to
-            while fwd < down_to:
-                lo, hi = r.bounds(fwd)
-                for c in r.children:
-                    self._send(r, c, Kind.BCAST, fwd, r.out_bytes[lo * 4 : hi * 4], deadline)
-                fwd += 1
-                self._fire("bcast", fwd - 1)
-            if red == fwd == r.nchunks and total_sent:
-                break
-        self._commit(r, deadline)
-
-    def _commit(self, r: Round, deadline: float) -> None:
-        with self._cond:
-            r.complete = True
-            if r.parent is None and r.all_acked() and not r.aborted:
-                r.done = True  # every ACK came before we got here: committed now
-        if not self._wait(r, deadline, r.all_acked):
-            return
-        if r.parent is not None:
-            self._send(r, r.parent, Kind.ACK, 0, b"", deadline)
-            self._fire("ack", 0)
-            if not self._wait(r, deadline, lambda: r.commit_received):
-                return
-        with self._cond:
-            r.done = True  # committed: nothing after this point can turn into an abort
-        for i, c in enumerate(r.children):
-            with contextlib.suppress(PeerGone):  # that child is uncertain and will re-agree
-                self._send(r, c, Kind.COMMIT, 0, b"", deadline)
-            self._fire("commit", i)
-
-    def _progress(self, r: Round, red: int, fwd: int, total_sent: bool) -> bool:
-        """Whether the round thread has work (called with the condition held)."""
-        if not total_sent and r.total is not None:
-            return True
-        up_to = min((s.received for s in r.child.values()), default=r.nchunks)
-        down_to = red if r.parent is None else r.bcast_received
-        done = red == fwd == r.nchunks and total_sent
-        return red < min(up_to, r.nchunks) or fwd < down_to or done
-
-    def _reduce_chunk(self, r: Round, inp: np.ndarray, n32: np.float32, i: int) -> None:
-        lo, hi = r.bounds(i)
-        acc = r.out[lo:hi]
-        np.multiply(inp[lo:hi], n32, out=acc)
-        for c in r.children:  # fixed order: the root's sums are reproducible
-            np.add(acc, r.child[c].slots[i % r.ring, : hi - lo], out=acc)
-        with self._cond:
-            for state in r.child.values():
-                state.consumed += 1
-            self._cond.notify_all()
-        if r.parent is None:
-            np.divide(acc, np.float32(max(r.total or 0, 1)), out=acc)
-
-    # -- helpers ---------------------------------------------------------------------------
-    def _wait(self, ph: Phase, deadline: float, ready: Callable[[], bool]) -> bool:
-        with self._cond:
-            return self._wait_locked(ph, deadline, ready)
-
-    def _wait_locked(self, ph: Phase, deadline: float, ready: Callable[[], bool]) -> bool:
-        """Wait for ``ready()``; False (with the phase aborted) on abort or timeout."""
-        while not ph.aborted and not ready():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                ph.abort(f"timed out after waiting for neighbours {list(ph.neighbours)}")
-                break
-            self._cond.wait(min(left, 0.5))
-        return not ph.aborted
-
-    def _send(
-        self, ph: Phase, peer: str, kind: Kind, chunk: int, payload: bytes | memoryview,
-        deadline: float,
-    ) -> None:  # fmt: skip
-        aux = ph.out.size if isinstance(ph, Round) and kind in (Kind.REDUCE, Kind.BCAST) else 0
-        flags = phase_flags(ph.attempt, agreement=isinstance(ph, Agreement))
-        header = FrameHeader(kind, max(ph.step, 0), ph.version, aux, chunk, len(payload), flags)
-        self.links.send(peer, header, payload, deadline)
-
-    def _fire(self, event: str, index: int) -> None:
-        if self.fault_hook is not None:
-            self.fault_hook(event, index)
-
-    def _propagate_abort(self, ph: Phase) -> None:
-        reason = (ph.abort_reason or "aborted").encode()[:MAX_REASON]
-        deadline = time.monotonic() + _ABORT_SEND_S
-        for peer in ph.neighbours:
-            if ph.abort_from_frame and peer == ph.abort_peer:
-                continue
-            with contextlib.suppress(PeerGone):  # that neighbour then sees the link drop
-                self._send(ph, peer, Kind.ABORT, 0, reason, deadline)
-
-    # -- FrameHandler (reader threads) -----------------------------------------------------
-    def buffer_for(
-        self, peer: str, header: FrameHeader, is_open: Callable[[], bool]
-    ) -> memoryview | None:
-        """Route a frame by its tag: stale -> drop, current -> phase, newer -> hold."""
-        tag = header.round_tag
-        with self._cond:
-            version, attempt = header.epoch
-            if attempt > self._seen.get(version, -1):
-                self._seen[version] = attempt
-            while True:
-                ph = self._phase
-                current = ph.tag if ph is not None else self._floor
-                if tag < current or (tag == current and ph is None):
-                    self._drop_stale(peer, header, current)
-                    return None
-                if ph is not None and tag == current:
-                    return ph.claim(peer, header, is_open)
-                if ph is not None and header.epoch > ph.epoch and not ph.aborted:
-                    ph.abort(f"policy version mismatch: {peer} is at epoch {header.epoch}", peer)
-                early = self._early.take(peer, header)
-                if early is not None:
-                    return early  # a control frame: kept, so the reader reads on
-                if not is_open():
-                    return None
-                self._cond.wait(0.25)
-
-    def _drop_stale(self, peer: str, header: FrameHeader, current: Tag) -> None:
-        """A frame of an epoch we have left, or of the phase we just aborted (its sender may
-        start it after our ABORT went out): tell the sender to move on."""
-        left = header.epoch < current[:2] or (header.round_tag == current and self._lost)
-        if header.kind is not Kind.ABORT and left:
-            self._tell_stale(peer, header, current)
-
-    def _tell_stale(self, peer: str, header: FrameHeader, current: Tag) -> None:
-        """Answer a frame of an epoch we have left with an ABORT of that epoch (called with
-        the condition held). Its sender may have joined the epoch after our abort of it went
-        out (on a link that was still down then); without this it would wait for us until
-        its phase timed out, while we wait for it in the newer epoch."""
-        key = (peer, header.round_tag)
-        if key in self._told:
-            return
-        self._told.add(key)
-        if len(self._told) > 1024:  # only recent epochs matter
-            self._told = {key}
-        reason = f"{self.node_id} has left phase {header.round_tag}".encode()[:MAX_REASON]
-        reply = FrameHeader(Kind.ABORT, header.step, header.policy_version, 0, 0, len(reason),
-                            header.flags)  # fmt: skip
-
-        def send() -> None:
-            with contextlib.suppress(PeerGone):
-                self.links.send(peer, reply, reason, time.monotonic() + _ABORT_SEND_S)
-
-        self._threads.start(send, f"stale-{peer}")
-
-    def on_frame(self, peer: str, header: FrameHeader, payload: memoryview) -> None:
-        """Account for a delivered payload."""
-        with self._cond:
-            ph = self._phase
-            early = self._early.landed(peer, header)
-            if early is not None:
-                if ph is not None and header.round_tag == ph.tag:
-                    self._replay(ph, peer, header, early)  # its phase opened meanwhile
-                else:
-                    current = self._floor if ph is None else ph.tag
-                    if header.round_tag > current:
-                        self._early.hold(peer, header, early)
-                    else:
-                        self._drop_stale(peer, header, current)
-                return
-            if ph is not None and header.round_tag == ph.tag:
-                ph.delivered(peer, header, payload)
-
-    def _replay(self, ph: Phase, peer: str, header: FrameHeader, payload: bytes) -> None:
-        """Deliver an early control frame to its phase as if it arrived now."""
-        dest = ph.claim(peer, header, lambda: True)  # control frames never wait for a slot
-        if dest is not None:
-            dest[:] = payload
-            ph.delivered(peer, header, dest)
-
-    def _on_down(self, peer: str, reason: str) -> None:
-        with self._cond:
-            self._early.forget(peer)
-            ph = self._phase
-            if ph is not None and peer in ph.neighbours:
-                ph.abort(f"link to {peer} lost: {reason}", peer)

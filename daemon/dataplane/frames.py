@@ -8,7 +8,7 @@ A frame is a fixed 40-byte big-endian header followed by ``length`` payload byte
     flags   H   bits 0-14: the attempt (rerun counter within a policy version; a round's
                 epoch is ``(policy, attempt)``); bit 15: the frame belongs to the
                 agreement phase that opens an epoch, not to a step's round
-    step    Q   training step the frame belongs to
+    step    Q   training round the frame serves (an agreement's: the round it opens)
     policy  Q   sync-policy version the frame belongs to
     aux     Q   kind-specific: element count of the reduced buffer (REDUCE/BCAST),
                 a sample count (COUNT/TOTAL), 0 otherwise
@@ -94,6 +94,12 @@ class FrameHeader:
     def tag(self) -> tuple[int, int]:
         """``(policy_version, step)``, the tag of the first protocol version."""
         return (self.policy_version, self.step)
+
+    @property
+    def serves(self) -> int:
+        """The training round the sender's phase serves (an agreement opens the epoch of
+        its ``committed + 1``): a newer epoch for a later round means the sender is past ours."""
+        return self.step
 
     @property
     def round_tag(self) -> tuple[int, int, int]:

@@ -3,9 +3,10 @@
 One listening socket accepts neighbours; ``connect_to`` dials them. Each connection is
 authenticated (``auth.py``) and then served by one reader thread that decodes frame headers
 and asks the handler registered for the frame's kind where the payload goes, so payloads land
-directly in their final buffers. A malformed frame, an EOF or a socket error closes only that
-connection; the loss becomes link state (``state(peer) == "down"``) and a listener callback,
-never an exception in a background thread.
+directly in their final buffers, and one writer thread that sends the frames queued with
+``post`` (or ``send``, which waits until its frame is written) in order. A malformed frame, an
+EOF or a socket error closes only that connection; the loss becomes link state
+(``state(peer) == "down"``) and a listener callback, never an exception in a background thread.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Literal
 
 from daemon.dataplane import auth
-from daemon.dataplane.conn import FrameHandler, Link, LinkConfig
+from daemon.dataplane.conn import Done, FrameHandler, Link, LinkConfig, Outgoing
 from daemon.dataplane.errors import AuthError, DataPlaneError, PeerGone
 from daemon.dataplane.frames import FrameHeader, Kind, encode_header
-from daemon.dataplane.sockets import send_all, set_buffers, tune_established
+from daemon.dataplane.sockets import set_buffers, tune_established
 from daemon.dataplane.threads import ThreadSet
 
 log = logging.getLogger("chaos.dataplane.links")
@@ -112,9 +114,12 @@ class PeerLinks:
             DataPlaneError: A link is already up.
         """
         with self._lock:
+            new = auth.Identity(node_id, cluster, secret, self.me.incarnation)
+            if new == self.me:
+                return  # a rejoin attaches again as the same node: its links stay valid
             if self._links:
                 raise DataPlaneError("cannot change identity while links are up")
-            self.me = auth.Identity(node_id, cluster, secret, self.me.incarnation)
+            self.me = new
 
     # -- neighbours ------------------------------------------------------------------------
     def allow(self, *peers: str) -> None:
@@ -175,6 +180,13 @@ class PeerLinks:
         with self._lock:
             return frozenset(self._links)
 
+    def traffic(self) -> tuple[int, int]:
+        """Bytes ``(sent, received)`` over the live links, frame headers included (a link's
+        count starts when it comes up)."""
+        with self._lock:
+            links = list(self._links.values())
+        return sum(lk.sent_bytes for lk in links), sum(lk.received_bytes for lk in links)
+
     def wait_connected(self, peers: Iterable[str], timeout: float) -> bool:
         """Wait until every peer in ``peers`` has a live link; False on timeout."""
         want = set(peers)
@@ -197,25 +209,60 @@ class PeerLinks:
         payload: bytes | memoryview = b"",
         deadline: float | None = None,
     ) -> None:
-        """Send one frame to ``peer``, giving up at ``deadline`` (``time.monotonic()``).
+        """Send one frame to ``peer`` (after the frames queued before it), giving up at
+        ``deadline`` (``time.monotonic()``); returns once the frame is written.
 
         Raises:
             PeerGone: No live link, or the send failed or stalled (the link is then closed,
-                because a partial frame has broken its framing).
+                because a partial or late frame would break its framing or ordering).
         """
-        with self._lock:
-            link = self._links.get(peer)
-            if link is None:
+        link = self._live(peer)
+        sent = threading.Event()
+        ok = [False]
+
+        def done(written: bool) -> None:
+            ok[0] = written
+            sent.set()
+
+        if not link.post(Outgoing(encode_header(header), payload, deadline, None, done)):
+            raise PeerGone(peer, self._down.get(peer, "link closed"))
+        # The writer enforces the deadline while it writes; the slack covers its poll.
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not sent.wait(None if left is None else left + 2 * self.config.io_poll + 1.0):
+            self._drop(link, "send stalled past the deadline")
+            sent.wait(2 * self.config.io_poll + 1.0)
+        if not ok[0]:
+            raise PeerGone(peer, self._down.get(peer, "link lost while sending"))
+
+    def post(
+        self,
+        peer: str,
+        header: FrameHeader,
+        payload: bytes | memoryview,
+        deadline: float | None,
+        live: Callable[[], bool] | None = None,
+        done: Done | None = None,
+    ) -> None:
+        """Queue one frame for ``peer``'s writer thread and return at once.
+
+        Frames go out in the order they were queued (``send`` included). ``payload`` must
+        stay unchanged until ``done(True)``. ``live()`` is checked just before writing; False
+        drops the frame (``done(False)``), as does losing the link: a failed write closes the
+        link, and the down listeners hear of it.
+
+        Raises:
+            PeerGone: No live link.
+        """
+        link = self._live(peer)
+        if not link.post(Outgoing(encode_header(header), payload, deadline, live, done)):
+            raise PeerGone(peer, self._down.get(peer, "link closed"))
+
+    def _live(self, peer: str) -> Link:
+        link = self._links.get(peer)  # one atomic dict read: no lock on the per-chunk path
+        if link is None:
+            with self._lock:
                 raise PeerGone(peer, self._down.get(peer, "not connected"))
-        head = encode_header(header)
-        with link.send_lock:
-            try:
-                send_all(link.sock, head, deadline, peer)
-                if header.length:
-                    send_all(link.sock, payload, deadline, peer)
-            except PeerGone as exc:
-                self._drop(link, exc.reason)
-                raise
+        return link
 
     # -- internals -------------------------------------------------------------------------
     def _spawn(self, target: Callable[..., None], name: str, *args: object) -> None:
@@ -275,6 +322,7 @@ class PeerLinks:
         if old is not None:
             self._drop(old, "replaced by a newer connection", forget=False)
         log.info("link to %s up (opened by %s)", link.peer, initiator)
+        self._spawn(self._write_loop, f"dp-write-{link.peer}", link)
         self._spawn(self._read_loop, f"dp-read-{link.peer}", link)
 
     def _drop(self, link: Link, reason: str, forget: bool = True) -> None:
@@ -294,6 +342,14 @@ class PeerLinks:
                 listener(link.peer, reason)
             except Exception:
                 log.exception("link-down listener failed")
+
+    def _write_loop(self, link: Link) -> None:
+        reason = "writer stopped"
+        try:
+            reason = link.write_loop(self.config.io_poll)  # never raises
+        finally:
+            self._drop(link, reason)
+            link.drain()
 
     def _read_loop(self, link: Link) -> None:
         reason = "reader stopped"

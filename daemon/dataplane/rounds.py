@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from daemon.dataplane.chunkwire import RoundWire
 from daemon.dataplane.errors import DataPlaneError
 from daemon.dataplane.frames import FrameHeader, Kind
 
@@ -47,6 +48,11 @@ class Phase:
         self.abort_reason: str | None = None
         self.abort_peer: str | None = None
         self.abort_from_frame = False
+        self.deadline = math.inf  # set when the phase starts
+
+    def live(self) -> bool:
+        """Whether the phase has not aborted (its queued frames are still worth sending)."""
+        return self.abort_reason is None
 
     @property
     def version(self) -> int:
@@ -99,9 +105,9 @@ class Phase:
         if h.kind is Kind.ABORT:
             text = bytes(payload).decode("utf-8", "replace")
             self.abort(f"{peer} aborted the round: {text}", peer, from_frame=True)
-        else:
-            self.delivered_own(peer, h, payload)
-        self.cond.notify_all()
+            self.cond.notify_all()
+        elif self.delivered_own(peer, h, payload) is not False:
+            self.cond.notify_all()
 
     def claim_own(
         self, peer: str, h: FrameHeader, is_open: Callable[[], bool]
@@ -109,8 +115,8 @@ class Phase:
         """Subclass part of :meth:`claim`."""
         raise NotImplementedError
 
-    def delivered_own(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
-        """Subclass part of :meth:`delivered`."""
+    def delivered_own(self, peer: str, h: FrameHeader, payload: memoryview) -> bool | None:
+        """Subclass part of :meth:`delivered`; False when no waiter needs waking."""
         raise NotImplementedError
 
     def sized(self, peer: str, h: FrameHeader, view: memoryview, want: int) -> memoryview | None:
@@ -130,14 +136,12 @@ class ChildState:
     """Progress of one child's upward stream.
 
     Attributes:
-        slots: Ring of chunk buffers the child's partial sums are received into.
         count: Samples in the child's subtree, once its COUNT frame arrived.
-        received: Chunks fully received.
-        consumed: Chunks already added into the output (their slots are free again).
+        received: Chunks fully received (into the child's ring of receive slots).
+        consumed: Chunks already added into the partial sum (their slots are free again).
         acked: Whether the child's whole subtree holds the complete result.
     """
 
-    slots: np.ndarray
     count: int | None = None
     received: int = 0
     consumed: int = 0
@@ -146,47 +150,60 @@ class ChildState:
 
 
 class Round(Phase):
-    """One round of reduce, broadcast, then commit on this node.
+    """One round of reduce, broadcast, then commit on this node: the progress counters the
+    round thread, the pumping thread and the readers share. The chunk arithmetic and the
+    buffers, in the policy's wire format, are the :class:`RoundWire`'s.
 
     Args:
         tag: ``(policy_version, attempt, step)``.
         parent: Parent in the tree (None at the root).
         children: Children, in the fixed order their sums are added.
-        out: Output buffer (float32, 1-D); also the accumulator on the way up.
-        chunk_elems: Elements per chunk.
-        ring: Ring slots per child; bounds memory to ``ring * chunk`` per child.
+        wire: The round's chunk arithmetic and buffers (the output among them).
         cond: The AllReducer's condition variable.
     """
 
     def __init__(
-        self,
-        tag: Tag,
-        parent: str | None,
-        children: tuple[str, ...],
-        out: np.ndarray,
-        chunk_elems: int,
-        ring: int,
+        self, tag: Tag, parent: str | None, children: tuple[str, ...], wire: RoundWire,
         cond: threading.Condition,
-    ) -> None:
+    ) -> None:  # fmt: skip
         super().__init__(tag, parent, children, cond)
-        self.out = out
-        self.out_bytes = out.data.cast("B")
-        self.chunk_elems = chunk_elems
-        self.nchunks = math.ceil(out.size / chunk_elems)
-        self.ring = ring
-        self.child = {
-            c: ChildState(np.empty((ring, chunk_elems), dtype=np.float32)) for c in children
-        }
+        self.wire = wire
+        self.out = wire.out
+        self.nchunks = wire.plan.nchunks
+        self.ring = wire.ring
+        self.child = {c: ChildState() for c in children}
         self.total: int | None = None
         self.total_buf = bytearray(8)
-        self.bcast_received = 0
+        self.bcast_received = 0  # BCAST chunks landed
+        self.bcast_ready = 0  # BCAST chunks in out (decoded, for a lossy format)
+        self.decoding = 0  # readers decoding a BCAST chunk into out right now
         self.complete = False  # this node holds the whole result (it may still be uncommitted)
         self.commit_received = False
+        self.started = False  # links are up: TOTAL/BCAST may be forwarded to the children
+        self.total_forwarded = False
+        self.up_sent = 0  # partial sums written to the parent (their scratch slots are free)
+        self.inp: np.ndarray = np.empty(0, np.float32)  # this node's gradient, once started
+        self.samples = 0
+        self.reduced = 0  # chunks reduced (and queued to go up, or down at the root)
+        self.pumping = False  # a thread is reducing chunks (only one at a time)
+        self.blocked = 0  # readers waiting for a free ring slot
 
-    def bounds(self, chunk: int) -> tuple[int, int]:
-        """Element range ``[lo, hi)`` of a chunk."""
-        lo = chunk * self.chunk_elems
-        return lo, min(lo + self.chunk_elems, self.out.size)
+    def next_ready(self) -> bool:
+        """Whether the next chunk can be reduced: every child's chunk is in, and a scratch
+        slot is free for the partial sum (only ``ring`` of them may wait to be written)."""
+        i = self.reduced
+        if i >= self.nchunks or not self.started or self.aborted:
+            return False
+        for s in self.child.values():
+            if s.received <= i:
+                return False
+        if self.parent is None or self.wire.sends_input(self.samples):
+            return True  # the result goes to out, or inp itself is sent
+        return self.up_sent > i - self.ring
+
+    def reduce_chunk(self, i: int) -> memoryview:
+        """Reduce chunk ``i`` (:meth:`RoundWire.reduce`); the bytes to send."""
+        return self.wire.reduce(self.inp, self.samples, self.total, i)
 
     def all_acked(self) -> bool:
         """Whether every child reported that its subtree holds the result."""
@@ -195,13 +212,13 @@ class Round(Phase):
     def claim_own(
         self, peer: str, h: FrameHeader, is_open: Callable[[], bool]
     ) -> memoryview | None:
+        plan = self.wire.plan
         if peer == self.parent and h.kind is Kind.TOTAL and self.total is None:
             return self.sized(peer, h, memoryview(self.total_buf), 8)
         if peer == self.parent and h.kind is Kind.BCAST and self.total is not None:
             if h.chunk != self.bcast_received or h.aux != self.out.size:
                 return self.violation(peer, h, "out-of-order chunk or buffer size mismatch")
-            lo, hi = self.bounds(h.chunk)
-            return self.sized(peer, h, self.out_bytes[lo * 4 : hi * 4], (hi - lo) * 4)
+            return self.sized(peer, h, self.wire.bcast_dest(h.chunk), plan.chunk_bytes(h.chunk))
         if peer == self.parent and h.kind is Kind.COMMIT and self.complete:
             return self.sized(peer, h, memoryview(bytearray(0)), 0)
         state = self.child.get(peer)
@@ -212,21 +229,29 @@ class Round(Phase):
         if state is not None and h.kind is Kind.REDUCE and state.count is not None:
             if h.chunk != state.received or h.aux != self.out.size:
                 return self.violation(peer, h, "out-of-order chunk or buffer size mismatch")
-            # Back-pressure: wait for the round thread to free this ring slot.
+            # Back-pressure: wait for the reduction to free this ring slot.
             while state.received - state.consumed >= self.ring:
                 if self.aborted or not is_open():
                     return None
+                self.blocked += 1
                 self.cond.wait(0.25)
-            lo, hi = self.bounds(h.chunk)
-            slot = state.slots[h.chunk % self.ring, : hi - lo]
-            return self.sized(peer, h, slot.data.cast("B"), (hi - lo) * 4)
+                self.blocked -= 1
+            slot = self.wire.child_slot(peer, h.chunk)
+            return self.sized(peer, h, slot.data, plan.chunk_bytes(h.chunk))
         return self.violation(peer, h, "frame does not fit this node's role in the tree")
 
-    def delivered_own(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
+    def delivered_own(self, peer: str, h: FrameHeader, payload: memoryview) -> bool | None:
+        # Chunks wake nobody: the round thread waits only for the last broadcast chunk, and
+        # a landed REDUCE chunk is reduced by whichever thread pumps (see AllReducer._pump).
         if h.kind is Kind.TOTAL:
             self.total = int.from_bytes(self.total_buf, "big")
         elif h.kind is Kind.BCAST:
             self.bcast_received += 1
+            if self.wire.identity:  # it landed in out; a lossy chunk is decoded first
+                self.bcast_ready += 1
+                return self.bcast_ready == self.nchunks
+            self.decoding += 1
+            return False
         elif h.kind is Kind.COMMIT:
             # The commit point of a child: from here on the round is final here. Set it on
             # the reader thread, before the link's own end (often right behind COMMIT when
@@ -240,6 +265,8 @@ class Round(Phase):
             self.child[peer].count = int.from_bytes(self.child[peer].scratch, "big")
         elif h.kind is Kind.REDUCE:
             self.child[peer].received += 1
+            return False
+        return True
 
 
 def as_flat_float32(buf: Any) -> tuple[np.ndarray, Callable[[np.ndarray], Any] | None]:

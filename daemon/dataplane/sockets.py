@@ -62,3 +62,31 @@ def send_all(
             raise PeerGone(peer, f"send failed: {exc}") from None
         if sent < len(view) and deadline is not None and time.monotonic() >= deadline:
             raise PeerGone(peer, "send stalled past the deadline")
+
+
+def send_frame(
+    sock: socket.socket, head: bytes, payload: bytes | memoryview, deadline: float | None,
+    peer: str,
+) -> None:  # fmt: skip
+    """Send a frame's header and payload, in one system call when the socket takes it all.
+
+    One ``sendmsg`` instead of two sends halves the system calls per chunk, and the header
+    never travels in a segment of its own that wakes the reader for 40 bytes.
+
+    Raises:
+        PeerGone: As :func:`send_all`.
+    """
+    body = memoryview(payload).cast("B")
+    if not len(body):
+        send_all(sock, head, deadline, peer)
+        return
+    try:
+        sent = sock.sendmsg([head, body])
+    except BlockingIOError:
+        sent = 0  # SO_SNDTIMEO expired before anything went out
+    except OSError as exc:
+        raise PeerGone(peer, f"send failed: {exc}") from None
+    if sent < len(head):
+        send_all(sock, head[sent:], deadline, peer)
+        sent = len(head)
+    send_all(sock, body[sent - len(head):], deadline, peer)

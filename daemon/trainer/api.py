@@ -17,7 +17,10 @@ words, ``step`` is the *last committed step*. The data plane's commit protocol
 pick the policy, open each epoch with an agreement, rerun aborted rounds in a newer epoch,
 bounded by ``timeout``, and account the stall. :mod:`~daemon.trainer.stepper` lays out each
 round and applies its result; :mod:`~daemon.trainer.objects` carries the registered objects;
-the divergence guard compares digests of the whole state inside the agreement.
+the divergence guard compares digests of the whole state inside the agreement. In ``diloco``
+mode (the policy's ``sync``) most ``update()`` calls are local steps and every ``inner_steps``-th
+is a round (:mod:`~daemon.trainer.local`); :mod:`~daemon.trainer.epochs` opens epochs and
+reruns; :mod:`~daemon.trainer.leaving` is the graceful leave.
 
 **The step boundary.** The state of step ``t`` is the model and optimizer as ``update()`` left
 them (the buffers as averaged in round ``t``), plus the registered objects as the script
@@ -30,29 +33,28 @@ statistics, which is why the agreed copies are used).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import time
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from daemon.contracts.clock import Clock, SystemClock
-from daemon.contracts.errors import ControlFailure
 from daemon.contracts.policy import SyncPolicy
 from daemon.dataplane import AllReducer, RoundAborted
-from daemon.dataplane.agree import Decision
-from daemon.replication.state import state_digest_bytes
 from daemon.trainer.control import (
     StateDiverged,
     StateMismatch,
     TrainerError,
     UnserialisableState,
 )
+from daemon.trainer.epochs import Epochs
 from daemon.trainer.joining import Joining
+from daemon.trainer.leaving import Leaving, _Left
+from daemon.trainer.local import LocalSteps
 from daemon.trainer.objects import Registry
+from daemon.trainer.outer import Outer
 from daemon.trainer.poller import POLL_S
 from daemon.trainer.serving import Serving
 from daemon.trainer.session import EXIT_EVENT, Session, install_signal_handlers
@@ -63,14 +65,7 @@ from daemon.trainer.timing import StepTiming, Timing
 __all__ = ["Shard", "StateDiverged", "StateMismatch", "StepTiming", "Trainer", "TrainerError",
            "UnserialisableState", "capture_exit_event"]
 log = logging.getLogger("chaos.trainer")
-LEAVE_LINGER_S = 0.5  # after the drain, before closing the links
-DRAIN_MAX_S = 30.0  # a leaver waits at most this long for the policy that drops it
-RERUN_WAIT_S = 1.0  # after an abort, wait this long for a newer policy before retrying as is
-DIGEST_EVERY = 100  # steps between the guard's comparisons (and at every membership change)
-
-
-class _Left(Exception):
-    """While leaving, the policy without this node took over (ends the drain)."""
+DIGEST_EVERY = 100  # steps between the guard's comparisons (and whenever a member joins)
 
 
 def capture_exit_event() -> bool:
@@ -78,7 +73,7 @@ def capture_exit_event() -> bool:
     return EXIT_EVENT.is_set()
 
 
-class Trainer(Joining, Serving, Timing):
+class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
     """Synchronous data-parallel training on the Chaos overlay.
 
     Args:
@@ -103,9 +98,9 @@ class Trainer(Joining, Serving, Timing):
             are averaged over the members every step, weighted by samples, so they are
             identical everywhere (see :mod:`daemon.trainer.stepper` for why averaged rather
             than broadcast). ``"local"``: each member keeps its own, and the guard ignores them.
-        digest_every: Every this many steps (and at every membership change) the members
-            compare a digest of their whole state inside the agreement; a member that
-            differs reports ``state-diverged`` and is re-replicated. 0: membership changes only.
+        digest_every: Every this many steps (and whenever a member joins or rejoins) the
+            members compare a digest of their whole state inside the agreement; a member that
+            differs reports ``state-diverged`` and is re-replicated. 0: joins only.
         global_batch: Consistent mode: the global batch stays this many samples whoever
             comes and goes, split by the members' measured speeds (:attr:`shard`).
         samples_per_step: Samples behind one local gradient (weights the global average);
@@ -113,7 +108,9 @@ class Trainer(Joining, Serving, Timing):
         socket: chaosd's control socket (default ``$CHAOS_SOCKET``).
         timeout: Seconds one ``update()`` may spend on reruns before it raises.
         join_timeout: Seconds the constructor may wait to become a member.
-        chunk_bytes: All-reduce pipeline chunk size.
+        chunk_bytes: All-reduce pipeline chunk size in bytes; None (the default) sizes the
+            chunks by the round's vector: about 12 chunks of 1 to 16 MiB. Every member must
+            use the same.
         clock: The time source of deadlines and stall accounting (the seam tests use).
 
     Raises:
@@ -143,7 +140,7 @@ class Trainer(Joining, Serving, Timing):
         socket: str | os.PathLike[str] | None = None,
         timeout: float = 120.0,
         join_timeout: float = 300.0,
-        chunk_bytes: int = 1 << 20,
+        chunk_bytes: int | None = None,
         clock: Clock | None = None,
     ) -> None:
         if digest_every < 0 or (global_batch is not None and global_batch < 1):
@@ -176,6 +173,7 @@ class Trainer(Joining, Serving, Timing):
         self._speeds: tuple[int, list[float]] | None = None  # (policy version, members' speeds)
         self._last_end: float | None = None  # when the last update() returned
         self._shard: Shard | None = None
+        self._outer: Outer | None = None  # diloco mode: the synced state (outer.py)
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
         try:
@@ -235,6 +233,12 @@ class Trainer(Joining, Serving, Timing):
         deadline = t0 + self.timeout
         reruns, spent, reason = 0, 0.0, ""
         joins = self._joins
+        pub = self._policy(deadline)
+        # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
+        if self._inner(pub, n if self._joins == joins else 0):
+            self._account(t0, 0.0, 0, "")
+            self._last_end = self._clock.monotonic()
+            return
         while True:
             pub = self._policy(deadline)
             self._serve_first(pub, deadline)
@@ -247,12 +251,16 @@ class Trainer(Joining, Serving, Timing):
             # A gradient of a state we no longer hold (rejoined in this call) or one the guard
             # found out of line counts for nothing.
             void = self._diverged or self._joins != joins
-            flat = self._gather(pub, 0 if void else n)
+            rn = 0 if void else self._round_samples(n)  # diloco: the window's samples
+            flat = self._gather(pub, rn)
+            self._round_input(flat, rn)  # diloco: the pseudo-gradient
             try:
                 # Our digest is local work, so it is timed as stall, not as the collective.
-                # A link change opens an epoch with the same members: nothing new to compare.
+                # Only a member who was not in the last agreement brings a state that no
+                # guard has compared yet; a link change or a scale-in opens an epoch of
+                # members who agreed before and committed the same rounds since.
                 compare = epoch != self._agreed and (
-                    pub.members != self._agreed_members or self._check_due())
+                    self._admits_newcomer(pub) or self._check_due())
                 digest = self._own_digest() if compare else b""
                 t1 = self._clock.monotonic()
                 if epoch != self._agreed:
@@ -264,8 +272,9 @@ class Trainer(Joining, Serving, Timing):
                 t1 = self._clock.monotonic()
                 # The reused result buffer must never be the one a held result lives in.
                 out = self._stepper.result if self._pending is None else None
-                res = self.reducer.allreduce(flat, 0 if void else n, step=self.step + 1,
-                                             policy=pub, attempt=epoch[1], out=out)  # fmt: skip
+                res = self.reducer.allreduce(flat, rn, step=self._rstep() + 1, policy=pub,
+                                             attempt=epoch[1], out=out,
+                                             lossy=self._stepper.n_grad)  # fmt: skip
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
                 self._apply(res.values, pub.version)
@@ -275,7 +284,9 @@ class Trainer(Joining, Serving, Timing):
                 if exc.result is not None:
                     self._pending, self._pending_version = exc.result, exc.policy_version
                 self._s.report("round-aborted", step=self.step + 1, reason=exc.reason[:200])
-                self._next_epoch(pub, deadline, exc)
+                nxt = self._next_epoch(pub, deadline, exc)
+                if nxt is not None and self._catch_up(pub, nxt):
+                    break  # the peers' next epoch committed the result we held
         # Every member of the epoch that committed has its state: it needs no offer any more.
         self._s.transfer.withdraw(pub.members)
         self._account(t0, spent, reruns, reason)
@@ -289,13 +300,6 @@ class Trainer(Joining, Serving, Timing):
         shard = self._shard if self._shard is not None and self._shard.step == self.step + 1 \
             else self.shard
         return shard.size
-
-    def _epoch(self, pub: SyncPolicy) -> tuple[int, int]:
-        return (pub.version, self._attempt.get(pub.version, 0))
-
-    def _check_due(self) -> bool:
-        every = self.digest_every
-        return every > 0 and self.step > 0 and self.step % every == 0 and self._checked != self.step
 
     def _gather(self, pub: SyncPolicy, n: int) -> Any:
         """Our input to the round under ``pub``."""
@@ -311,49 +315,6 @@ class Trainer(Joining, Serving, Timing):
     def check_state_replication(self) -> None:
         """Serve a snapshot if a ``replicate`` command names this node as a source."""
         self._poll()
-
-    def request_node_exit(self) -> None:
-        """Leave gracefully (scale-in), then close the links.
-
-        The scheduler publishes the policy without us for a step boundary a step or two
-        ahead, as for every planned change. Until it governs our next round we take part in
-        the rounds with no samples (a zero gradient that the global sample count ignores),
-        so that no neighbour ever waits for us: the leave costs the others no stall. Then we
-        linger briefly, so that neighbours drop their links to us first, and close.
-        """
-        try:
-            self._s.flush_reports()
-            self._s.client.call("worker.leave", {"step": self.step})
-            self._state = "leaving"
-            if not self._drain(self._clock.monotonic() + min(self.timeout, DRAIN_MAX_S)):
-                return  # still attached: our exit is a worker-exit, which drops us at once
-            deadline = self._clock.monotonic() + LEAVE_LINGER_S
-            while self._s.links.connected() and self._clock.monotonic() < deadline:
-                time.sleep(POLL_S)
-            self._s.poller.stop()  # a poll after the detach would be refused
-            with contextlib.suppress(ControlFailure):  # a daemon that is gone detached us
-                self._s.client.call("worker.detach", {"pid": os.getpid()})
-        finally:
-            self.close()
-
-    def _drain(self, deadline: float) -> bool:
-        """Run no-sample rounds until a policy without us governs our next round; False if
-        that did not happen in time."""
-        while self._clock.monotonic() < deadline:
-            self._poll()
-            pub, newest = self._s.book.for_round(self.step + 1), self._s.book.newest
-            if pub is None or self.node_id not in pub.members:
-                return True
-            if newest is not None and newest.members == (self.node_id,):
-                return True  # the last member: nobody waits for us
-            self.optimizer.zero_grad(set_to_none=True)
-            try:
-                self.update(samples=0)
-            except _Left:
-                return True
-        log.warning("%s left without the policy that drops it (the scheduler did not "
-                    "answer in time); the others will see a failure", self.node_id)
-        return False
 
     def close(self) -> None:
         """Close links and the control connection (idempotent)."""
@@ -376,19 +337,13 @@ class Trainer(Joining, Serving, Timing):
         # compared (the others' rounds ignore its samples anyway).
         return b"" if self._state == "leaving" else self._digest()
 
-    def _digest(self) -> bytes:
-        tensors, doc = self._objects.capture()
-        return state_digest_bytes(self.model, self.optimizer,
-                                  model_state=self._stepper.digest_state(), extra=tensors,
-                                  meta=doc)  # fmt: skip
-
     def _poll(self) -> None:
         """Take in what the poller fetched (no I/O). Every call happens at a step boundary,
         so a snapshot that a new replicate command asks for can be taken right here (waiting
         for the next commit could deadlock: that round may need the very node that waits
         for this snapshot)."""
-        self._s.poll(self.step, self._state)
-        self._s.settle(self._s.book.for_round(self.step + 1))
+        self._s.poll(self.step, self._state, self._version)
+        self._s.settle(self.step + 1)
         self._serve_due()
 
     def _on_policy(self, pub: SyncPolicy) -> None:
@@ -396,7 +351,9 @@ class Trainer(Joining, Serving, Timing):
         now, so the round reruns under it at once: after a failure the policy without the
         silent node takes effect at once, and the round must not wait for its timeout. The
         links to the neighbours it dropped close, so a send blocked on one returns."""
-        neighbours = self.reducer.supersede(pub.version, pub.effective_step)
+        e, h = pub.effective_step, pub.sync.inner_steps
+        # The data plane counts rounds: in diloco mode, outer steps (epochs.py).
+        neighbours = self.reducer.supersede(pub.version, -(-e // h) if pub.sync.diloco else e)
         if neighbours and self.node_id in pub.members:
             gone = [p for p in neighbours if p not in pub.members]
             if gone:
@@ -428,74 +385,12 @@ class Trainer(Joining, Serving, Timing):
             self._s.wait(POLL_S)
             self._poll()
 
-    def _agree(self, pub: SyncPolicy, attempt: int, digest: bytes) -> bool:
-        """Open the epoch; True if it committed the held result of round ``step + 1``.
-
-        The decision is the newest committed step among the members. A member at it goes on;
-        one a step behind applies the result it holds. A member that cannot reach it (further
-        behind, or one behind without the result) is stale: only it raises StateDiverged and
-        is re-replicated; the others keep their state (they are at the agreed step), and
-        their next round reruns once the scheduler has dropped the stale member.
-
-        The members at the agreed step also compare digests of their whole state (the
-        divergence guard); one outside the majority is reported and re-replicated.
-        """
-        dec = self.reducer.agree(policy=pub, committed=self.step, digest=digest,
-                                 holds=self._pending is not None, attempt=attempt)  # fmt: skip
-        self._agreed, self._agreed_members = (pub.version, attempt), pub.members
-        if dec.step == self.step + 1 and self._pending is not None:
-            self._apply(self._pending, self._pending_version)
-            self._checked = self.step  # compared without us this time; next time with us
-            return True
-        if dec.step == self.step:
-            self._pending = None  # nobody alive applied it: everyone reruns the step
-            self._checked = self.step
-            if digest and dec.digest and dec.digest != digest:
-                self._diverge(dec, digest)
-            return False
-        if dec.step > self.step:
-            lacks = " and lacks the result of the next one" if dec.step == self.step + 1 else ""
-            raise StateDiverged(f"{self.node_id} is at step {self.step}{lacks} but the cluster "
-                                f"agreed on step {dec.step}; restart the worker to rejoin")
-        raise StateDiverged(f"{self.node_id} is at step {self.step}, ahead of the step the "
-                            f"cluster agreed on ({dec.step}); restart the worker to rejoin")
-
-    def _diverge(self, dec: Decision, digest: bytes) -> None:
-        """Our state is not the majority's: say so, train on with no samples (so our state
-        pollutes nobody's) until the scheduler drops us, then rejoin with a fresh replica."""
-        if self._diverged:
-            return
-        self._diverged = True
-        log.error("%s: state of step %d differs from the cluster's (%s, majority %s); "
-                  "re-replicating", self.node_id, self.step, digest.hex()[:16],
-                  dec.digest.hex()[:16])  # fmt: skip
-        self._s.report("state-diverged", step=self.step, digest=digest.hex(),
-                       majority=dec.digest.hex(), variants=dec.digests)  # fmt: skip
-        self._s.flush_reports()
-
-    def _next_epoch(self, pub: SyncPolicy, deadline: float, exc: RoundAborted) -> None:
-        """After an abort: wait (bounded) for a newer policy, else rerun with a newer attempt."""
-        self._s.redial()
-        wait_until = min(deadline, self._clock.monotonic() + RERUN_WAIT_S)
-        while self._s.book.for_round(self.step + 1) is pub:
-            # First: past the deadline, every rerun would abort at once (a spin), not wait.
-            if self._clock.monotonic() > deadline:
-                raise TrainerError(f"step {self.step + 1} could not complete within "
-                                   f"{self.timeout:g}s; last abort: {exc.reason}")  # fmt: skip
-            # A newer version on the wire means its policy is on its way to us too.
-            now = self._clock.monotonic()
-            if self.reducer.newest_epoch()[0] <= pub.version and now >= wait_until:
-                # Join the newest attempt a neighbour started, else open the next one; taking
-                # the larger of the two never leapfrogs, so the members converge.
-                own = self._attempt.get(pub.version, 0)
-                self._attempt[pub.version] = max(own + 1, self.reducer.newest_attempt(pub.version))
-                return
-            self._s.wait(POLL_S)
-            self._poll()
-
     def _apply(self, values: Any, version: int) -> None:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
-        self._stepper.apply(values)
+        if self._outer is None:
+            self._stepper.apply(values)
+        else:
+            self._apply_outer(values, version)
         self.step += 1
         self._pending = None
         if self.global_batch is not None:

@@ -26,7 +26,7 @@ from daemon.replication.transfer.fetch_types import FetchOptions
 from daemon.replication.transfer.strategies import ScaleOutJob, run_strategy
 from daemon.trainer.policy import parse_addr
 from daemon.trainer.session import Replicate, Session
-from daemon.trainer.transfer import LINK_WAIT_S, OFFER_WAIT_S, Offer, TransferFailed
+from daemon.trainer.transfer import LINK_WAIT_S, OFFER_WAIT_S, Offer, Refusal, TransferFailed
 
 log = logging.getLogger("chaos.trainer.join")
 DEFAULT_MBPS = 100.0  # a link nobody has measured: equal guesses give an even split
@@ -106,6 +106,9 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int) ->
     }
     if errors:
         report["left_out"] = {k: v[:200] for k, v in errors.items()}
+    refused = {k: v[:200] for k, v in errors.items() if isinstance(v, Refusal)}
+    if refused:
+        report["declined"] = refused
     return Pulled(manifest, res.buffer, report)
 
 

@@ -114,6 +114,7 @@ class Joining(TrainerParts):
         loaded.apply(self.model, self.optimizer)
         self._objects.restore(objects, loaded.extra)
         self._stepper.restored()
+        self._restore_outer(runtime, loaded.extra)
         self.step = int(runtime["step"])
         held = loaded.extra.get("held")
         self._pending = None if held is None else held.clone()

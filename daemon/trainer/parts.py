@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from daemon.contracts.clock import Clock
+from daemon.replication.state import StateSpace
 from daemon.trainer.objects import Registry
 from daemon.trainer.session import Session
 from daemon.trainer.stepper import Stepper
@@ -29,4 +30,15 @@ class TrainerParts:
 
     def _poll(self) -> None:
         """Take in what the poller fetched, at a step boundary (the Trainer's)."""
+        raise NotImplementedError
+
+    # Provided by LocalSteps (daemon/trainer/local.py): what differs in diloco mode.
+    def _last_round_step(self) -> int:
+        raise NotImplementedError
+
+    def _snapshot(self, runtime: dict[str, Any], tensors: list[tuple[str, torch.Tensor]]
+                  ) -> StateSpace:  # fmt: skip
+        raise NotImplementedError
+
+    def _restore_outer(self, runtime: dict[str, Any], extra: dict[str, torch.Tensor]) -> None:
         raise NotImplementedError

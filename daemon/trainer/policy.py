@@ -53,10 +53,29 @@ class PolicyBook:
         """The newest policy, effective or not."""
         return self._by_version[max(self._by_version)] if self._by_version else None
 
+    def get(self, version: int) -> SyncPolicy | None:
+        """The policy of ``version``, if still kept."""
+        return self._by_version.get(version)
+
     def for_round(self, step: int) -> SyncPolicy | None:
         """The policy governing round ``step`` (None if none is effective yet)."""
         ok = [v for v, p in self._by_version.items() if p.effective_step <= step]
         return self._by_version[max(ok)] if ok else None
+
+    def governing_from(self, step: int) -> list[SyncPolicy]:
+        """The policies that govern round ``step`` or a later one: the one in force and every
+        newer one not overtaken before it takes effect (a newer version that takes effect
+        no later than it does)."""
+        out: list[SyncPolicy] = []
+        start = None  # the earliest effective step of a newer policy seen so far
+        for v in sorted(self._by_version, reverse=True):
+            p = self._by_version[v]
+            if start is None or max(p.effective_step, step) < start:
+                out.append(p)
+                start = max(p.effective_step, step)
+            if p.effective_step <= step:
+                break
+        return out
 
     def knows(self, node: str) -> bool:
         """Whether ``node`` is a member of any recent policy (data-plane admission)."""

@@ -38,6 +38,8 @@ class Poller:
         self.client, self.flush, self.every = client, flush, every
         #: The training thread's ``(last committed step, state)``, sent with every poll.
         self.position: tuple[int, str] = (0, "joining")
+        #: The policy version the last committed round ran under (-1: none yet).
+        self.version = -1
         #: Called on the poller's thread with each new policy, oldest first.
         self.on_policy: Callable[[SyncPolicy], None] | None = None
         self._lock = threading.Lock()
@@ -114,6 +116,8 @@ class Poller:
         with self._lock:
             sync, self._sync_ms = self._sync_ms, []
         args: dict[str, Any] = {"step": step, "state": state, "policy_version": self._known}
+        if self.version >= 0:
+            args["committed_version"] = self.version  # whose policies we train under
         if sync:
             args["sync_ms"] = sync
         data = self.client.call("worker.poll", args) or {}

@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from daemon.contracts.policy import SyncPolicy
-from daemon.replication.state import StateSpace, tensor_bytes
+from daemon.replication.state import tensor_bytes
 from daemon.trainer.parts import TrainerParts
 from daemon.trainer.poller import POLL_S
 from daemon.trainer.transfer import snapshot_room
@@ -33,7 +33,7 @@ class Serving(TrainerParts):
         our offer, and both stall until the round times out."""
         if pub.version == self._version:
             return  # the policy of our last round: nobody new (the common, per-step case)
-        prev = self._s.book.for_round(self.step)
+        prev = self._s.book.for_round(self._last_round_step())
         if prev is None or prev is pub or self.node_id not in prev.members:
             return  # no change, or we are new ourselves (a new node is nobody's source)
         p = pub
@@ -60,6 +60,10 @@ class Serving(TrainerParts):
         node's first agreement found it steps behind everyone (``StateDiverged`` on every node).
         Once (2) holds, no round without the new node can commit any more: we are a member of
         every such round and run the next one under the new policy.
+
+        In diloco mode inner steps are no rounds, so sources may serve different steps of one
+        window; each serves the outer state (the same all window long, :meth:`_snapshot`) and
+        the new node takes the state most sources offer.
         """
         keep = []
         nxt = self._s.book.for_round(self.step + 1)
@@ -93,9 +97,7 @@ class Serving(TrainerParts):
                 # both exactly as for us.
                 tensors.append(("held", self._pending))
                 runtime["held_version"] = self._pending_version
-            state = StateSpace.capture(self.model, self.optimizer, runtime,
-                                       model_state=self._stepper.model_state(), extra=tensors,
-                                       rng=False)
+            state = self._snapshot(runtime, tensors)  # diloco: the outer state
             self._s.transfer.offer(rep.new, state)
         self._s.replications = keep
 

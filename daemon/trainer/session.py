@@ -103,6 +103,7 @@ class Session:
         self._wanted: dict[str, tuple[str, int]] = {}  # peers we keep linked, and their address
         self._dialing: set[str] = set()
         self._quiet_down: set[str] = set()  # peers we disconnected on purpose
+        self._outside = False  # the newest policy leaves this node out (it was dropped)
         self._closing: set[str] = set()  # peers to disconnect once no round needs them
         self._closed = threading.Event()
         self._threads = ThreadSet()  # dialers
@@ -130,14 +131,16 @@ class Session:
         self.poller.start()
         return dict(data)
 
-    def poll(self, step: int, state: str) -> SyncPolicy | None:
-        """Publish our position and take in what the poller fetched (no I/O on this path):
-        policies, commands, a leave request. Returns the newest new policy.
+    def poll(self, step: int, state: str, version: int = -1) -> SyncPolicy | None:
+        """Publish our position (``version``: the policy our last committed round ran under)
+        and take in what the poller fetched (no I/O on this path): policies, commands, a
+        leave request. Returns the newest new policy.
 
         Raises:
             ControlFailure: chaosd stopped answering the poller.
         """
         self.poller.position = (step, state)
+        self.poller.version = version
         policies, commands, leave = self.poller.take()
         new = None
         for pub in policies:
@@ -146,6 +149,8 @@ class Session:
                 new = added
         if new is not None:
             self._follow_tree(new)
+            newest = self.book.newest
+            self._outside = newest is not None and self.node_id not in newest.members
         for cmd in commands:
             self._command(cmd)
         if leave:
@@ -176,9 +181,14 @@ class Session:
         """Send queued reports; a report that fails is dropped with a log line."""
         with self._lock:
             reports, self._reports = self._reports, []
+        outside = self._outside  # set by the training thread; the book is its alone
         for rep in reports:
-            if rep.get("kind") == "link-failed" and self.links.state(str(rep["peer"])) == "up":
-                continue  # a duplicate connection was dropped; the link itself is up
+            if rep.get("kind") == "link-failed" and (
+                    outside or self.links.state(str(rep["peer"])) == "up"):
+                # Up: a duplicate connection was dropped, the link itself is up. Outside the
+                # newest policy: the links closed because this node was dropped, and the
+                # scheduler, reading the report after our rejoin, would cut the new links.
+                continue
             try:
                 self.client.call("worker.report", rep)
             except ControlFailure as exc:
@@ -225,13 +235,17 @@ class Session:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("ignoring malformed worker command %r: %r", op, exc)
 
-    def settle(self, governing: SyncPolicy | None) -> None:
-        """Close the links we were told to drop once ``governing`` (the policy of our next
-        round) no longer has them as tree edges."""
+    def settle(self, next_step: int) -> None:
+        """Close the links we were told to drop once no policy that governs round
+        ``next_step`` or a later one has them as tree edges. A policy published before the
+        drop may still be waiting to take effect with the link (a link added and removed
+        in quick succession): closing it then stalls that round until it times out."""
+        if not self._closing:
+            return  # the usual step: nothing to close, no tree walk on the step's path
+        needed = {peer for p in self.book.governing_from(next_step) if self.node_id in p.members
+                  for peer in (p.parent(self.node_id), *p.children(self.node_id)) if peer}
         for peer in list(self._closing):
-            p = governing if governing is not None else None
-            if p is not None and self.node_id in p.members and (
-                    peer == p.parent(self.node_id) or peer in p.children(self.node_id)):
+            if peer in needed:
                 continue
             self._closing.discard(peer)
             self._wanted.pop(peer, None)

@@ -19,6 +19,11 @@ One flat float32 vector per round, laid out as
 - *speeds* (consistent mode only): each member's measured samples/s in its slot, for the
   shares of the next global batch (:mod:`daemon.trainer.shares`).
 
+Only the gradients (the first :attr:`Stepper.n_grad` values) travel in the cluster's wire
+format (``[training] wire``: fp16, bf16 or int8 compress them, see
+:mod:`daemon.dataplane.codec`); buffers, the live flag and the speeds always travel as exact
+float32, because integer counters and the shares must come out exact on every member.
+
 Every member applies the same result in the same order: unscale (GradScaler), the script's
 ``grad_transform``, global-norm clipping, the optimizer step (skipped by the scaler on an inf
 or NaN, which the average carries to every member), then ``scaler.update()``. So members that
@@ -118,6 +123,11 @@ class Stepper:
     def apply(self, values: torch.Tensor) -> None:
         """Apply a committed result: gradients, buffers, then the step (module docstring)."""
         unflatten_into(values[: self.n_grad], self.params)
+        self.apply_buffers(values)
+        self.step()
+
+    def apply_buffers(self, values: torch.Tensor) -> None:
+        """Take the buffers of a committed result (a DiLoCo outer round has no inner step)."""
         if self.buffers and float(values[self.live_at]) > 0:
             at = self.n_grad
             with torch.no_grad():
@@ -134,6 +144,10 @@ class Stepper:
             with torch.no_grad():
                 for k, b in self.buffers.items():
                     b.copy_(self.synced[k].to(b.device))
+
+    def step(self) -> None:
+        """The optimizer step on the gradients the parameters hold: unscale, transform,
+        clip, step (through the scaler), zero the gradients."""
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if self.transform is not None:

@@ -49,6 +49,12 @@ class TransferFailed(TrainerError):
     """No source could offer the state (the join retries)."""
 
 
+class Refusal(str):
+    """A source's own reason for making no offer (its ``STATE_END``), as opposed to a lost
+    link or a silence: the new node reports these, so the scale-out event names who declined
+    even when the source's own report reaches the scheduler after the new node's."""
+
+
 def snapshot_room(nbytes: int, reserve_bytes: int, available: int | None = None) -> str | None:
     """The memory guard: why a snapshot of ``nbytes`` must not be taken, or None if it fits.
 
@@ -269,7 +275,7 @@ class StateTransfer:
     def on_frame(self, peer: str, h: FrameHeader, payload: memoryview) -> None:
         """Take a delivered offer (or refusal)."""
         if h.kind is Kind.STATE_END:
-            self._answer(peer, bytes(payload).decode("utf-8", "replace") or "refused")
+            self._answer(peer, Refusal(bytes(payload).decode("utf-8", "replace") or "refused"))
             return
         if h.kind is not Kind.STATE_MANIFEST:
             return

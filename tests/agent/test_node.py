@@ -9,7 +9,9 @@ does, so nothing sleeps and every test runs in well under a second.
 
 from __future__ import annotations
 
+import itertools
 import os
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,10 @@ from daemon.contracts.messages import (
 )
 
 pytestmark = pytest.mark.timeout(20)
+# Each agent gets a data dir of its own: chaosd keeps its election term there (TermMemory), and
+# a shared one would carry a term from one test into the next.
+_DATA = tempfile.TemporaryDirectory(prefix="chaos-test-node-")
+_SEQ = itertools.count()
 TICK_S = 0.1
 T = Topics("t")
 
@@ -67,7 +73,8 @@ class FakeBus(Bus):
 
 async def attach(node: str, clock: FakeClock) -> tuple[NodeAgent, FakeBus]:
     """A connected agent on a fake bus."""
-    agent = NodeAgent(Config(node_id=node, cluster="t", data_dir="/nonexistent"), clock)
+    data_dir = os.path.join(_DATA.name, f"{node}-{next(_SEQ)}")
+    agent = NodeAgent(Config(node_id=node, cluster="t", data_dir=data_dir), clock)
     bus = FakeBus(agent)
     agent.bus = bus
     await agent.on_connect()
@@ -82,6 +89,7 @@ class Peer:
     incarnation: int = 1
     step: int = 0
     seq: int = 0
+    version: int = -1  # the policy its worker last committed a round under
 
     def status(self, online: bool = True, reason: str = "up") -> Status:
         return Status(node=self.node, online=online, reason=reason,
@@ -90,7 +98,8 @@ class Peer:
     def hb(self) -> Heartbeat:
         self.seq += 1
         return Heartbeat(node=self.node, seq=self.seq, incarnation=self.incarnation,
-                         step=self.step, state="active", cpu_percent=1.0, mem_percent=2.0)
+                         step=self.step, state="active", cpu_percent=1.0, mem_percent=2.0,
+                         policy_version=self.version)
 
 
 async def run(agent: NodeAgent, clock: FakeClock, seconds: float,

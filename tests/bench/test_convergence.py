@@ -21,6 +21,7 @@ import pytest
 from tests.cli.conftest import chaosctl_argv, ctl_env
 
 pytestmark = [
+    pytest.mark.xdist_group("bench"),  # CPU-bound: never beside another bench
     pytest.mark.timeout(300),  # about 65 s on a quiet 2-core box
     pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
                        reason="the CNN's digits need scikit-learn"),
@@ -94,3 +95,30 @@ def test_short_convergence_bench(tmp_path: Path) -> None:
         name = res["name"].replace(">", "")
         check_records(keep / f"cnn-{name}-consistent", start, end)
     assert (out / "convergence-cnn.png").exists() or "plots skipped" in proc.stdout
+
+
+@pytest.mark.timeout(600)  # four short runs: about 2 minutes on this 2-core box when shared
+def test_short_convergence_per_wire_format(tmp_path: Path) -> None:
+    out, keep = tmp_path / "out", tmp_path / "keep"
+    proc = subprocess.run([*chaosctl_argv(), "bench", "convergence", "--short", "--static-only",
+                           "--wire", "fp32,int8", "--out", str(out), "--keep", str(keep)],
+                          env=ctl_env(), capture_output=True, text=True, timeout=580,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "loss - fp32" in proc.stdout
+    doc = json.loads((out / "convergence.json").read_text())
+    assert doc["wires"] == ["fp32", "int8"]
+    runs = doc["models"]["cnn"]["runs"]
+    statics = ["static-2/consistent", "static-3/consistent"]
+    assert set(runs) == {*statics, *(f"{k}/int8" for k in statics)}
+    for key, res in runs.items():
+        assert res["problems"] == [], (key, res["problems"])
+        assert res["evals"][-1]["val_loss"] < res["evals"][0]["val_loss"], key
+        n = res["start"]
+        check_records(keep / (f"cnn-static-{n}-consistent" + ("-int8" if "int8" in key else "")),
+                      n, n)
+        if res["wire"] == "int8":  # compared with its fp32 twin
+            assert set(res["vs_fp32"]["final"]) == {"train_loss", "val_loss", "val_acc"}
+            assert res["vs_fp32"]["mean_abs_train_loss"] >= 0
+        else:
+            assert res["vs_fp32"] is None

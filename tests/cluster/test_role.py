@@ -15,6 +15,7 @@ import pytest
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Action, Election
 from daemon.cluster.role import SchedulerRole
+from daemon.cluster.scheduler import TERM_POLICY_SPAN
 from daemon.contracts.clock import Clock, FakeClock
 from daemon.contracts.config import Config
 from daemon.contracts.kinds import WORKER_REPORT_KINDS
@@ -168,7 +169,8 @@ def test_a_new_role_resumes_from_the_retained_snapshot() -> None:
     assert role.sched.nodes["c"].state == "active"
     assert role.sched.events[-1].detail["term_previous"] == 1
     join(host, role, "d")
-    assert role.sched.policy.version == snap.policy_version + 1
+    # Each term numbers its policies from its own floor, above every earlier term's.
+    assert role.sched.policy.version == (role.term - 1) * TERM_POLICY_SPAN + 1 > snap.policy_version
     assert role.sched.policy.members == ("b", "c", "d")
 
 
@@ -360,3 +362,33 @@ def test_snapshots_count_up_and_clear_dirty() -> None:
     assert second.version == first.version + 1
     assert (second.term, second.leader) == (1, ME)
     assert second.nodes["b"].state == "active" and second.policy["members"] == ["b"]
+
+
+def test_a_decline_heard_only_by_the_new_node_is_on_the_event() -> None:
+    # The source's serve-declined report can arrive after the new node's replicated one
+    # (they publish on their own connections): the new node's account names it too.
+    host = FakeHost(FakeClock())
+    role = host.elect()
+    join(host, role, "b", "c", "e")
+    request(role, "d", "join", addr="10.0.0.d:7000", neighbors=["b", "c"])
+    request(role, "d", "report", kind="replicated", bytes=64, declined={"b": "short of memory"})
+    ev = role.sched.events[-1]
+    assert ev.kind == "scale-out" and ev.detail["declined"] == {"b": "short of memory"}
+    request(role, "b", "report", kind="serve-declined", new="d", reason="late")  # harmless
+    assert role.sched.events[-1] is ev
+
+
+def test_a_link_failure_reported_during_a_join_cuts_nothing() -> None:
+    # node d froze, was failed, and rejoins: b's link to it from before the freeze breaks as d
+    # comes back, and b's report arrives just after the join made the new b-d link.
+    host = FakeHost(FakeClock())
+    role = host.elect()
+    join(host, role, "b", "c", "e")
+    request(role, "d", "join", addr="10.0.0.d:7000", neighbors=["b", "c"])
+    version = role.sched.policy_version
+    rid = request(role, "b", "report", kind="link-failed", peer="d", reason="broken pipe")
+    assert host.reply_to(rid).args["error"] is None
+    assert "disconnect-link" not in kinds(role) and role.sched.policy_version == version
+    request(role, "d", "report", kind="replicated", bytes=64)
+    request(role, "b", "report", kind="link-failed", peer="d", reason="reset")  # joined now
+    assert "disconnect-link" in kinds(role)

@@ -14,6 +14,7 @@ from tests.dataplane._cluster import Cluster
 
 SECRET = b"k"
 IDS = ["a", "b", "c"]
+FOUR = ["a", "b", "c", "d"]
 
 
 @pytest.fixture
@@ -29,6 +30,35 @@ def cluster() -> Iterator[Callable[..., Cluster]]:
     yield make
     for c in made:
         c.close()
+
+
+def make_mesh() -> dict[str, PeerLinks]:
+    """Four nodes, every pair linked, so any tree over them runs (close every one)."""
+    links = {n: PeerLinks(n, "t", SECRET, is_member=lambda p: True,
+                          config=LinkConfig(io_poll=0.2)) for n in FOUR}
+    try:
+        for lk in links.values():
+            lk.allow(*FOUR)
+            lk.start()
+        for i, a in enumerate(FOUR):
+            for b in FOUR[i + 1:]:
+                links[a].connect_to(b, *links[b].address)
+        for n, lk in links.items():
+            assert lk.wait_connected([p for p in FOUR if p != n], 5)
+    except BaseException:
+        for lk in links.values():
+            lk.close()
+        raise
+    return links
+
+
+@pytest.fixture
+def mesh() -> Iterator[dict[str, PeerLinks]]:
+    """Four nodes, every pair linked, closed after the test."""
+    links = make_mesh()
+    yield links
+    for lk in links.values():
+        lk.close()
 
 
 @pytest.fixture(autouse=True, scope="session")

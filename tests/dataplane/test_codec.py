@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from daemon.contracts.policy import WIRE_FORMATS
-from daemon.dataplane.codec import INT8_BLOCK, Codec, ErrorFeedback, WirePlan, codec_for
+from daemon.dataplane.codec import INT8_BLOCK, Codec, codec_for
+from daemon.dataplane.wireplan import ErrorFeedback, WirePlan
 
 pytestmark = pytest.mark.timeout(120)
 LOSSY = ("fp16", "bf16", "int8")

@@ -17,6 +17,7 @@ import pytest
 
 from daemon.dataplane import AllReducer, RoundAborted, SyncPolicy
 from daemon.dataplane.fences import Fences
+from daemon.dataplane.frames import FrameHeader, Kind, encode_frame, phase_flags
 from daemon.dataplane.rounds import Phase
 
 pytestmark = pytest.mark.timeout(60)
@@ -118,3 +119,29 @@ def test_fences_pick_the_newer_policy_that_governs_the_round() -> None:
     for v in range(8, 40):
         f.add(v, 1000)
     assert f.over(Phase((5, 0, 5), None, (), cond)) is None  # only recent fences are kept
+
+
+@pytest.mark.parametrize("serves, aborts", [(4, True), (5, False)])
+def test_a_newer_epoch_ends_the_round_only_if_it_is_for_that_round(
+        trio: dict[str, AllReducer], mute: socket.socket, serves: int, aborts: bool) -> None:
+    """A peer's frame of a newer epoch for the same round means the round runs under a
+    newer policy there: ours can never complete, so it ends at once. One for the next round
+    comes from a peer that committed ours (its agreement for the next round's policy, or the
+    guard's attempt bump): our COMMIT is on its way, and ending the round then left a node a
+    round behind in an epoch every peer had left (the demo's 75 s stall)."""
+    solo = trio["solo"]
+    policy = SyncPolicy.build(5, ["solo", "mute"], [("mute", "solo")], "solo")
+    ahead = encode_frame(FrameHeader(Kind.AGREE_UP, serves, 6, 0, 0, 4, phase_flags(0, True)),
+                         b"\0" * 4)  # fmt: skip
+    t = _later(0.3, mute.sendall, ahead)
+    t0 = time.monotonic()
+    with pytest.raises(RoundAborted) as info:
+        solo.allreduce(np.ones(10, np.float32), 1, step=4, policy=policy, timeout=3.0)
+    t.join(5)
+    if aborts:
+        assert "policy version mismatch: mute is at epoch (6, 0)" in info.value.reason
+        assert time.monotonic() - t0 < 2.5  # at once, not at the round's timeout
+    else:
+        assert "timed out" in info.value.reason  # it waited for mute, as for a slow peer
+    # The frame was kept for its own phase, not dropped: the next agreement replays it.
+    assert solo.newest_epoch() == (6, 0)

@@ -60,8 +60,11 @@ def test_kill9_scheduler_then_follower(make_cluster: MakeCluster, broker: str) -
     row = wait_until(lambda: (r := node_row(c, new, old)) and r["state"] == "failed" and r,
                      10, "old scheduler marked failed")
     assert not row["scheduler"]
-    failed = [e for e in events_of(c, new, "node-failed") if e["node"] == old]
-    assert failed and failed[-1]["reason"] == "last-will"
+    # Waited for, not read once: a control query that times out on a loaded box reads as
+    # no events (it failed this way under two xdist workers).
+    failed = wait_until(lambda: [e for e in events_of(c, new, "node-failed") if e["node"] == old],
+                        10, "the old scheduler's node-failed event")
+    assert failed[-1]["reason"] == "last-will"
     # Now a follower.
     victim = next(n for n in rest if n != new)
     c.kill(victim, signal.SIGKILL)
@@ -120,7 +123,8 @@ def test_sigstop_follower(make_cluster: MakeCluster, broker: str) -> None:
     try:
         wait_until(lambda: (r := node_row(c, sched, victim)) and r["state"] == "failed", 10,
                    "frozen follower marked failed")
-        event = [e for e in events_of(c, sched, "node-failed") if e["node"] == victim][-1]
+        event = wait_until(lambda: [e for e in events_of(c, sched, "node-failed")
+                                    if e["node"] == victim], 10, "its node-failed event")[-1]
         assert event["reason"] in ("heartbeat", "last-will")
         if event["reason"] == "heartbeat":
             assert event["delay_ms"] > 1000  # it waited out the acceptable pause

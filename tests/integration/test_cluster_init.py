@@ -5,8 +5,10 @@ mosquitto config with a password file and an ACL, and a chaosd.toml per node. mo
 from that config and three chaosd start from their own files; they elect a scheduler and train.
 Then three intruders try to change something, and nothing changes:
 
-* an anonymous client, and one with a node's username but another node's password: the broker
-  refuses the connection;
+* a client without a certificate from the cluster's CA: the broker refuses the TLS session
+  (mutual TLS, with the client certificates that ``cluster init`` issues and chaosd presents);
+* an anonymous client, and one with a node's username but another node's password, each with a
+  valid certificate: the broker refuses the login;
 * a client with a node's real credentials publishing as another node: the ACL drops it (the
   retained copy stays the real one and no daemon ever sees the message);
 * a client with a node's real credentials but no secret claiming the scheduler and commanding
@@ -21,6 +23,7 @@ username), which is a disturbance of its own and not the one under test.
 from __future__ import annotations
 
 import socket
+import ssl
 import stat
 import time
 from collections.abc import Iterator
@@ -31,10 +34,12 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 from cryptography import x509
+from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from chaosctl.cluster import Child, LocalCluster, chaosd_command, free_port, mosquitto_binary
 from chaosctl.main import run as chaosctl
 from daemon.contracts.config import load_config
+from daemon.contracts.errors import ConfigError
 from daemon.contracts.messages import Command, Heartbeat, LeaderClaim, Status, Topics, encode
 from tests.integration.conftest import need_mosquitto
 from tests.training._run import Run
@@ -42,7 +47,8 @@ from tests.training._run import Run
 CLUSTER = "sec"
 NODES = ["n1", "n2", "n3"]
 SPARE = "n4"  # in the deployment, never started
-pytestmark = pytest.mark.timeout(120)
+# One process runs the module, so its tests share one deployed cluster.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("cluster_init")]
 
 
 @dataclass
@@ -101,9 +107,15 @@ class Intruder:
         self.client.loop_stop()
 
 
-def intrude(d: Deployed, user: str | None, password: str | None) -> Intruder:
+def intrude(d: Deployed, user: str | None, password: str | None,
+            cert: str | None = SPARE) -> Intruder:
+    """Connect as ``user`` with ``password``, presenting node ``cert``'s client certificate
+    (the stolen spare's by default; None: no certificate)."""
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"intruder-{time.time()}")
-    client.tls_set(ca_certs=str(d.deploy / "ca" / "ca.crt"))
+    files = d.deploy / "nodes" / (cert or SPARE)
+    client.tls_set(ca_certs=str(d.deploy / "ca" / "ca.crt"),
+                   certfile=str(files / "client.crt") if cert else None,
+                   keyfile=str(files / "client.key") if cert else None)
     if user is not None:
         client.username_pw_set(user, password)
     done: dict[str, Any] = {}
@@ -114,6 +126,27 @@ def intrude(d: Deployed, user: str | None, password: str | None) -> Intruder:
     client.loop_start()
     d.wait(lambda: "reason" in done, 10, "the broker's answer to CONNECT")
     return Intruder(client, done["reason"], got)
+
+
+def refused_without_certificate(d: Deployed) -> bool:
+    """True if the broker ends the session of a client that has the right login but no
+    certificate, before any CONNACK (in the handshake, or right after it under TLS 1.3)."""
+    client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"nocert-{time.time()}")
+    client.tls_set(ca_certs=str(d.deploy / "ca" / "ca.crt"))
+    client.username_pw_set(SPARE, d.password(SPARE))
+    answered: list[Any] = []
+    client.on_connect = lambda _c, _u, _f, reason, _p: answered.append(reason)
+    try:
+        client.connect("127.0.0.1", d.port)
+    except (ssl.SSLError, OSError):
+        return True
+    client.loop_start()
+    try:
+        time.sleep(2.0)
+        return not answered and not client.is_connected()
+    finally:
+        client.disconnect()
+        client.loop_stop()
 
 
 @pytest.fixture(scope="module")
@@ -155,19 +188,44 @@ def test_files(deployed: tuple[Deployed, Run]) -> None:
     assert (cfg.node_id, cfg.cluster, cfg.secret) == ("n2", CLUSTER, secret)
     assert cfg.broker == f"mqtts://127.0.0.1:{d.port}" and cfg.mqtt.username == "n2"
     assert len(set(d.password(n) for n in [*NODES, SPARE])) == 4
-    assert "allow_anonymous false" in (deploy / "broker" / "mosquitto.conf").read_text()
+    conf = (deploy / "broker" / "mosquitto.conf").read_text()
+    assert "allow_anonymous false" in conf and "require_certificate true" in conf
+    # Each node presents its own client certificate (mutual TLS), issued by the CA.
+    client = x509.load_pem_x509_certificate((deploy / "nodes" / "n2" / "client.crt").read_bytes())
+    client.verify_directly_issued_by(ca)
+    usage = client.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]
+    assert Path(cfg.mqtt.cert_file) == (deploy / "nodes" / "n2" / "client.crt").resolve()
+    assert Path(cfg.mqtt.key_file) == (deploy / "nodes" / "n2" / "client.key").resolve()
+    # A key that is not the certificate's stops chaosd at start-up, in one line naming the keys.
+    text = (deploy / "nodes" / "n2" / "chaosd.toml").read_text()
+    wrong = deploy / "wrong-key.toml"
+    wrong.write_text(text.replace(cfg.mqtt.key_file, str(deploy / "nodes" / "n3" / "client.key")))
+    with pytest.raises(ConfigError, match=r"mqtt\.cert_file/key_file cannot be loaded"):
+        load_config(wrong)
+    wrong.unlink()
     # A second init into the same directory is refused: one line, usage error.
     assert chaosctl(["cluster", "init", str(deploy), "--nodes", "n1"]) == 2
 
 
-@pytest.mark.timeout(180)
-def test_secure_cluster_trains(deployed: tuple[Deployed, Run]) -> None:
+@pytest.fixture(scope="module")
+def training(deployed: tuple[Deployed, Run]) -> tuple[Deployed, Run]:
+    """The secure cluster with a worker on every node: each attack test needs it, and under
+    xdist a test may be the first of its module that its process runs."""
     d, r = deployed
     sched, term = d.wait(lambda: d.agreed(NODES, {"standby": 3}), 40, "one scheduler over TLS")
     assert sched in NODES and term >= 1
     for node in NODES:
         r.join(node)
-    d.wait(lambda: r.active(NODES), 60, "every node active")
+    # Three joins at once did not settle within 60 s in one of four runs (cause not found
+    # yet; a joiner whose source is itself still joining waits 60 s, then retries).
+    d.wait(lambda: r.active(NODES), 150, "every node active")
+    return d, r
+
+
+@pytest.mark.timeout(300)
+def test_secure_cluster_trains(training: tuple[Deployed, Run]) -> None:
+    _, r = training
     r.advance(NODES, 5, timeout=90)
     r.assert_consistent()
 
@@ -183,9 +241,10 @@ def _unchanged(d: Deployed, r: Run, agreed: tuple[str, int]) -> None:
     r.advance(NODES, 3, timeout=60)
 
 
-def test_anonymous_and_wrong_password_are_refused(deployed: tuple[Deployed, Run]) -> None:
-    d, r = deployed
+def test_anonymous_and_wrong_password_are_refused(training: tuple[Deployed, Run]) -> None:
+    d, r = training
     agreed, _ = _baseline(d)
+    assert refused_without_certificate(d)
     for user, password in ((None, None), ("n1", d.password(SPARE))):
         intruder = intrude(d, user, password)
         try:
@@ -196,8 +255,8 @@ def test_anonymous_and_wrong_password_are_refused(deployed: tuple[Deployed, Run]
     _unchanged(d, r, agreed)
 
 
-def test_another_nodes_password_cannot_speak_for_n1(deployed: tuple[Deployed, Run]) -> None:
-    d, r = deployed
+def test_another_nodes_password_cannot_speak_for_n1(training: tuple[Deployed, Run]) -> None:
+    d, r = training
     agreed, counters = _baseline(d)
     t = Topics(CLUSTER)
     forged_status = encode(Status(node="n1", online=False, reason="left", incarnation=1 << 40,
@@ -226,8 +285,8 @@ def test_another_nodes_password_cannot_speak_for_n1(deployed: tuple[Deployed, Ru
 
 
 def test_right_password_without_secret_cannot_move_the_scheduler(
-        deployed: tuple[Deployed, Run]) -> None:
-    d, r = deployed
+        training: tuple[Deployed, Run]) -> None:
+    d, r = training
     (sched, term), _ = _baseline(d)
     victim = next(n for n in NODES if n != sched)
     t = Topics(CLUSTER)

@@ -3,7 +3,8 @@
 The netns bench (``chaosctl bench scaleout``) drives :mod:`chaosctl.bench.scaleout_node`
 processes over their stdin/stdout; here the same processes run on loopback: two real state
 servers and a real joining node that runs ``chaos`` and ``chaos-paper`` on a state of one
-tensor, the shape the paper's planner cannot split. The report puts both beside the bound.
+tensor, the shape the paper's planner cannot split, and the ``plain`` baseline (plain sockets,
+the water-filling split). The report puts them beside the bounds.
 """
 
 from __future__ import annotations
@@ -68,16 +69,19 @@ def test_joiner_runs_the_paper_planner_beside_the_default(
     state = tmp_path / "synth.state"
     manifest = make_state("synth-4", state, 1)
     common = ["--state", str(state), "--manifest", str(state.with_suffix(".manifest.json"))]
-    addrs = {}
+    addrs, plain = {}, {}
     for n in NODES:
-        nodes.append(Node(["serve", "--node", n, *common, "--port", "0"]))
-        addrs[n] = ["127.0.0.1", nodes[-1].recv()["ready"][1]]
+        nodes.append(Node(["serve", "--node", n, *common, "--port", "0", "--plain-port", "0"]))
+        ready = nodes[-1].recv()
+        addrs[n] = ["127.0.0.1", ready["ready"][1]]
+        plain[n] = ["127.0.0.1", ready["plain"]]
     rates = {"n1": 400e6, "n2": 800e6}  # bit/s
     job = {
         "neighbors": [[n, 0.0, 8 / rates[n]] for n in NODES],
         "sources": [[n, 0.0, 8 / rates[n]] for n in NODES],
         "routes": {n: [n] for n in NODES},
         "addresses": addrs,
+        "plain_addresses": plain,
         "checkpoint_nodes": [],
         "planner": "chaos",
     }
@@ -86,7 +90,7 @@ def test_joiner_runs_the_paper_planner_beside_the_default(
                    "--workdir", str(tmp_path)])  # fmt: skip
     nodes.append(joiner)
     assert joiner.recv() == {"ready": True}
-    res = {name: joiner.ask(f"run {name}") for name in ("chaos", "chaos-paper")}
+    res = {name: joiner.ask(f"run {name}") for name in ("chaos", "chaos-paper", "plain")}
     for name, r in res.items():
         assert "error" not in r and r["verified"], (name, r)
         assert r["strategy"] == name
@@ -95,6 +99,13 @@ def test_joiner_runs_the_paper_planner_beside_the_default(
     assert sorted(v for v in res["chaos-paper"]["plan_bytes"].values()) == [0, 4 << 20]
     assert all(v > 0 for v in res["chaos"]["plan_bytes"].values())
     assert res["chaos"]["plan_makespan_s"] < res["chaos-paper"]["plan_makespan_s"]
+    # Plain sockets: the water-filling split of the one segment, every byte once.
+    assert res["plain"]["plan_bytes"] == {
+        s: v[2] for s, v in res["plain"]["sources"].items()
+    }
+    assert sum(res["plain"]["plan_bytes"].values()) == 4 << 20
+    for r in res.values():  # every source's bytes, start, end, taken and given are reported
+        assert all(len(v) == 6 for v in r["sources"].values())
 
     # The report puts both beside the bound (the other strategies' numbers are made up here).
     fake = {
@@ -103,7 +114,7 @@ def test_joiner_runs_the_paper_planner_beside_the_default(
         "verified": True,
         "servers": {n: {"busy_s": 0.5, "bytes_sent": 1, "bytes_relayed": 0} for n in NODES},
     }
-    runs = {s: fake for s in report.STRATEGIES} | res
+    runs = {s: fake for s in report.RUNS} | res
     for r in res.values():
         r["servers"] = fake["servers"]
     inst = {
@@ -112,16 +123,26 @@ def test_joiner_runs_the_paper_planner_beside_the_default(
         "neighbours": list(NODES),
         "models": {"synth-4": runs},
         "measured_mbps": {n: rates[n] / 1e6 for n in NODES},
+        "concurrent_mbps": {n: rates[n] / 2e6 for n in NODES},
         "configured_mbps": {f"{n}-n3": rates[n] / 1e6 for n in NODES},
     }
     (row,) = report.summarise([inst], {"synth-4": manifest})
-    assert set(row["delay_s"]) == set(report.STRATEGIES)
+    assert set(row["delay_s"]) == set(report.RUNS)
     assert row["paper_over_chaos"] == pytest.approx(
         res["chaos-paper"]["delay_s"] / res["chaos"]["delay_s"]
+    )
+    # Links measured all at once give half the rate here: the achievable bound is twice.
+    assert row["lb_achievable_s"] == pytest.approx(2 * row["lb_measured_s"])
+    assert row["chaos_over_lb_achievable"] == pytest.approx(
+        res["chaos"]["delay_s"] / row["lb_achievable_s"]
+    )
+    assert row["chaos_over_plain"] == pytest.approx(
+        res["chaos"]["delay_s"] / res["plain"]["delay_s"]
     )
     assert set(row["decision_ms"]) == {"chaos", "chaos-paper"}
     assert len(report.cells(row)) == len(report.COLUMNS)
     assert "paper s" in report.COLUMNS and "paper/LBm" in report.COLUMNS
+    assert {"plain s", "LB ach s", "chaos/LBa", "paper/LBa", "chaos/plain"} <= set(report.COLUMNS)
     doc = {
         "meta": {
             "sizes": [2],

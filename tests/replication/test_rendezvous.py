@@ -10,7 +10,7 @@ import torch
 
 from daemon.dataplane import LinkConfig, PeerLinks
 from daemon.replication.state import StateSpace, tensor_bytes
-from daemon.trainer.transfer import StateTransfer, snapshot_room
+from daemon.trainer.transfer import Refusal, StateTransfer, snapshot_room
 
 pytestmark = pytest.mark.timeout(60)
 MIB = 1 << 20
@@ -80,3 +80,5 @@ def test_a_source_short_of_memory_declines_with_the_reason(
     new.ask(["a-src"], 7, time.monotonic() + 10)
     offers, errors = new.offers(time.monotonic() + 10, grace_s=1.0)
     assert offers == {} and errors == {"a-src": why}
+    # Told apart from a lost link, so the new node can report who declined.
+    assert isinstance(errors["a-src"], Refusal)

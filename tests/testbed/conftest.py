@@ -9,6 +9,7 @@ once the tests are done, and removes it.
 from __future__ import annotations
 
 import itertools
+import os
 import secrets
 import subprocess
 from collections.abc import Callable, Iterator
@@ -22,7 +23,15 @@ from chaosctl import polling
 from chaosctl.testbed.core import Testbed
 from netprobe import netns
 
-SESSION = secrets.token_hex(1)
+
+def _session_tag() -> str:
+    """Two hex digits, random per run, but never the same for two pytest-xdist workers of one
+    run (up to 4): the worker's number picks the low bits, so their names cannot collide."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return f"{secrets.randbelow(64) * 4 + int(worker[2:] or 0) % 4:02x}"
+
+
+SESSION = _session_tag()
 SESSION_PREFIX = f"{netns.ROOT_PREFIX}x{SESSION}"
 _counter = itertools.count(1)
 
@@ -39,13 +48,21 @@ def need_root() -> None:
         pytest.skip(f"testbed test skipped: {reason}")
 
 
+def _ours() -> set[int]:
+    """This process and its ancestors: pytest run with ``--basetemp DIR`` names the temp dir
+    on its own command line, and must not count (or kill) itself."""
+    return {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+
+
 def leftovers(base: Path) -> list[str]:
     """Everything of this session still alive: namespaces, root links, processes."""
     found = [f"netns {n}" for n in netns.list_netns(SESSION_PREFIX)]
     found += [f"link {n}" for n in netns.list_links(SESSION_PREFIX)]
+    ours = _ours()
     for proc in psutil.process_iter(["pid", "cmdline", "status"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if str(base) in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE:
+        if (str(base) in cmd and proc.info["status"] != psutil.STATUS_ZOMBIE
+                and proc.info["pid"] not in ours):
             found.append(f"pid {proc.info['pid']}: {cmd[:120]}")
     return found
 
@@ -60,8 +77,9 @@ def nothing_leaks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     left = leftovers(base)
     if left:
         netns.cleanup(SESSION_PREFIX)
-        for proc in psutil.process_iter(["cmdline"]):
-            if str(base) in " ".join(proc.info["cmdline"] or []):
+        ours = _ours()
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            if str(base) in " ".join(proc.info["cmdline"] or []) and proc.pid not in ours:
                 proc.kill()
     assert not left, f"testbed tests leaked: {left}"
 

@@ -11,7 +11,7 @@ import pytest
 from chaosctl.testbed.scenario import Runner, load
 from tests.testbed.conftest import need_root, run_id
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.netns]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.netns, pytest.mark.xdist_group("bench")]
 WORKER = Path(__file__).resolve().parents[1] / "training" / "_worker.py"
 SCENARIO = f'''
 name = "ci-cut-heal-kill"

@@ -13,6 +13,8 @@ import pytest
 from chaosctl.bench import soak, soak_report
 from tests.testbed.conftest import leftovers, need_root, run_id
 
+pytestmark = pytest.mark.xdist_group("bench")  # CPU-bound: never beside another bench
+
 
 @pytest.mark.netns
 @pytest.mark.timeout(480)
@@ -21,11 +23,10 @@ def test_two_minute_soak_keeps_every_invariant(tmp_path: Path) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     work.mkdir()
     lines: list[str] = []
-    # No broker restarts here: a scheduler killed while the broker is down comes back with no
-    # leader claim to see and bootstraps a second cluster (a known fault the long soak found;
-    # see BENCHMARKS.md). CI must not fail on chance timing of a fault that is already known.
-    kinds = tuple(k for k in soak.KINDS if k != "broker-restart")
-    opts = soak.Options(minutes=2.0, nodes=4, rate=8.0, sample_s=3.0, seed=3, kinds=kinds)
+    # Every kind of chaos, broker restarts included: a scheduler killed while the broker is
+    # down once came back as a second cluster (BENCHMARKS.md, Soak; tests/integration/
+    # test_split_brain.py pins the fix).
+    opts = soak.Options(minutes=2.0, nodes=4, rate=8.0, sample_s=3.0, seed=3)
     doc = soak.run(opts, out, lines.append, workdir=work, run_id=run_id())
 
     assert doc["violations"] == [], doc["violations"]

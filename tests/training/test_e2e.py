@@ -82,6 +82,16 @@ def test_links_added_removed_and_failed_mid_allreduce(run: Any) -> None:
     r.advance(r.c.node_ids, 20)
     links = {(lk["a"], lk["b"]) for lk in r.c.query(n1, "links")}
     assert (n3, n4) in links and (n1, n4) not in links
+    # Added and removed at once: the policy with the link may still be waiting to take
+    # effect when the removal comes, and its rounds need the link until the next one takes
+    # over (closing it at once stalled those rounds until they timed out: the demo did).
+    for action in ("add", "del"):
+        call_once(r.c.socket_of(n1), "link", {"action": action, "peer": n4}, timeout=10)
+    r.c.wait(lambda: len(r.events("disconnect-link")) >= 2, 10, "second disconnect-link")
+    r.advance(r.c.node_ids, 20)
+    for node in r.c.node_ids:
+        log = (r.c.workdir / node / "worker.log").read_text(errors="replace")
+        assert "timed out after waiting for neighbours" not in log, (node, log[-2000:])
     # A link that fails under traffic: its socket is reset while the rounds run.
     assert kill_link(r, n2, n3) + kill_link(r, n3, n2) >= 1
     r.c.wait(lambda: r.events("link-failed"), 30, "link-failed event")

@@ -47,6 +47,8 @@ def test_broker_urls(tmp_path: Path) -> None:
         ('node_id = "has space"\n', "node_id"),
         ('log_level = "loud"\n', "log_level"),
         ('[election]\nstagger_s = -1\n', "election.stagger_s"),
+        ('[election]\ncontest_s = -1\n', "election.contest_s must be 0 (off) to 60"),
+        ('[election]\ncontest_s = 600\n', "election.contest_s must be 0 (off) to 60"),
         ('mqtt = 3\n', "mqtt"),
         ('[mqtt]\nca_file = "/nonexistent/ca.pem"\n', "mqtt.ca_file"),
         ("node_id = \n", "TOML"),

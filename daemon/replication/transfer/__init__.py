@@ -6,6 +6,9 @@
 - token-bucket pacing of a link: :mod:`daemon.replication.transfer.throttle`
 - the new node's parallel, verified, self-healing fetch: :mod:`daemon.replication.transfer.fetch`
 - fetch options and results: :mod:`daemon.replication.transfer.fetch_types`
+- the fetch's bookkeeping (requests, arrivals, steals, re-plans):
+  :mod:`daemon.replication.transfer.ledger`
+- run-time rebalancing (rates, request sizes, steals): :mod:`daemon.replication.transfer.balance`
 - the four strategies: :mod:`daemon.replication.transfer.strategies`
 
 Neighbour side, after the all-reduce of step t::
@@ -28,6 +31,7 @@ from daemon.replication.transfer.fetch_types import (
     FetchResult,
     ProgressFn,
     SourceTiming,
+    Steal,
 )
 from daemon.replication.transfer.serve import ServerStats, StateServer, serve
 from daemon.replication.transfer.snapshot import Snapshot
@@ -58,6 +62,7 @@ __all__ = [
     "Snapshot",
     "SourceTiming",
     "StateServer",
+    "Steal",
     "StrategyResult",
     "TokenBucket",
     "TransferError",

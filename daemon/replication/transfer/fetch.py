@@ -1,52 +1,48 @@
 """The new node's side: pull a plan's byte ranges from every neighbour at once, verified.
 
+This module does the I/O; what each source is asked for, and what has arrived and verified,
+is kept by a :class:`~daemon.replication.transfer.ledger.Ledger`.
+
 One thread and one connection per source (a direct neighbour, or for relayed strategies a node
-reached through a route of hops). Each thread pipelines up to ``window`` range requests and reads
-every DATA frame straight into its place in one preallocated buffer, so the state is received
-with no intermediate copy. A checksum block is verified as soon as all of its bytes are in
-(blocks that straddle two neighbours' ranges included); a bad block is fetched again, first from
-the neighbour that completed it, then from others, and is never accepted unverified. A source
-that fails (refused, connection lost, silent for ``io_timeout``) becomes state: the bytes it has
-not delivered are re-planned onto the survivors with :func:`replan_remaining`.
+reached through a route of hops). Each thread cuts its share into requests of about
+``piece_s`` seconds at the source's observed rate, keeps ``pipeline`` of them in flight (more
+on a long round trip; while a source's rate is still unknown, no more bytes than it has
+delivered, as in TCP's slow start) and reads every DATA frame straight into its place in one
+preallocated buffer, so the state is received with no intermediate copy. Rates at run time
+differ from the plan's (the streams share the new node's CPU and links change), so a source
+that has nothing left to request takes the unrequested tail of the source predicted to finish
+last, just enough that both are predicted to finish together
+(:mod:`~daemon.replication.transfer.balance`); the sources finish close together whatever the
+plan assumed. A checksum block is verified as soon
+as all of its bytes are in (blocks that straddle two sources' ranges included); a bad block is
+fetched again, first from the source that completed it, then from others, and is never
+accepted unverified. A source that fails (refused, connection lost, silent for ``io_timeout``)
+becomes state: the bytes it has not delivered are re-planned onto the survivors, by their
+observed rates, with :func:`replan_remaining`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 
 from daemon.dataplane import auth
-from daemon.dataplane.frames import recv_exact_into
-from daemon.replication.errors import CorruptStateError, PlanError
+from daemon.replication.errors import PlanError
 from daemon.replication.manifest import Manifest, verify_range
-from daemon.replication.planning.model import Neighbor, Range, ReplicationPlan, merge_ranges
-from daemon.replication.planning.planner import PLANNERS
-from daemon.replication.planning.replan import replan_remaining
+from daemon.replication.planning.model import ReplicationPlan
 from daemon.replication.transfer import wire
-from daemon.replication.transfer.fetch_types import (
-    FetchOptions,
-    FetchResult,
-    ProgressFn,
-    SourceTiming,
-)
-from daemon.replication.transfer.wire import Kind, TransferError, VersionMismatchError
-
-
-@dataclass(frozen=True)
-class _Task:
-    offset: int
-    length: int
-    block: int | None = None  # set for the re-fetch of a bad block
+from daemon.replication.transfer.fetch_types import FetchOptions, FetchResult, ProgressFn
+from daemon.replication.transfer.ledger import Ledger, Task
+from daemon.replication.transfer.wire import Kind
 
 
 class _Fetch:
-    """One fetch: the shared state of the source threads, guarded by one condition."""
+    """One fetch: a thread per source around one :class:`Ledger`, guarded by one condition."""
 
     def __init__(
         self,
@@ -59,60 +55,31 @@ class _Fetch:
         progress: ProgressFn | None,
         opt: FetchOptions,
     ) -> None:
-        if plan.inputs.total_bytes != manifest.total_bytes or len(dest) != manifest.total_bytes:
-            raise PlanError("plan, manifest and buffer sizes differ")
-        self.plan, self.manifest, self.me, self.opt = plan, manifest, me, opt
+        if len(dest) != manifest.total_bytes:
+            raise PlanError("the buffer and the manifest sizes differ")
+        self.ledger = Ledger(plan, manifest, opt)
+        self.manifest, self.me, self.opt = manifest, me, opt
         self.addresses, self.routes, self.progress = addresses, routes, progress
         self.dest, self.view = dest, memoryview(dest)
-        self.order = [n.id for n in plan.inputs.neighbors]
-        self.info = {n.id: n for n in plan.inputs.neighbors}
         self.cv = threading.Condition()
-        self.queues: dict[str, deque[_Task]] = {s: deque() for s in self.order}
-        self.assigned: dict[str, list[Range]] = {s: [] for s in self.order}
-        self.done: dict[str, list[Range]] = {s: [] for s in self.order}
-        self.delivered = dict.fromkeys(self.order, 0)
-        self.assigned_n = dict.fromkeys(self.order, 0)
-        self.done_n = dict.fromkeys(self.order, 0)
-        self.start: dict[str, float] = {}
-        self.end: dict[str, float] = {}
-        self.failed: dict[str, BaseException] = {}
-        self.alive = set(self.order)
-        nb = manifest.num_blocks
-        self.got, self.owner = [0] * nb, [""] * nb
-        self.tries = [0] * nb
-        self.verified = 0
-        self.refetched: list[int] = []
-        self.replans: list[ReplicationPlan] = []
         self.socks: dict[str, socket.socket] = {}
         self.stop = False
-        self.fatal: BaseException | None = None
-        self.t0 = time.monotonic()
-        self.t_done = 0.0
-        for src, ranges in plan.ranges.items():
-            self._assign(src, ranges)
-
-    # -- bookkeeping (caller holds self.cv) ------------------------------------------------
-    def _assign(self, src: str, ranges: Sequence[Range]) -> None:
-        self.assigned[src].extend(r for r in ranges if r[1] > 0)
-        self.queues[src].extend(_Task(o, n) for o, n in ranges if n > 0)
-        self.assigned_n[src] += sum(n for _, n in ranges)
+        # Blocks are verified off the receiving threads: a receiving thread that hashes lets
+        # its socket queue fill and its link stall whenever the CPU is contended.
+        self.verifier = (
+            ThreadPoolExecutor(opt.verify_threads, thread_name_prefix="fetch-verify")
+            if opt.verify_threads > 0
+            else None
+        )
 
     # -- the source threads ----------------------------------------------------------------
     def worker(self, src: str) -> None:
-        inflight: deque[_Task] = deque()
+        inflight: deque[Task] = deque()
         try:
             while True:
-                with self.cv:
-                    while (
-                        not self.stop and src in self.alive and not (self.queues[src] or inflight)
-                    ):
-                        self.cv.wait(0.5)
-                    if self.stop or src not in self.alive:
-                        return
-                    take = [
-                        self.queues[src].popleft()
-                        for _ in range(min(len(self.queues[src]), self.opt.window - len(inflight)))
-                    ]
+                take = self._next(src, len(inflight))
+                if take is None:
+                    return
                 inflight.extend(take)  # before any I/O, so a failure hands them all back
                 sock = self.socks.get(src) or self._dial(src)
                 for task in take:
@@ -120,7 +87,20 @@ class _Fetch:
                 self._receive(sock, src, inflight[0])
                 inflight.popleft()
         except Exception as exc:  # a failing source is state, never a crash
-            self._fail(src, exc, list(inflight))
+            with self.cv:
+                self.ledger.fail(src, exc, list(inflight), heal=not self.stop)
+                self.cv.notify_all()
+
+    def _next(self, src: str, in_flight: int) -> list[Task] | None:
+        """The requests ``src`` sends next; waits while it has nothing to do (None: stop)."""
+        with self.cv:
+            while True:
+                if self.stop or src not in self.ledger.alive:
+                    return None
+                take = self.ledger.next_tasks(src, in_flight)
+                if take or in_flight:
+                    return take
+                self.cv.wait(self.ledger.idle_wait_s())
 
     def _dial(self, src: str) -> socket.socket:
         hop = self.routes.get(src, [src])[0]
@@ -131,13 +111,14 @@ class _Fetch:
             connect_timeout=self.opt.connect_timeout,
             io_timeout=self.opt.io_timeout,
         )
+        wire.kernel_timeouts(sock, self.opt.io_timeout)
         with self.cv:
             self.socks[src] = sock
             if self.stop:  # close() may have run while we dialled
                 sock.shutdown(socket.SHUT_RDWR)
         return sock
 
-    def _request(self, sock: socket.socket, src: str, task: _Task) -> None:
+    def _request(self, sock: socket.socket, src: str, task: Task) -> None:
         hops = list(self.routes.get(src, [src]))[1:]
         version = self.manifest.version
         if hops:
@@ -146,9 +127,8 @@ class _Fetch:
             sock.sendall(body)
         else:
             sock.sendall(wire.encode(Kind.GET, version, task.offset, task.length))
-        self.start.setdefault(src, time.monotonic() - self.t0)
 
-    def _receive(self, sock: socket.socket, src: str, task: _Task) -> None:
+    def _receive(self, sock: socket.socket, src: str, task: Task) -> None:
         pos, end = task.offset, task.offset + task.length
         while pos < end:
             h = wire.read_header(sock, src)
@@ -162,131 +142,52 @@ class _Fetch:
                 or not 0 < n <= end - pos
             ):
                 raise wire.ProtocolError(f"{src} sent an unexpected {h.kind.name} frame")
-            recv_exact_into(sock, self.view[pos : pos + n], src)
-            self._arrived(src, task, pos, n)
+            wire.recv_into(sock, self.view[pos : pos + n], src, batch=True)
+            with self.cv:
+                complete = self.ledger.arrived(src, task, pos, n)
+                done, assigned = self.ledger.done_n[src], self.ledger.assigned_n[src]
+            for b in complete:
+                self._verify(src, b)
+            if self.progress is not None:
+                self.progress(src, done, assigned)
             pos += n
         if task.block is not None:
-            self._check_block(src, task.block)
+            self._verify(src, task.block)
 
-    def _arrived(self, src: str, task: _Task, off: int, n: int) -> None:
-        bs = self.manifest.block_size
-        complete: list[int] = []
-        with self.cv:
-            self.delivered[src] += n
-            self.end[src] = time.monotonic() - self.t0
-            if task.block is None:
-                self.done[src].append((off, n))
-                self.done_n[src] += n
-                for b in range(off // bs, (off + n - 1) // bs + 1):
-                    start, size = self.manifest.block_range(b)
-                    self.got[b] += min(off + n, start + size) - max(off, start)
-                    self.owner[b] = src
-                    if self.got[b] == size:
-                        complete.append(b)
-            done, assigned = self.done_n[src], self.assigned_n[src]
-        for b in complete:
+    def _verify(self, src: str, b: int) -> None:
+        if self.verifier is None:
             self._check_block(src, b)
-        if self.progress is not None:
-            self.progress(src, done, assigned)
+        else:
+            self.verifier.submit(self._check_block, src, b)
 
     def _check_block(self, src: str, b: int) -> None:
         start, size = self.manifest.block_range(b)
-        bad = verify_range(self.manifest, start, self.view[start : start + size])
-        with self.cv:
-            if not bad:
-                self.verified += 1
-                if self.verified == self.manifest.num_blocks:
-                    self.t_done = time.monotonic() - self.t0
-                    self.cv.notify_all()
-                return
-            self.tries[b] += 1
-            self.refetched.append(b)
-            if self.tries[b] > self.opt.max_block_tries:
-                self.fatal = CorruptStateError(
-                    f"block {b} stayed corrupt after {self.opt.max_block_tries} re-fetches", [b]
-                )
+        try:
+            bad = verify_range(self.manifest, start, self.view[start : start + size])
+        except Exception as exc:  # a verifier thread must not die silently
+            with self.cv:
+                self.ledger.fatal = exc
                 self.cv.notify_all()
-                return
-            self._queue_repair(b, prefer=self.owner[b] or src)
-
-    def _queue_repair(self, b: int, prefer: str) -> None:
-        """Queue a re-fetch of block ``b``: the same source first, then rotate (holds cv)."""
-        live = [s for s in self.order if s in self.alive]
-        if not live:
-            return  # _fail has recorded the fatal error
-        if prefer in self.alive and self.tries[b] <= self.opt.same_source_tries:
-            pick = prefer
-        else:
-            others = [s for s in live if s != prefer] or live
-            pick = others[self.tries[b] % len(others)]
-        start, size = self.manifest.block_range(b)
-        self.queues[pick].append(_Task(start, size, b))
-        self.cv.notify_all()
-
-    def _fail(self, src: str, exc: BaseException, inflight: list[_Task]) -> None:
+            return
         with self.cv:
-            if src not in self.alive:
-                return
-            self.alive.discard(src)
-            self.failed[src] = exc
-            if self.stop:
-                return
-            repairs = [t for t in [*inflight, *self.queues[src]] if t.block is not None]
-            self.queues[src].clear()
-            survivors = [s for s in self.order if s in self.alive]
-            if not survivors:
-                self.fatal = self._no_sources_left()
-                self.cv.notify_all()
-                return
-            try:
-                self._replan(src, survivors)
-            except PlanError as err:
-                self.fatal = TransferError(f"cannot re-plan the bytes of {src}: {err}")
-            for t in repairs:
-                assert t.block is not None
-                self._queue_repair(t.block, prefer="")
+            self.ledger.checked(src, b, not bad)
             self.cv.notify_all()
-
-    def _replan(self, src: str, survivors: list[str]) -> None:
-        """Plan ``src``'s undelivered bytes onto the survivors, each after its own backlog."""
-        current = dataclasses.replace(
-            self.plan, ranges={s: merge_ranges(r) for s, r in self.assigned.items()}
-        )
-        remaining = []
-        for s in survivors:
-            n = self.info[s]
-            backlog = self.assigned_n[s] - self.done_n[s]
-            remaining.append(
-                Neighbor(s, n.t_prop_s, n.t_trans_s_per_byte, backlog * n.t_trans_s_per_byte)
-            )
-        planner = PLANNERS[self.opt.replan_planner]
-        new = replan_remaining(current, src, merge_ranges(self.done[src]), remaining, planner)
-        for s, ranges in new.ranges.items():
-            self._assign(s, ranges)
-        self.replans.append(new)
-
-    def _no_sources_left(self) -> TransferError:
-        reasons = "; ".join(f"{s}: {e}" for s, e in self.failed.items())
-        if all(isinstance(e, VersionMismatchError) for e in self.failed.values()):
-            return VersionMismatchError(
-                f"no source serves the wanted version ({reasons})", wire.ErrorCode.VERSION
-            )
-        return TransferError(f"every source failed; the join cannot complete ({reasons})")
 
     # -- driving ---------------------------------------------------------------------------
     def run(self) -> FetchResult:
+        led = self.ledger
         threads = [
             threading.Thread(target=self.worker, args=(s,), name=f"fetch-{s}", daemon=True)
-            for s in self.order
+            for s in led.order
         ]
         for t in threads:
             t.start()
-        deadline = None if self.opt.deadline_s is None else self.t0 + self.opt.deadline_s
+        deadline = None if self.opt.deadline_s is None else led.t0 + self.opt.deadline_s
         try:
             with self.cv:
-                while self.fatal is None and self.verified < self.manifest.num_blocks:
+                while led.fatal is None and not led.complete:
                     if deadline is not None and time.monotonic() > deadline:
-                        self.fatal = TransferError(f"fetch took over {self.opt.deadline_s} s")
+                        led.fatal = wire.TransferError(f"fetch took over {self.opt.deadline_s} s")
                         break
                     self.cv.wait(0.5)
         finally:
@@ -301,22 +202,13 @@ class _Fetch:
                 t.join(self.opt.io_timeout + 1.0)
             for s in socks:
                 s.close()
-        if self.fatal is not None:
-            raise self.fatal
-        return FetchResult(self.dest, self.t_done, self._timings(), self.replans, self.refetched)
-
-    def _timings(self) -> dict[str, SourceTiming]:
-        return {
-            s: SourceTiming(
-                s,
-                self.start.get(s),
-                self.end.get(s),
-                self.delivered[s],
-                self.assigned_n[s],
-                str(self.failed[s]) if s in self.failed else None,
-            )
-            for s in self.order
-        }
+            if self.verifier is not None:
+                self.verifier.shutdown(wait=True, cancel_futures=True)
+        if led.fatal is not None:
+            raise led.fatal
+        return FetchResult(
+            self.dest, led.t_done, led.timings(), led.replans, led.refetched, led.steals
+        )
 
 
 def fetch(

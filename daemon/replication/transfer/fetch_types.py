@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from daemon.replication.planning.model import ReplicationPlan
 
@@ -16,7 +16,21 @@ class FetchOptions:
     """Knobs of :func:`fetch`.
 
     Attributes:
-        window: Range requests in flight per source (hides the round trip between ranges).
+        window: Most range requests in flight per source.
+        pipeline: Fewest range requests in flight per source.
+        lead_s: Seconds of a source's traffic (at its observed rate) kept requested ahead of
+            what has arrived, plus its round trip (``2 * t_prop_s``). The sender's socket
+            buffers hold that much, so its link keeps running while the receiving thread
+            waits for a CPU; bytes not yet requested can still go to another source.
+        piece_s: A request asks for about this many seconds of a source's observed rate
+            (small requests let the others take over a slow source's tail late and precisely).
+        min_piece_bytes: Smallest request (bounds the per-request overhead).
+        max_piece_bytes: Largest request.
+        rebalance: When a source has nothing left to request, take the tail of the source
+            predicted to finish last (see :mod:`~daemon.replication.transfer.balance`). Off,
+            every source sends exactly its planned share (the baselines' behaviour).
+        verify_threads: Threads that verify blocks as they complete (0: the receiving
+            thread verifies them itself).
         connect_timeout: Seconds to connect and authenticate.
         io_timeout: A source silent this long mid-transfer has failed.
         same_source_tries: Re-fetches of a bad block from the same source before another.
@@ -26,6 +40,13 @@ class FetchOptions:
     """
 
     window: int = 32
+    pipeline: int = 2
+    lead_s: float = 0.2
+    piece_s: float = 0.05
+    min_piece_bytes: int = 128 << 10
+    max_piece_bytes: int = 8 << 20
+    rebalance: bool = True
+    verify_threads: int = 2
     connect_timeout: float = 5.0
     io_timeout: float = 10.0
     same_source_tries: int = 2
@@ -43,8 +64,11 @@ class SourceTiming:
         start_s: When its first request went out (None if it was never asked for anything).
         end_s: When its last byte arrived (None if none did).
         bytes: Bytes it delivered (re-fetches included).
-        assigned_bytes: Bytes planned onto it (re-plans included, repairs not).
+        assigned_bytes: Bytes it was finally responsible for: its planned share, plus what
+            it took over (re-plans, steals), minus what others took from it; repairs not.
         failed: Why it failed, or None.
+        taken_bytes: Bytes it took over from the queues of slower sources.
+        given_bytes: Bytes faster sources took over from its queue.
     """
 
     id: str
@@ -53,6 +77,30 @@ class SourceTiming:
     bytes: int
     assigned_bytes: int
     failed: str | None
+    taken_bytes: int = 0
+    given_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Steal:
+    """Bytes one source took over from another's queue while the fetch ran.
+
+    Attributes:
+        thief: The source that took them (it had nothing left to request).
+        victim: The source predicted to finish last.
+        ranges: The byte ranges moved.
+        at_s: Seconds since the fetch started.
+    """
+
+    thief: str
+    victim: str
+    ranges: tuple[tuple[int, int], ...]
+    at_s: float
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes moved."""
+        return sum(n for _, n in self.ranges)
 
 
 @dataclass(frozen=True)
@@ -65,6 +113,7 @@ class FetchResult:
         sources: Per-source timings.
         replans: The plans made for failed sources, in order.
         refetched_blocks: Blocks that failed verification and were fetched again.
+        steals: Work moved between sources by rebalancing, in order.
     """
 
     buffer: bytearray
@@ -72,3 +121,4 @@ class FetchResult:
     sources: dict[str, SourceTiming]
     replans: list[ReplicationPlan]
     refetched_blocks: list[int]
+    steals: list[Steal] = field(default_factory=list)

@@ -8,7 +8,7 @@ socket. Its extra memory is therefore bounded by::
 
     len(manifest JSON) + max_connections * (thread stack in use + chunk_bytes)
 
-(about 1 MiB + 32 * 1.1 MiB with the defaults, whatever the state's size). The bench measures
+(about 1 MiB + 32 * 4.1 MiB with the defaults, whatever the state's size). The bench measures
 the anonymous RSS a serving process adds and reports it next to this bound.
 """
 

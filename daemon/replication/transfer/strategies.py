@@ -4,7 +4,8 @@
 | -------------- | ------------ | --------------------------------------------------------------- |
 | ``chaos``      | Chaos        | plans a split over its neighbours (``job.planner``) and pulls   |
 |                |              | (default planner ``chaos``: water-filling, the exact optimum;   |
-|                |              | ``paper`` gives the paper's Algorithms 1+2)                     |
+|                |              | ``paper`` gives the paper's Algorithms 1+2), rebalancing the    |
+|                |              | split at run time when the rates differ from the plan's         |
 | ``single``     | EDL+         | pulls the whole state from the neighbour that finishes first    |
 | ``multi-source``| Autoscaling | even split over all cluster nodes, relayed hop by hop to it     |
 | ``stop-resume``| Pollux       | every node checkpoints to disk, restarts, and loads from disk   |
@@ -20,6 +21,7 @@ understates Pollux.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -111,7 +113,9 @@ def _pull(
     inputs = PlanInput.create(nodes, m.segments(), align_bytes=m.block_size)
     plan = make_plan(planner, inputs)
     decision = time.perf_counter() - t0
-    res = fetch(plan, m, job.addresses, job.me, routes=routes, options=job.options)
+    # Only Chaos rebalances at run time; the baselines send exactly the shares they planned.
+    options = dataclasses.replace(job.options, rebalance=job.options.rebalance and name == "chaos")
+    res = fetch(plan, m, job.addresses, job.me, routes=routes, options=options)
     phases = {"plan": decision, "transfer": res.delay_s}
     return StrategyResult(name, decision + res.delay_s, res.buffer, decision, plan, res, phases)
 

@@ -1,0 +1,165 @@
+"""The node agent's part in the election: claims, contests, and the scheduler it follows.
+
+A mixin of :class:`~daemon.agent.node.NodeAgent` (the rules are :mod:`daemon.cluster.election`'s;
+this is what the agent does with their verdicts): it publishes our claim with the count of
+nodes training under us, answers the claims it hears, takes in the snapshot of the scheduler
+it follows (and holds back a rival's while it defers that rival's claim), and, when the
+scheduler changes, asks the new one again for a join the old one never finished.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from daemon.agent.metrics import AgentMetrics
+from daemon.agent.worker import WorkerSession
+from daemon.cluster.detector import PhiAccrualDetector
+from daemon.cluster.election import Action, Election, Verdict, better
+from daemon.cluster.role import SchedulerRole
+from daemon.contracts.clock import Clock
+from daemon.contracts.kinds import RequestOp
+from daemon.contracts.messages import ClusterState, Event, Heartbeat, LeaderClaim, Topics, encode
+from daemon.contracts.policy import POLICY_KEEP
+
+log = logging.getLogger("chaosd.node")
+EVENTS_KEEP = 1000
+
+
+class Leadership:
+    """Election duties of the node agent (mixed into NodeAgent, which sets these)."""
+
+    me: str
+    clock: Clock
+    topics: Topics
+    election: Election
+    role: SchedulerRole | None
+    worker: WorkerSession
+    detector: PhiAccrualDetector
+    metrics: AgentMetrics
+    view: ClusterState | None
+    _held_state: ClusterState | None
+    beats: dict[str, Heartbeat]
+    events: dict[tuple[int, float], Event]
+    policies: dict[int, dict[str, Any]]
+    counters: Counter[str]
+
+    def queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
+        raise NotImplementedError
+
+    def live_peers(self) -> set[str]:
+        raise NotImplementedError
+
+    def request(self, op: RequestOp, **args: Any) -> str:
+        raise NotImplementedError
+
+    def _watch_leader(self) -> None:
+        raise NotImplementedError
+
+    def _queue_claim(self) -> None:
+        claim = LeaderClaim(id=self.me, term=self.election.term, ts=self.clock.wall(),
+                            training=self.training_count())
+        self.queue(self.topics.leader, encode(claim), retain=True)
+
+    def training_count(self, live: set[str] | None = None) -> int:
+        """As scheduler: the live nodes (us included) whose worker last committed a round
+        under one of our policies, by their heartbeats (a contested claim's count). 0 as a
+        follower. ``live``: the live peers, if the caller has them already."""
+        role = self.role
+        if role is None:
+            return 0
+        live = self.live_peers() if live is None else live
+        n = int(self.worker.attached and role.trains_under_us(self.worker.version))
+        return n + sum(1 for node in live if node in self.beats
+                       and role.trains_under_us(self.beats[node].policy_version))
+
+    def _on_claim(self, claim: LeaderClaim) -> None:
+        before = self.election.leader
+        verdict = self.election.on_claim(claim.id, claim.term, training=claim.training,
+                                         own=self.training_count())
+        if verdict.action in (Action.FOLLOW, Action.STEP_DOWN) and verdict.leader != self.me:
+            # A better claim is its sender's sign of life: a silence we heard while it was not
+            # our leader (the other side of a healed partition) must not judge it dead at once.
+            self.detector.forget(claim.id)
+        self._watch_leader()
+        if verdict.action is Action.CLAIM:
+            self._queue_claim()
+        elif verdict.action is Action.STEP_DOWN:
+            log.warning("stepping down: %s holds term %d", claim.id, claim.term)
+            self.role = None
+        if verdict.action in (Action.FOLLOW, Action.STEP_DOWN):
+            log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
+            self._take_held_state()
+        self._ask_new_leader(before)
+
+    def _take_held_state(self) -> None:
+        """Now following a new scheduler: take in its snapshot if we held it back."""
+        held, self._held_state = self._held_state, None
+        if held is not None and (held.term, held.leader) == (self.election.term,
+                                                             self.election.leader):
+            self._on_state(held)
+
+    def _ask_new_leader(self, before: str | None) -> None:
+        """A join request went to the scheduler of a term that has ended (its partition
+        healed, or it died): the new one never heard it, and the worker would wait out its
+        join timeout. Ask again (a request already in flight there is a no-op)."""
+        w, leader = self.worker, self.election.leader
+        if leader is None or leader == before or not w.attached or w.state != "joining":
+            return
+        log.info("asking the new scheduler %s to let our worker join", leader)
+        self.request("join", addr=w.data_addr, neighbors=w.neighbors, rtts={})
+
+    def _settled(self, verdict: Verdict, before: str | None, term: int) -> None:
+        """A contest or a deferral ended (Election.tick) with a STEP_DOWN or a FOLLOW."""
+        if verdict.action not in (Action.STEP_DOWN, Action.FOLLOW):
+            return
+        if verdict.action is Action.STEP_DOWN:
+            log.warning("stepping down: %s holds term %d (we held %d)", verdict.leader,
+                        verdict.term, term)
+            self.role = None
+        self.detector.forget(verdict.leader or "")
+        self._watch_leader()
+        log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
+        self._take_held_state()
+        self._ask_new_leader(before)
+
+    def _on_state(self, st: ClusterState) -> None:
+        claim = (st.term, st.leader)
+        accepted = (self.election.term, self.election.leader or "")
+        if self.role is not None:
+            if claim != (self.role.term, self.me):
+                # Someone else's snapshot overwrote the retained topic: repair it.
+                self.role.sched.dirty = True
+            return
+        if better(accepted, claim) and self.election.leader is not None:
+            self.counters["stale_states"] += 1
+            return  # from a stale or losing scheduler
+        if self.election.deferring and claim != accepted:
+            # Our live leader may yet outbid this one: train on under its policies. Kept, in
+            # case we follow its scheduler after all (it republishes only on a change).
+            self._held_state = st
+            return
+        if self.view is not None and (self.view.term, self.view.leader) == claim \
+                and st.version <= self.view.version:
+            return
+        self.view = st
+        self._merge_events(st.events)
+        self._merge_policies(st)
+
+    def _merge_policies(self, st: ClusterState) -> None:
+        for pol in [*st.policies, st.policy]:
+            version = pol.get("version") if isinstance(pol, dict) else None
+            if isinstance(version, int):
+                self.policies.setdefault(version, pol)
+        for version in sorted(self.policies)[:-POLICY_KEEP]:
+            del self.policies[version]
+
+    def _merge_events(self, events: list[Event]) -> None:
+        new = [ev for ev in events if (ev.seq, ev.ts) not in self.events]
+        for ev in events:
+            self.events.setdefault((ev.seq, ev.ts), ev)
+        self.metrics.new_events(new)
+        if len(self.events) > EVENTS_KEEP:
+            for key in sorted(self.events)[: len(self.events) - EVENTS_KEEP]:
+                del self.events[key]

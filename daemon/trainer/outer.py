@@ -1,0 +1,166 @@
+"""DiLoCo's outer loop: the synced parameters, the outer optimizer, the pseudo-gradient.
+
+In ``diloco`` mode (:class:`~daemon.contracts.policy.SyncMode`, from "DiLoCo: Distributed
+Low-Communication Training of Language Models") every member steps its own optimizer (the
+*inner* one, the script's) on its own batches, and every ``inner_steps`` (H) steps the members
+all-reduce the *pseudo-gradient* ``synced - current``: how far each moved from the parameters
+of the last outer step, sample-weighted like a gradient. The *outer* optimizer (SGD, with
+Nesterov momentum by default) steps the synced parameters with that average, and every member
+loads the result into its model. So between outer steps the members' models differ; at each
+outer step they become bit-identical again.
+
+:class:`Outer` holds what every member agrees on: the synced parameters (float32, one flat
+vector in the layout of the round's gradient segment), the outer momentum, and which H they
+were made with. The inner optimizer's state (Adam's moments, say) stays each member's own, as
+in DiLoCo: it is never averaged, compared or replicated. A joiner starts with a fresh inner
+state from the synced parameters (docs/training-protocol.md, "Sync modes", says why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from daemon.contracts.policy import SyncMode
+
+SYNCED = "outer/synced"  # extra tensor: the synced parameters, when a model cannot hold them
+MOMENTUM = "outer/momentum"  # extra tensor: the outer optimizer's momentum
+COUNT = "outer/count"  # extra tensor: outer steps applied since the cluster entered diloco
+
+
+def flat_params(params: Sequence[torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
+    """The parameters as one flat float32 CPU vector (the round's gradient layout)."""
+    parts = [p.detach().reshape(-1).to(device="cpu", dtype=torch.float32) for p in params]
+    if not parts:
+        return torch.zeros(0, dtype=torch.float32)
+    return torch.cat(parts) if out is None else torch.cat(parts, out=out)
+
+
+def outer_step(synced: torch.Tensor, momentum: torch.Tensor, avg: torch.Tensor,
+               mode: SyncMode) -> None:
+    """One outer step in place: ``torch.optim.SGD`` (dampening 0) on ``synced`` with the
+    averaged pseudo-gradient ``avg`` as its gradient.
+
+    ``m = mu * m + g``; the step is ``g + mu * m`` (Nesterov) or ``m``; ``synced -= lr * step``.
+    Elementwise float32 arithmetic in a fixed order: equal inputs give bit-identical outputs
+    on every member.
+    """
+    mu, lr = mode.outer_momentum, mode.outer_lr
+    if mu == 0:
+        synced.add_(avg, alpha=-lr)
+        return
+    momentum.mul_(mu).add_(avg)
+    if mode.outer == "nesterov":
+        synced.add_(avg.add(momentum, alpha=mu), alpha=-lr)
+    else:
+        synced.add_(momentum, alpha=-lr)
+
+
+@contextlib.contextmanager
+def inner_state_hidden(optimizer: torch.optim.Optimizer) -> Iterator[torch.optim.Optimizer]:
+    """The optimizer as if its per-parameter state were empty (its hyper-parameters stay).
+
+    A DiLoCo snapshot and digest hold the inner optimizer's hyper-parameters (schedulers move
+    them alike on every member) but not its state, which is each member's own. Only the
+    training thread touches the optimizer, so swapping its ``state`` here is safe.
+    """
+    saved = optimizer.state
+    optimizer.state = defaultdict(dict)
+    try:
+        yield optimizer
+    finally:
+        optimizer.state = saved
+
+
+class Outer:
+    """The outer state of a member in ``diloco`` mode.
+
+    Args:
+        params: The model's parameters, in the Stepper's order.
+        inner_steps: H of the cluster's mode.
+        synced: The synced parameters (default: the parameters now).
+        momentum: The outer momentum (default: zeros).
+        count: Outer steps the cluster applied so far (shared state: a step lost or applied
+            twice anywhere shows in it).
+    """
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], inner_steps: int,
+                 synced: torch.Tensor | None = None, momentum: torch.Tensor | None = None,
+                 count: int = 0) -> None:  # fmt: skip
+        self.params = list(params)
+        self.inner_steps = inner_steps
+        self.synced = flat_params(self.params) if synced is None else synced.clone()
+        self.momentum = torch.zeros_like(self.synced) if momentum is None else momentum.clone()
+        if self.momentum.shape != self.synced.shape:
+            raise ValueError("outer momentum and synced parameters differ in size")
+        # A float32 CPU model holds the synced parameters exactly: a snapshot need not
+        # carry them twice. Any other dtype rounds them, so they travel as their own tensor.
+        self.exact = all(p.dtype == torch.float32 and p.device.type == "cpu"
+                         for p in self.params)  # fmt: skip
+        self.samples = 0  # this member's samples since the last outer step
+        self.count = count
+        self._scratch: torch.Tensor | None = None
+
+    def outer_round(self, step: int) -> bool:
+        """Whether round ``step`` (made by ``update()`` at ``step - 1``) is an outer step."""
+        return step % self.inner_steps == 0
+
+    def pseudo_gradient(self, out: torch.Tensor) -> None:
+        """Write ``synced - current`` into ``out`` (the round's gradient segment)."""
+        if self._scratch is None or self._scratch.shape != self.synced.shape:
+            self._scratch = torch.empty_like(self.synced)
+        torch.sub(self.synced, flat_params(self.params, out=self._scratch), out=out)
+
+    def step(self, avg: torch.Tensor, mode: SyncMode) -> None:
+        """Apply the averaged pseudo-gradient of a committed round, load the result into the
+        model, and open the next window."""
+        outer_step(self.synced, self.momentum, avg, mode)
+        self.settle()
+
+    def settle(self) -> None:
+        """End the window: the model holds the synced parameters, one more outer step."""
+        self.load()
+        self.samples = 0
+        self.count += 1
+
+    def load(self) -> None:
+        """Copy the synced parameters into the model (the inner loop starts from them)."""
+        at = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                p.copy_(self.synced[at : at + n].view_as(p))
+                at += n
+
+    def model_state(self, model: torch.nn.Module, state: Mapping[str, torch.Tensor]
+                    ) -> dict[str, torch.Tensor]:  # fmt: skip
+        """``state`` (the model's state dict, buffers as agreed) with every parameter replaced
+        by its synced value: what the members share mid-window."""
+        views: dict[int, torch.Tensor] = {}
+        at = 0
+        for p in self.params:
+            n = p.numel()
+            views[id(p)] = self.synced[at : at + n].view(p.shape).to(dtype=p.dtype)
+            at += n
+        live = model.state_dict(keep_vars=True)
+        return {k: views.get(id(live.get(k)), v) for k, v in state.items()}
+
+    def tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The outer state's own tensors, for snapshots and the divergence guard."""
+        extra = [(MOMENTUM, self.momentum),
+                 (COUNT, torch.tensor([self.count], dtype=torch.int64))]
+        if not self.exact:
+            extra.append((SYNCED, self.synced))
+        return extra
+
+    @classmethod
+    def restore(cls, params: Sequence[torch.nn.Parameter], inner_steps: int,
+                extra: Mapping[str, Any]) -> Outer:  # fmt: skip
+        """The outer state of a replicated snapshot (the model already holds its parameters)."""
+        synced = extra.get(SYNCED)
+        return cls(params, inner_steps, synced=synced, momentum=extra[MOMENTUM],
+                   count=int(extra[COUNT][0]))

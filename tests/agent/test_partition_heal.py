@@ -1,0 +1,158 @@
+"""A control-plane partition heals (a bridge between two brokers is cut, then back).
+
+While cut, each side judged the other's nodes by their silence. When the messages flow again,
+that silence must not be held against a node that is plainly alive: a better leader claim and
+a request are signs of life of their senders. The real thing, with two bridged mosquitto
+brokers, is tests/integration/test_bridge.py; these pin the two rules on a fake bus and clock.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from daemon.agent.ops import worker_attach, worker_poll
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.errors import ControlError
+from daemon.contracts.messages import ClusterState, LeaderClaim, Request
+from tests.agent.test_node import Peer, T, attach, elected, run
+
+pytestmark = pytest.mark.timeout(20)
+
+
+async def test_a_better_claim_from_a_node_silent_in_the_partition_is_followed() -> None:
+    agent, bus, clock = await elected("m")
+    peer = Peer("z")
+    bus.deliver(T.status("z"), peer.status())
+    await run(agent, clock, 2.0, [peer])
+    await run(agent, clock, 5.0)  # cut: z elected itself on its side, at a higher term
+    claims = len(bus.published(T.leader))
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2))  # healed: its claim comes over
+    assert agent.role is None and agent.election.leader == "z"
+    await run(agent, clock, 0.4)  # before z's next heartbeat comes over
+    assert (agent.election.term, agent.election.leader) == (2, "z")
+    assert len(bus.published(T.leader)) == claims, "stood against a leader it just followed"
+    await run(agent, clock, 5.0, [peer])
+    assert agent.role is None and agent.election.leader == "z"
+
+
+async def test_a_node_silent_in_the_partition_that_asks_to_join_is_not_failed_at_once() -> None:
+    agent, bus, clock = await elected("m")
+    peer = Peer("z")
+    bus.deliver(T.status("z"), peer.status())
+    await run(agent, clock, 2.0, [peer])
+    await run(agent, clock, 5.0)  # cut: the scheduler fails z by its silence
+    sched = agent.scheduler
+    assert sched is not None
+    failed = [e for e in sched.events if e.kind == "node-failed" and e.node == "z"]
+    assert len(failed) == 1
+    # Healed: z's worker asks to rejoin before z's next heartbeat comes over.
+    bus.deliver(T.req, Request(node="z", req_id="z-1-1", op="join",
+                               args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
+    await run(agent, clock, 0.4)
+    assert [e.node for e in sched.events if e.kind == "node-failed"] == ["z"]
+    assert sched.nodes["z"].state in ("joining", "active")
+
+
+async def test_a_join_asked_of_a_scheduler_whose_term_ended_is_asked_of_the_new_one() -> None:
+    # The site's scheduler was cut off: its own worker, dropped by the other side, asked it
+    # to rejoin. Healed, it steps down; the new scheduler never heard that request, and the
+    # worker would wait out its whole join timeout (test_bridge.py once did, for 60 s).
+    agent, bus, clock = await elected("m")
+    peer = Peer("z")
+    bus.deliver(T.status("z"), peer.status())
+    await run(agent, clock, 2.0, [peer])
+    await worker_attach(agent, {"port": 7001, "pid": os.getpid(), "host": "127.0.0.1"})
+
+    def joins() -> list[Request]:
+        return [r for _, r in bus.published(T.req) if isinstance(r, Request) and r.op == "join"]
+
+    assert len(joins()) == 1
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2))
+    await agent.flush()
+    assert agent.role is None and len(joins()) == 2
+    assert joins()[-1].args["addr"] == "127.0.0.1:7001"
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2))  # the same leader again: no new ask
+    await agent.flush()
+    assert len(joins()) == 2
+
+
+async def test_the_scheduler_of_the_larger_part_outbids_a_newer_term() -> None:
+    """Two nodes train under m's policies, one under z's (the other side of a healed cut,
+    which elected a newer term): m restates its claim, counts for contest_s, and claims a
+    term above z's, with a policy of that term that leaves z's side to rejoin."""
+    agent, bus, clock = await elected("m")
+    peers = [Peer("p"), Peer("q")]
+    for peer in peers:
+        bus.deliver(T.status(peer.node), peer.status())
+    await run(agent, clock, 1.0, peers)
+    for i, peer in enumerate(peers):
+        bus.deliver(T.req, Request(node=peer.node, req_id=f"{peer.node}-1", op="join",
+                                   args={"addr": f"127.0.0.1:{7002 + i}", "neighbors": [],
+                                         "rtts": {}}))  # fmt: skip
+        await run(agent, clock, 0.2, peers)
+    sched = agent.scheduler
+    assert sched is not None and sched.policy is not None
+    for peer in peers:
+        peer.version = sched.policy.version  # they commit rounds under m's newest policy
+    await run(agent, clock, 1.0, peers)
+    assert agent.training_count() == 2
+    claims = len(bus.published(T.leader))
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=1))
+    assert agent.role is not None and agent.election.leader == "m"
+    await agent.flush()
+    restated = [c for _, c in bus.published(T.leader)][claims:]
+    assert [(c.id, c.term, c.training) for c in restated] == [("m", 1, 2)]
+    await run(agent, clock, 1.2, peers)
+    assert agent.role is not None and agent.election.term == 3 and agent.role.term == 3
+    last = bus.published(T.leader)[-1][1]
+    assert (last.id, last.term, last.training) == ("m", 3, 2)
+    assert sched.policy.version > 2 * 1_000_000  # above anything z's term numbered
+    # Ours are the old term's versions and the new one's, never z's in between.
+    role = agent.role
+    assert role.trains_under_us(peers[0].version) and role.trains_under_us(sched.policy.version)
+    assert not role.trains_under_us(1_000_001)
+    outbid = [e for e in sched.events if e.kind == "scheduler-elected" and e.term == 3]
+    assert outbid and outbid[0].detail["contest"] == {"own": 2, "rival": 1}
+
+
+async def test_a_scheduler_outnumbered_by_the_claim_steps_down_at_once() -> None:
+    agent, bus, _ = await elected("m")
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=3))
+    assert agent.role is None and agent.election.leader == "z"
+
+
+async def test_a_follower_holds_on_to_its_live_leader_and_then_takes_the_held_snapshot(
+        ) -> None:  # fmt: skip
+    clock = FakeClock()
+    agent, bus = await attach("f", clock)
+    s = Peer("s")
+    bus.deliver(T.status("s"), s.status())
+    bus.deliver(T.leader, LeaderClaim(id="s", term=1))
+    bus.deliver(T.state, ClusterState(term=1, leader="s", version=3))
+    await run(agent, clock, 2.0, [s])
+    assert agent.election.leader == "s"
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=1))
+    bus.deliver(T.state, ClusterState(term=2, leader="z", version=9))
+    await run(agent, clock, 1.0, [s])
+    # s is alive and may outbid z: f stays with it and keeps its snapshot.
+    assert agent.election.leader == "s" and agent.view is not None
+    assert (agent.view.leader, agent.view.version) == ("s", 3)
+    await run(agent, clock, 1.2, [s])  # s did not outbid within two windows: follow z
+    assert agent.election.leader == "z" and agent.view is not None
+    assert (agent.view.leader, agent.view.version) == ("z", 9)
+
+
+async def test_heartbeats_name_the_policy_the_worker_last_committed_under() -> None:
+    agent, bus, _ = await elected("m")
+    await worker_attach(agent, {"port": 7001, "pid": os.getpid(), "host": "127.0.0.1"})
+    await agent.heartbeat()
+    assert bus.published(T.hb("m"))[-1][1].policy_version == -1  # nothing committed yet
+    worker_poll(agent, {"step": 3, "state": "active", "policy_version": 7,
+                        "committed_version": 5})  # fmt: skip
+    worker_poll(agent, {"step": 4, "state": "active", "policy_version": 7})  # an older worker
+    await agent.heartbeat()
+    assert bus.published(T.hb("m"))[-1][1].policy_version == 5
+    with pytest.raises(ControlError, match="committed_version"):
+        worker_poll(agent, {"step": 4, "state": "active", "committed_version": -3})

@@ -1,0 +1,81 @@
+"""``chaosctl bench allreduce`` in its smallest configurations: both implementations run in the
+same worker processes and agree on the average; the mesh leaves nothing behind.
+
+Only correctness is checked (the bench itself refuses results that differ); no timings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaosctl.bench import allreduce as bench_allreduce
+from netprobe import netns
+from tests.testbed.conftest import need_root, run_id
+
+
+def _opts(**kw: object) -> dict[str, object]:
+    opts: dict[str, object] = {
+        "networks": ["loopback"], "mb": 4, "nodes": 3, "repeats": 1, "chunk_kbs": [256],
+        "results": ["reuse"], "trees": ["chain", "star"], "samples": 1, "sock_buf": 0,
+        "mesh_mb": 1, "mesh_chunk_kb": 256, "fast_mbit": 400.0, "slow_mbit": 100.0,
+    }
+    opts.update(kw)
+    return opts
+
+
+def _check(doc: dict[str, object], out: Path, kinds: set[str], network: str) -> None:
+    saved = json.loads((out / "allreduce_bench.json").read_text())
+    (res,) = saved["results"]
+    assert res["network"] == network
+    assert {r["kind"] for r in res["rows"]} == kinds
+    assert set(res["ratios"]) == kinds - {"gloo"}
+    for r in res["rows"]:
+        (run,) = r["runs"]
+        assert run["seconds"] > 0 and run["cpu_seconds"] > 0
+        assert run["max_diff"] <= bench_allreduce.TOLERANCE  # gloo's average is Chaos's
+    assert str(bench_allreduce.table(doc).title).startswith("All-reduce")
+
+
+@pytest.mark.timeout(240)
+def test_loopback_chaos_and_gloo_agree(tmp_path: Path) -> None:
+    lines: list[str] = []
+    doc = bench_allreduce.run(_opts(samples=3), tmp_path, lines.append)
+    _check(doc, tmp_path, {"gloo", "chaos/chain", "chaos/star"}, "loopback")
+    assert any("wrote" in line for line in lines)
+
+
+@pytest.mark.timeout(240)
+def test_each_wire_format_runs_and_sends_its_share_of_the_bytes(tmp_path: Path) -> None:
+    doc = bench_allreduce.run(_opts(trees=["chain"], wires=["fp32", "bf16", "int8"]), tmp_path,
+                              print)
+    _check(doc, tmp_path, {"gloo", "chaos/chain", "chaos/chain+bf16", "chaos/chain+int8"},
+           "loopback")
+    rows = {r["kind"]: r for r in doc["results"][0]["rows"]}
+    assert [rows[k]["wire"] for k in ("gloo", "chaos/chain+int8")] == ["fp32", "int8"]
+    fp32 = rows["chaos/chain"]["sent_MB_per_node"]
+    # A chain of three: on average each node sends the vector 4/3 times (2 up, 2 down).
+    assert fp32 == pytest.approx(4 / 3 * doc["results"][0]["bytes"] / 1e6, rel=0.01)
+    assert rows["chaos/chain+bf16"]["sent_MB_per_node"] == pytest.approx(fp32 / 2, rel=0.01)
+    assert rows["chaos/chain+int8"]["sent_MB_per_node"] == pytest.approx(fp32 / 4, rel=0.02)
+    assert rows["chaos/chain"]["max_err"] is None
+    for kind in ("chaos/chain+bf16", "chaos/chain+int8"):  # lossy, but close (values ~N(0,1))
+        assert 0 < rows[kind]["max_err"] < 0.5
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(300)
+def test_mesh_runs_on_the_spanning_tree_and_is_torn_down(tmp_path: Path) -> None:
+    need_root()
+    rid = run_id()
+    doc = bench_allreduce.run(_opts(networks=["mesh"], run_id=rid), tmp_path, print)
+    _check(doc, tmp_path, {"gloo", "chaos/spanning", "chaos/chain"}, "mesh")
+    (res,) = doc["results"]
+    assert res["trees"]["spanning"] == {"edges": [["n1", "n2"], ["n1", "n3"], ["n1", "n4"]],
+                                        "root": "n1"}  # the fast star, from the link rates
+    assert res["link_mbit"]["n1-n2"] == 400.0 and res["link_mbit"]["n2-n3"] == 100.0
+    prefix = f"{netns.ROOT_PREFIX}{rid}"
+    assert res["leftovers_after_teardown"] == []
+    assert netns.list_netns(prefix) == [] and netns.list_links(prefix) == []

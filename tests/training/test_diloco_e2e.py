@@ -1,0 +1,115 @@
+"""Issue 13: diloco mode keeps the elasticity and the guarantees of every-step mode.
+
+Real mosquitto, three chaosd and their workers (``_diloco_worker.py``, the same script as in
+every-step mode) with ``[training] sync = "diloco"`` and ``inner_steps = 4``. The cluster goes
+through a scale-out, a graceful leave and a worker SIGKILLed in the middle of an outer round
+(restarted by chaosd, it rejoins). At every outer step that two or more nodes committed, the
+synced parameters, the outer momentum, the buffers, the registered objects and the Trainer's
+digest are equal on all of them; every outer record's count is ``step // 4`` (no outer step
+lost or applied twice anywhere); each worker's steps follow one another.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaosctl.client import call_once
+from tests.training._run import Run
+
+pytestmark = pytest.mark.timeout(240)
+
+WORKER = Path(__file__).with_name("_diloco_worker.py")
+H = 4
+CONFIG = f'[training]\nsync = "diloco"\ninner_steps = {H}\n'
+Row = dict[str, Any]
+
+
+def join(r: Run, node: str, *extra: str) -> None:
+    argv = [sys.executable, str(WORKER), "--out", str(r.out / f"{node}.jsonl"), *extra]
+    call_once(r.c.socket_of(node), "join", {"neighbors": [], "command": argv}, timeout=5)
+
+
+def outer_rows(r: Run, node: str) -> list[Row]:
+    return [row for row in r.records(node) if "outer" in row]
+
+
+def assert_outer_identical(r: Run, nodes: list[str]) -> int:
+    """Every part of the outer state is equal on the nodes that committed an outer step;
+    returns how many outer steps two or more nodes committed."""
+    table: dict[int, dict[str, Row]] = {}
+    for node in nodes:
+        for row in outer_rows(r, node):
+            table.setdefault(row["step"], {})[node] = row["outer"]
+    shared, bad = 0, []
+    for step, rows in sorted(table.items()):
+        for node, o in rows.items():
+            assert o["count"] == step // H, (
+                f"{node} at step {step} has applied {o['count']} outer steps, not {step // H}")
+        if len(rows) < 2:
+            continue
+        shared += 1
+        for part in next(iter(rows.values())):
+            seen = {n: o[part] for n, o in sorted(rows.items())}
+            if len({json.dumps(v) for v in seen.values()}) > 1:
+                bad.append(f"step {step}: {part} differs: {seen}")
+    assert not bad, f"{len(bad)} differences; the first:\n" + "\n".join(bad[:10])
+    return shared
+
+
+def assert_steps_follow(r: Run, node: str) -> None:
+    """Within one worker, steps go up by one, but for a rejoin's jump (at most one)."""
+    rows = r.records(node)
+    for pid, group in itertools.groupby(rows, key=lambda row: row["pid"]):
+        steps = [row["step"] for row in group]
+        jumps = [(a, b) for a, b in itertools.pairwise(steps) if b != a + 1]
+        assert len(jumps) <= 1 and all(b > a for a, b in jumps), (
+            f"{node} (pid {pid}) skipped or repeated steps: {jumps}")
+
+
+def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any) -> None:
+    r = run(3, CONFIG)
+    n1, n2, n3 = r.c.node_ids
+    for node in (n1, n2):
+        join(r, node)
+        r.c.wait(functools.partial(r.active, [node]), 60, f"{node} active")
+    r.advance([n1, n2], 3 * H)
+    join(r, n3, "--die-in-outer")  # scale-out while the others train
+    r.c.wait(lambda: r.active([n1, n2, n3]), 60, f"{n3} active")
+    r.advance([n1, n2, n3], 3 * H)
+    assert call_once(r.c.socket_of(n2), "leave", timeout=5)["state"] == "leaving"
+    r.c.wait(lambda: [e for e in r.events("scale-in")
+                      if e.get("node") == n2 and e.get("reason") == "leave"], 30,
+             f"{n2}'s scale-in")
+    r.advance([n1, n3], 2 * H)
+    killed = r.out / f"{n3}.jsonl.killed"
+    (r.out / f"{n3}.jsonl.arm").write_text("now")
+    r.c.wait(killed.exists, 30, f"{n3}'s worker killed in an outer round")
+    dead_pid = int(killed.read_text().split()[0])
+    # chaosd restarts it; it rejoins from n1 and trains on.
+    r.c.wait(lambda: any(row["pid"] != dead_pid for row in r.records(n3)[-3:]), 60,
+             f"{n3} back")
+    r.advance([n1, n3], 3 * H)
+
+    shared = assert_outer_identical(r, [n1, n2, n3])
+    assert shared >= 8, f"only {shared} outer steps were committed by two or more nodes"
+    for node in (n1, n2, n3):
+        assert_steps_follow(r, node)
+    assert not r.events("state-diverged"), r.events("state-diverged")
+    for node in (n1, n2, n3):
+        path = r.out / f"{node}.jsonl.errors"
+        assert not path.exists(), path.read_text()
+    # The kill happened in the middle of an outer round, and n1 committed that round once.
+    kill_step = int(killed.read_text().split()[-1])
+    assert kill_step % H == 0
+    n1_steps = [row["step"] for row in outer_rows(r, n1)]
+    assert n1_steps.count(kill_step) == 1, f"{n1} committed outer step {kill_step} " \
+        f"{n1_steps.count(kill_step)} times"
+    # A joiner starts from the synced parameters: n3's first outer step matches n1's.
+    assert r.records(n3)[0]["step"] > 3 * H
