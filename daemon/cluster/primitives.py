@@ -82,11 +82,19 @@ class Negotiator:
         self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
         self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
         self._declined: dict[str, dict[str, str]] = {}  # joining node -> {source: why}
+        self._join_sources: dict[str, tuple[str, ...]] = {}  # joining node -> its sources
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
         return sorted(n for n, r in self.sched.nodes.items() if r.state in MEMBER_STATES)
+
+    def _forget_join(self, node: str) -> float | None:
+        """Drop what a join in flight kept; returns when it was asked for, if it was."""
+        self._join_steps.pop(node, None)
+        self._declined.pop(node, None)
+        self._join_sources.pop(node, None)
+        return self._joins.pop(node, None)
 
     def _cmd(self, node: str, op: str, **args: Any) -> None:
         self.out.append((node, op, args))
@@ -182,8 +190,9 @@ class Negotiator:
                    for lk in self.sched.links if lk.state == "up"}
         plan = spanning_tree(members, weights)
         if not plan.connected:
-            kept = sorted(plan.components[0])
+            kept = sorted(self._keep(plan.components))
             parts = [sorted(c) for c in plan.components]
+            plan = spanning_tree(kept, weights)
             for node in members:
                 if node not in kept:
                     self.sched.set_node(node, state="standby")  # waits for a link back
@@ -204,6 +213,18 @@ class Negotiator:
         self.sched.dirty = True
         return policy
 
+    def _keep(self, parts: tuple[frozenset[str], ...]) -> frozenset[str]:
+        """The part that trains on: the most members up, then the most members, then ours.
+
+        Members counted up are those whose daemons we still hear: a part whose members are
+        about to be declared failed would take the state with it. Our own part wins a tie,
+        since we are surely up and reach it: a scheduler cut off with one peer used to keep
+        that peer (the lower id), put itself aside to rejoin from it, and then waited for a
+        source that was gone.
+        """
+        return min(parts, key=lambda p: (-sum(map(self.alive, p)), -len(p),
+                                         self.sched.me not in p, min(p)))
+
     # --- primitives -----------------------------------------------------------------------
     def join(self, node: str, data_addr: str, wanted: list[str],
              rtts: dict[str, Any] | None = None) -> None:
@@ -212,7 +233,8 @@ class Negotiator:
         if rec is None:
             self.sched.set_node(node, state="standby")
         self.sched.set_node(node, data_addr=data_addr)
-        members = [m for m in self.members() if m != node]
+        # Sources hold the state: active members, never another joiner.
+        members = [m for m in self._active() if m != node]
         if node in self._joins and self.sched.nodes[node].state == "joining":
             return  # a repeated request while the first one is in flight
         self._leaving.pop(node, None)
@@ -244,13 +266,33 @@ class Negotiator:
         args = {"version_step": version_step, "new": node, "sources": sources,
                 "neighbors": chosen, "policy_version": policy.version if policy else None,
                 "strategy": self.strategy, "links": estimates}
+        self._join_sources[node] = tuple(chosen)
         for target in [node, *sources]:
             self._cmd(target, "replicate", **args)
 
+    def _active(self) -> list[str]:
+        return [m for m in self.members() if self.sched.nodes[m].state == "active"]
+
+    def _replan_orphans(self) -> None:
+        """Joins whose every source is gone start over from the members left, or bootstrap
+        if none is: the new node would otherwise retry a dead source until its timeout.
+        All are set aside first, so that one bootstrapping finds no stranded joiner."""
+        active = set(self._active())
+        orphans = [n for n, sources in self._join_sources.items()
+                   if self.sched.nodes[n].state == "joining" and not active.intersection(sources)]
+        for node in orphans:
+            log.warning("the sources of %s's join are gone (%s); planning it again",
+                        node, ", ".join(self._join_sources[node]))
+            self._forget_join(node)
+            self.sched.set_node(node, state="standby")
+        for node in orphans:
+            self.join(node, self.sched.nodes[node].data_addr, self._active())
+
     def replicated(self, node: str, report: dict[str, Any]) -> None:
         """The new node restored the state: scale-out is done."""
-        started = self._joins.pop(node, None)
-        self._join_steps.pop(node, None)
+        started = self._joins.get(node)
+        declined_here = self._declined.get(node, {})
+        self._forget_join(node)
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
             return
         self.sched.set_node(node, state="active")
@@ -264,7 +306,7 @@ class Negotiator:
         declined: dict[str, str] = {}
         if isinstance(heard, dict):
             declined.update((str(k), str(v)[:200]) for k, v in heard.items())
-        declined.update(self._declined.pop(node, {}))
+        declined.update(declined_here)
         detail.pop("declined", None)
         if declined:
             detail["declined"] = declined
@@ -278,9 +320,7 @@ class Negotiator:
         if rec is None or rec.state not in MEMBER_STATES:
             return
         t0 = self.clock.monotonic()
-        self._joins.pop(node, None)
-        self._join_steps.pop(node, None)
-        self._declined.pop(node, None)
+        self._forget_join(node)
         effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
         # First, so only survivors are told; and without its worker's address, so that no
         # later link report rejoins a node whose worker has gone (it asks to join anew).
@@ -301,17 +341,17 @@ class Negotiator:
             # A leaver that went before its leave took effect: the rounds until then wait
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
-        self._joins.pop(node, None)
-        self._join_steps.pop(node, None)
-        self._declined.pop(node, None)
+        self._forget_join(node)
         self._drop_links(node)
-        if not was_member:
-            return
-        if self.sched.nodes[node].state in MEMBER_STATES:  # the worker went, the daemon stays
-            self.sched.set_node(node, state="standby")
-        policy = self.publish_policy(effective_step=0)
-        self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
-                          policy_version=policy.version if policy else None)
+        if was_member and self.sched.nodes[node].state in MEMBER_STATES:
+            self.sched.set_node(node, state="standby")  # the worker went, the daemon stays
+        # Before the policy: a joiner left with no source (and so no link) would otherwise be
+        # cut off as a partition of its own.
+        self._replan_orphans()
+        if was_member:
+            policy = self.publish_policy(effective_step=0)
+            self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
+                              policy_version=policy.version if policy else None)
 
     def link(self, a: str, b: str, up: bool, failed: bool = False) -> str | None:
         """connect-link / disconnect-link between two members; returns an error or None."""

@@ -55,9 +55,13 @@ class Joining(TrainerParts):
                     break
                 time.sleep(FETCH_RETRY_S)
             newest = self._s.book.newest
+            # Alone in the newest policy: no one is left to copy from (the cluster is new, or
+            # every member and source went). A former member's own state, perhaps a little
+            # behind, beats none; one the divergence guard found out of line does not.
             if (newest is not None and newest.members == (self.node_id,)
-                    and not self._was_member):  # fmt: skip
-                log.info("%s bootstraps the cluster from its own model", self.node_id)
+                    and not self._diverged):  # fmt: skip
+                log.info("%s bootstraps the cluster from its own %s", self.node_id,
+                         f"state of step {self.step}" if self._was_member else "model")
                 self._pending = None
                 break
             if self._clock.monotonic() > deadline:
@@ -68,7 +72,7 @@ class Joining(TrainerParts):
             self._s.wait(POLL_S)
         # (_pending: what the snapshot held)
         self._state, self._agreed, self._agreed_members = "active", None, None
-        self._was_member = True  # from now on only a fresh replica may let us back in
+        self._was_member = True
         self._joins += 1
         self._diverged = False
 

@@ -126,6 +126,62 @@ def test_partition_keeps_the_largest_part_and_a_link_reunites() -> None:
     assert [n for n, _ in cmds(neg, "replicate")] == ["d", "c"]
 
 
+def test_a_tied_partition_keeps_the_schedulers_own_part() -> None:
+    """Cut off with one peer, the scheduler keeps its own side: it is surely up and reaches it.
+    Keeping the lower id used to set the scheduler's own node aside to rejoin from a peer that
+    was about to be declared failed."""
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("c", 2, None, clock), clock, lambda n: 0)
+    grow(neg, "b", "c")
+    neg.link("b", "c", up=False, failed=True)
+    partition = next(e for e in neg.sched.events if e.kind == "partition")
+    assert partition.detail["kept"] == ["c"]
+    assert neg.sched.policy.members == ("c",) and neg.sched.nodes["b"].state == "standby"
+
+
+def test_a_partition_keeps_the_part_whose_members_are_up() -> None:
+    """Members whose daemons went silent do not count: the larger part here is mostly gone."""
+    clock = FakeClock()
+    silent = {"a", "b"}
+    neg = Negotiator(Scheduler("d", 2, None, clock), clock, lambda n: 0,
+                     alive=lambda n: n not in silent)
+    grow(neg, "a", "b", "c")
+    neg.join("d", "127.0.0.1:4", ["c"])
+    neg.replicated("d", {"kind": "replicated"})
+    neg.join("e", "127.0.0.1:5", ["d"])
+    neg.replicated("e", {"kind": "replicated"})
+    neg.link("c", "d", up=False)  # parts: a, b, c (two of them silent) and d, e
+    partition = [e for e in neg.sched.events if e.kind == "partition"][-1]
+    assert partition.detail["kept"] == ["d", "e"]
+    assert neg.sched.policy.members == ("d", "e")
+    neg.sched.policy.validate()
+
+
+def test_a_join_whose_sources_all_go_is_planned_again() -> None:
+    """A new node pulling from one source that dies is sent to the members left; when none is
+    left it bootstraps, instead of retrying a dead source until its own timeout."""
+    neg, _ = make()
+    grow(neg, "a", "b", "c")
+    neg.out.clear()
+    neg.join("d", "127.0.0.1:4", ["c"])
+    neg.join("e", "127.0.0.1:5", ["d", "c"])  # a joiner is no source: e pulls from c only
+    assert dict(cmds(neg, "replicate"))["e"]["sources"] == {"c": neg.sched.nodes["c"].data_addr}
+    neg.out.clear()
+    neg.sched.fail("c", "heartbeat", 2.0)
+    neg.gone("c", "failure")
+    rep = dict(cmds(neg, "replicate"))
+    assert sorted(rep["d"]["sources"]) == sorted(rep["e"]["sources"]) == ["a", "b"]
+    assert neg.sched.nodes["d"].state == neg.sched.nodes["e"].state == "joining"
+    for node in ("a", "b"):
+        neg.sched.fail(node, "heartbeat", 2.0)
+        neg.gone(node, "failure")
+    # No one holds the state any more: the first bootstraps, the other pulls from it.
+    assert neg.sched.nodes["d"].state == "active"
+    assert any(e.kind == "scale-out" and e.node == "d" and e.detail.get("bootstrap")
+               for e in neg.sched.events)
+    assert dict(cmds(neg, "replicate"))["e"]["sources"] == {"d": "127.0.0.1:4"}
+
+
 def test_stall_reports_attach_to_their_event() -> None:
     neg, _ = make()
     grow(neg, "a", "b")

@@ -1,0 +1,47 @@
+"""Suite-wide hooks: a failed test shows the tails of the logs its processes left.
+
+CI keeps only the test output, not the temporary directories, so a failure of a test that runs
+daemons and workers carries the last lines each of them logged (DEBUG left out).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TAIL_LINES = 12
+MAX_FILES = 12
+LINE_CHARS = 220
+
+
+def _tail(path: Path) -> list[str]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    lines = [line[:LINE_CHARS] for line in text.splitlines() if " DEBUG " not in line]
+    return lines[-TAIL_LINES:]
+
+
+def log_tails(root: Path) -> str:
+    """The newest logs under ``root``, each with its last lines."""
+    logs = sorted(root.rglob("*.log"), key=lambda p: p.stat().st_mtime, reverse=True)
+    out = []
+    for path in logs[:MAX_FILES]:
+        lines = _tail(path)
+        if lines:
+            out.append(f"--- {path.relative_to(root)}")
+            out.extend(lines)
+    return "\n".join(out)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and call.when == "call" and isinstance(tmp, Path) and tmp.exists():
+        tails = log_tails(tmp)
+        if tails:
+            report.sections.append(("process logs (tails)", tails))
