@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-TAIL_LINES = 12
-MAX_FILES = 12
-LINE_CHARS = 220
+TAIL_LINES = 10
+MAX_FILES = 10
+LINE_CHARS = 200
 
 
 def _tail(path: Path) -> list[str]:

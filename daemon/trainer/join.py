@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,8 @@ class Pulled:
     report: dict[str, Any]
 
 
-def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int) -> Pulled:
+def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int,
+               superseded: Callable[[], bool] | None = None) -> Pulled:
     """Replicate the state that ``rep`` names from its sources.
 
     Args:
@@ -52,6 +53,9 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int) ->
         rep: Our ``replicate`` command.
         deadline: Monotonic time by which the state must be here.
         local_bytes: Size of our own model and optimizer tensors, to decide whether probing pays.
+        superseded: Whether a newer command replaced ``rep``: the wait for offers ends then.
+            A source waits up to a minute to reach the step a command names, and the step a
+            deposed scheduler named may never come: the cluster's round can be waiting for us.
 
     Raises:
         TransferFailed: No source offered the state.
@@ -66,7 +70,7 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int) ->
     # Bounded per try: a source answers within OFFER_WAIT_S (with a refusal at worst), so
     # silence beyond that means a lost request, and the caller's retry asks again.
     offers, errors = s.transfer.offers(min(deadline, t0 + OFFER_WAIT_S + LINK_WAIT_S + 5.0),
-                                       OFFER_GRACE_S)
+                                       OFFER_GRACE_S, superseded)
     for src, why in sorted(errors.items()):
         log.warning("%s offers no state: %s", src, why)
     if not offers:

@@ -92,6 +92,12 @@ class Joining(TrainerParts):
             self._s.wait(POLL_S)
             self._poll()
 
+    def _superseded(self) -> bool:
+        """(During a fetch.) A newer replicate command for us came: a new scheduler's, or
+        the same one's plan with other sources. The next try fetches that one."""
+        self._poll()
+        return any(r.new == self.node_id for r in self._s.replications)
+
     def _fetch(self, rep: Any, deadline: float) -> bool:
         """Pull and restore the state ``rep`` names; False (logged) if this try failed.
 
@@ -101,7 +107,7 @@ class Joining(TrainerParts):
         tensors, _ = self._objects.capture()
         local = tensor_bytes(self.model, self.optimizer, tensors)
         try:
-            got = pull_state(self._s, rep, deadline, local)
+            got = pull_state(self._s, rep, deadline, local, self._superseded)
             loaded = StateSpace.load(got.manifest, got.buffer)
         except ChaosError as exc:  # TransferFailed among them
             log.warning("replicating the state from %s failed: %s", sorted(rep.sources), exc)

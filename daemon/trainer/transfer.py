@@ -39,6 +39,7 @@ from daemon.trainer.control import TrainerError
 
 log = logging.getLogger("chaos.trainer.transfer")
 MAX_OFFER = 8 << 20  # bytes of one STATE_MANIFEST/STATE_END payload
+STOP_CHECK_S = 0.2  # how often a wait for offers asks whether it is still wanted
 OFFER_WAIT_S = 60.0  # a source waits this long for its own snapshot of the asked step
 LINK_WAIT_S = 10.0  # the new node waits this long for its links to the sources
 REASK_S = 5.0  # a source that has not answered is asked again this often
@@ -196,20 +197,33 @@ class StateTransfer:
             except PeerGone as exc:
                 self._answer(source, f"no link: {exc.reason}")
 
-    def offers(self, deadline: float, grace_s: float) -> tuple[dict[str, Offer], dict[str, str]]:
+    def offers(self, deadline: float, grace_s: float, stop: Callable[[], bool] | None = None
+               ) -> tuple[dict[str, Offer], dict[str, str]]:
         """Wait for the answers to :meth:`ask`: all of them, or ``grace_s`` after the first
-        offer (a source that lags that far behind its peers is left out of the plan).
+        offer (a source that lags that far behind its peers is left out of the plan), or
+        until ``stop`` (checked a few times a second, outside the lock) says the wait is moot.
 
         Returns:
             The offers, and the reasons of the sources that made none.
         """
         next_ask = time.monotonic() + REASK_S
+        next_check = time.monotonic() + STOP_CHECK_S
+        stopped = False
         with self._cond:
             while len(self._answers) < len(self._asked):
                 now = time.monotonic()
                 late = self._first_offer and now > self._first_offer + grace_s
                 if now > deadline or late:
                     break
+                if stop is not None and now > next_check:
+                    next_check = now + STOP_CHECK_S
+                    self._cond.release()  # stop() may take in commands that need this lock
+                    try:
+                        stopped = stop()
+                    finally:
+                        self._cond.acquire()
+                    if stopped:
+                        break
                 if now > next_ask:
                     # A request or its answer can be lost with a connection that is replaced
                     # (a peer restarted); asking again is cheap and a source answers each ask.
@@ -222,7 +236,8 @@ class StateTransfer:
             self._asked = {}
         offers = {s: a for s, a in answers.items() if isinstance(a, Offer)}
         errors = {s: a for s, a in answers.items() if isinstance(a, str)}
-        errors.update({s: "no answer in time" for s in asked if s not in answers})
+        silent = "superseded by a newer replicate command" if stopped else "no answer in time"
+        errors.update({s: silent for s in asked if s not in answers})
         return offers, errors
 
     def _answer(self, source: str, answer: Offer | str) -> None:

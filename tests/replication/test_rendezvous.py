@@ -82,3 +82,26 @@ def test_a_source_short_of_memory_declines_with_the_reason(
     assert offers == {} and errors == {"a-src": why}
     # Told apart from a lost link, so the new node can report who declined.
     assert isinstance(errors["a-src"], Refusal)
+
+
+def test_a_newer_command_ends_the_wait_for_a_step_that_may_never_come(
+        pair: tuple[StateTransfer, StateTransfer]) -> None:
+    """A deposed scheduler's command named a step the source has not reached (its round may
+    wait for the very node that asks): a newer command for the same node ends the wait at
+    once, not after the source's minute, and the newer ask is answered from the snapshot."""
+    src, new = pair
+    _, _, state = _state(319)
+    src.offer("b-new", state)
+    new.ask(["a-src"], 333, time.monotonic() + 90)
+    calls = []
+
+    def newer_command_came() -> bool:
+        calls.append(time.monotonic())
+        return len(calls) >= 3
+
+    offers, errors = new.offers(time.monotonic() + 90, grace_s=1.0, stop=newer_command_came)
+    assert len(calls) == 3  # asked until it said stop, then no more
+    assert not offers and errors == {"a-src": "superseded by a newer replicate command"}
+    new.ask(["a-src"], 319, time.monotonic() + 10)
+    offers, errors = new.offers(time.monotonic() + 10, grace_s=1.0)
+    assert not errors and offers["a-src"].manifest.version == 319
