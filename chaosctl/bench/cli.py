@@ -212,6 +212,22 @@ def planner(
     typer.echo(bench_planner.tables(result))
 
 
+@bench_app.command("signing")
+def signing(
+    quick: Annotated[bool, typer.Option(help="Fewer repeats; snapshots of 12 and 48 nodes.")]
+    = False,
+    nodes: Annotated[str, typer.Option(help="Cluster sizes of the snapshots and the heartbeat "
+                                       "load, comma-separated (default 12,48,1000).")] = "",
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/signing"),
+) -> None:
+    """What signing the control plane costs: bytes and CPU per message, plain and signed."""
+    from chaosctl.bench import signing as bench_signing
+
+    sizes = _ints(nodes, "--nodes", 2, 5000) if nodes else None
+    doc = bench_signing.run(quick, sizes, out, _say)
+    typer.echo(bench_signing.table(doc))
+
+
 @bench_app.command("loopback")
 def loopback(
     quick: Annotated[bool, typer.Option(help="ResNet101 and AlexNet, 2 repeats.")] = False,
