@@ -113,3 +113,19 @@ def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any) -> None:
         f"{n1_steps.count(kill_step)} times"
     # A joiner starts from the synced parameters: n3's first outer step matches n1's.
     assert r.records(n3)[0]["step"] > 3 * H
+
+
+def test_diloco_pseudo_gradients_travel_in_the_clusters_wire_format(
+        run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``[training] wire`` applies to the pseudo-gradients: with int8 on the wire, the outer
+    state is still equal on every member at every outer step (the same decoded average on
+    all of them), and no outer step is lost or applied twice."""
+    monkeypatch.setenv("CHAOS_WORKER_LOG", "INFO")  # the worker says which format it uses
+    r = run(2, CONFIG + 'wire = "int8"\n')
+    for node in r.c.node_ids:
+        join(r, node)
+        r.c.wait(functools.partial(r.active, [node]), 60, f"{node} active")
+    r.advance(r.c.node_ids, 4 * H)
+    assert assert_outer_identical(r, r.c.node_ids) >= 3
+    logs = [p.read_text(errors="replace") for p in tmp_path.rglob("worker.log")]
+    assert len(logs) == 2 and all("rounds travel as int8" in text for text in logs)
