@@ -40,8 +40,15 @@ def log_tails(root: Path) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     outcome = yield
     report = outcome.get_result()
+    if not report.failed or call.when not in ("setup", "call"):
+        return
     tmp = getattr(item, "funcargs", {}).get("tmp_path")
-    if report.failed and call.when == "call" and isinstance(tmp, Path) and tmp.exists():
-        tails = log_tails(tmp)
-        if tails:
-            report.sections.append(("process logs (tails)", tails))
+    root = tmp if isinstance(tmp, Path) else None
+    factory = getattr(item.config, "_tmp_path_factory", None)
+    if root is None and factory is not None:
+        # A module fixture's cluster lives in the session's directory, not the test's: its
+        # newest logs are the ones that failed.
+        root = factory.getbasetemp()
+    tails = log_tails(root) if root is not None and root.exists() else ""
+    if tails:
+        report.sections.append(("process logs (tails)", tails))

@@ -186,8 +186,8 @@ def run_cluster(run: Run, plan: Plan, nodes: int, work: Path, seed: int, broker:
                 return pred(recs)
             c.wait(check, timeout, what, every=0.1)
 
-        # The first node bootstraps; the others join it all at once. (A joiner whose source
-        # is still joining itself waits about 10 s for a state it cannot get.)
+        # The first node bootstraps; the others join it all at once, each from the first
+        # (a joiner is never a source).
         join(ids[0], [])
         progress(lambda _: state(ids[0]) == "active", 120, f"{ids[0]} active")
         for node in ids[1 : run.start]:

@@ -241,8 +241,14 @@ class Negotiator:
         if not members:
             self.sched.set_node(node, state="active")
             policy = self.publish_policy(effective_step=0)
+            version = policy.version if policy else None
+            # Said, not left to the worker to infer from a policy naming it alone: joins that
+            # came a moment later publish newer policies naming them too, and a worker that
+            # first looked then waited for a replica nobody could send.
+            self._cmd(node, "replicate", version_step=0, new=node, sources={}, neighbors=[],
+                      policy_version=version, strategy=self.strategy, links={})
             self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
-                              policy_version=policy.version if policy else None)
+                              policy_version=version)
             return
         self._joins[node] = self.clock.monotonic()
         # Self-loops and strangers are dropped; without a valid wish, the nearest members by

@@ -47,6 +47,15 @@ class Joining(TrainerParts):
             if mine:
                 self._s.replications = [r for r in self._s.replications if r not in mine]
                 rep = mine[-1]
+            if rep is not None and not rep.sources:
+                # The scheduler made us the only member: the cluster is new, or every member
+                # and source went. A former member's own state, perhaps a little behind,
+                # beats none.
+                log.info("%s bootstraps the cluster from its own %s", self.node_id,
+                         f"state of step {self.step}" if self._was_member else "model")
+                self._pending = None
+                self._await_policy(rep, deadline)
+                break
             if rep is not None:
                 # A failed fetch is retried (the source keeps its offer): a dial race that
                 # replaced the link used to lose the only command, and the join hung.
@@ -54,16 +63,6 @@ class Joining(TrainerParts):
                     self._await_policy(rep, deadline)
                     break
                 time.sleep(FETCH_RETRY_S)
-            newest = self._s.book.newest
-            # Alone in the newest policy: no one is left to copy from (the cluster is new, or
-            # every member and source went). A former member's own state, perhaps a little
-            # behind, beats none; one the divergence guard found out of line does not.
-            if (newest is not None and newest.members == (self.node_id,)
-                    and not self._diverged):  # fmt: skip
-                log.info("%s bootstraps the cluster from its own %s", self.node_id,
-                         f"state of step {self.step}" if self._was_member else "model")
-                self._pending = None
-                break
             if self._clock.monotonic() > deadline:
                 raise TrainerError(
                     f"{self.node_id} did not become a member within {self.join_timeout:g}s: "

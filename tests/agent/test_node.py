@@ -279,6 +279,29 @@ async def test_a_follower_ignores_requests_and_stale_snapshots() -> None:
 
 
 # --- failures -----------------------------------------------------------------------------
+async def test_joins_at_once_tell_the_first_node_to_bootstrap() -> None:
+    """Three workers ask to join in the same instant: the first is told to start alone (a
+    replicate with no source) and the others copy from it. The first used to infer its
+    bootstrap from a policy naming it alone, but by the time it looked the newest policy named
+    the others too, and the three waited on each other until the joins timed out."""
+    fab = Fabric()
+    await fab.add("a", "b", "c")
+    await fab.run(2.0)
+    for node, port in (("a", 7001), ("b", 7002), ("c", 7003)):
+        await ops.worker_attach(fab.agents[node], {"pid": os.getpid(), "port": port,
+                                                   "host": "127.0.0.1"})
+    fab.pump()
+    await fab.run(0.3)
+    reps = {n: worker_ops(fab.agents[n], "replicate") for n in ("a", "b", "c")}
+    first = next(n for n, rs in reps.items() if any(r["new"] == n and not r["sources"]
+                                                    for r in rs))
+    policy = fab.agents[first].view.policy  # type: ignore[union-attr]
+    assert sorted(policy["members"]) == ["a", "b", "c"]  # the newest names all three
+    for node in {"a", "b", "c"} - {first}:
+        (own,) = [r for r in reps[node] if r["new"] == node]
+        assert list(own["sources"]) == [first]
+
+
 async def test_join_requests_become_commands_and_a_silent_box_is_scaled_in() -> None:
     fab = Fabric()
     await fab.add("a", "b", "c")
@@ -292,7 +315,8 @@ async def test_join_requests_become_commands_and_a_silent_box_is_scaled_in() -> 
     await fab.run(0.3)
     assert [x["peer"] for x in worker_ops(b, "connect")] == ["c"]
     assert [x["peer"] for x in worker_ops(c, "connect")] == ["b"]
-    (rep_b,), (rep_c,) = worker_ops(b, "replicate"), worker_ops(c, "replicate")
+    (boot, rep_b), (rep_c,) = worker_ops(b, "replicate"), worker_ops(c, "replicate")
+    assert boot["new"] == "b" and boot["sources"] == {}  # b bootstrapped: told to start alone
     assert rep_b == rep_c and rep_c["new"] == "c" and rep_c["sources"] == {"b": "127.0.0.1:7002"}
     assert c.view is not None and c.view.policy["members"] == ["b", "c"]
     assert c.view.nodes["c"].state == "joining" and c.view.nodes["c"].neighbors == ["b"]

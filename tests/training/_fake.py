@@ -84,6 +84,9 @@ class FakeCluster:
                 if not self.members:
                     self.members = [node]
                     self._publish(0)
+                    # As the real scheduler does: a replicate with no source says "bootstrap".
+                    self._cmd(node, "replicate", version_step=0, new=node, sources={},
+                              policy_version=self.version)
                 else:
                     source = sorted(self.members)[0]
                     t = max(self.steps[m] for m in self.members) + MARGIN

@@ -35,7 +35,10 @@ def test_first_node_bootstraps_alone() -> None:
     assert neg.sched.nodes["a"].state == "active"
     assert neg.sched.policy.members == ("a",) and neg.sched.policy.root == "a"
     assert neg.sched.events[-1].kind == "scale-out" and neg.sched.events[-1].detail["bootstrap"]
-    assert not neg.out  # no one to connect to or copy from
+    # No one to connect to or copy from: a replicate with no source tells it to start alone.
+    assert neg.out == [("a", "replicate", {"version_step": 0, "new": "a", "sources": {},
+                                           "neighbors": [], "policy_version": 1,
+                                           "strategy": "chaos", "links": {}})]
 
 
 def test_scale_out_links_replicates_and_takes_effect_later() -> None:
