@@ -82,7 +82,7 @@ class Negotiator:
         self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
         self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
         self._declined: dict[str, dict[str, str]] = {}  # joining node -> {source: why}
-        self._join_sources: dict[str, tuple[str, ...]] = {}  # joining node -> its sources
+        self._join_cmds: dict[str, dict[str, Any]] = {}  # joining node -> its replicate args
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
 
     # --- helpers --------------------------------------------------------------------------
@@ -93,7 +93,7 @@ class Negotiator:
         """Drop what a join in flight kept; returns when it was asked for, if it was."""
         self._join_steps.pop(node, None)
         self._declined.pop(node, None)
-        self._join_sources.pop(node, None)
+        self._join_cmds.pop(node, None)
         return self._joins.pop(node, None)
 
     def _cmd(self, node: str, op: str, **args: Any) -> None:
@@ -236,7 +236,13 @@ class Negotiator:
         # Sources hold the state: active members, never another joiner.
         members = [m for m in self._active() if m != node]
         if node in self._joins and self.sched.nodes[node].state == "joining":
-            return  # a repeated request while the first one is in flight
+            # A repeated request while the first is in flight: the worker asks again when it
+            # got no command, which a broker restart can lose (QoS 1 without persistence).
+            args = self._join_cmds.get(node)
+            if args is not None:
+                for target in [node, *args["sources"]]:
+                    self._cmd(target, "replicate", **args)
+            return
         self._leaving.pop(node, None)
         if not members:
             self.sched.set_node(node, state="active")
@@ -272,7 +278,7 @@ class Negotiator:
         args = {"version_step": version_step, "new": node, "sources": sources,
                 "neighbors": chosen, "policy_version": policy.version if policy else None,
                 "strategy": self.strategy, "links": estimates}
-        self._join_sources[node] = tuple(chosen)
+        self._join_cmds[node] = args
         for target in [node, *sources]:
             self._cmd(target, "replicate", **args)
 
@@ -284,11 +290,12 @@ class Negotiator:
         if none is: the new node would otherwise retry a dead source until its timeout.
         All are set aside first, so that one bootstrapping finds no stranded joiner."""
         active = set(self._active())
-        orphans = [n for n, sources in self._join_sources.items()
-                   if self.sched.nodes[n].state == "joining" and not active.intersection(sources)]
+        orphans = [n for n, args in self._join_cmds.items()
+                   if self.sched.nodes[n].state == "joining"
+                   and not active.intersection(args["sources"])]
         for node in orphans:
             log.warning("the sources of %s's join are gone (%s); planning it again",
-                        node, ", ".join(self._join_sources[node]))
+                        node, ", ".join(self._join_cmds[node]["sources"]))
             self._forget_join(node)
             self.sched.set_node(node, state="standby")
         for node in orphans:

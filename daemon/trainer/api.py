@@ -366,14 +366,14 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
             pub = self._s.book.for_round(self.step + 1)
             if pub is not None and self.node_id in pub.members:
                 return pub
-            newest = self._s.book.newest
-            if pub is not None and newest is not None and self.node_id not in newest.members:
+            if pub is not None:
                 if self._state == "leaving":
                     raise _Left  # the policy without us governs: the leave is done
                 # Dropped (declared failed, or on the losing side of a partition): our state
-                # may be stale, so only a fresh replica lets us back in. (A newer policy that
-                # leaves us out too, say one for a later scale-out, changes nothing: our step
-                # cannot reach it without us in the rounds before.)
+                # may be stale, so only a fresh replica lets us back in. That holds even when
+                # a newer policy adds us back (a link back to a partitioned node): the rounds
+                # before it run without us, and we used to wait for them until the step
+                # timeout. A newer policy that leaves us out too changes nothing either.
                 log.warning("%s is not in policy v%d; asking to rejoin", self.node_id,
                             pub.version)
                 self._state = "joining"

@@ -185,6 +185,22 @@ def test_a_join_whose_sources_all_go_is_planned_again() -> None:
     assert dict(cmds(neg, "replicate"))["e"]["sources"] == {"d": "127.0.0.1:4"}
 
 
+def test_a_repeated_join_request_resends_the_commands_a_broker_restart_lost() -> None:
+    """A broker restarted without persistence loses QoS 1 commands in flight: the worker that
+    got no replicate asks again, and the same command goes to it and its sources again."""
+    neg, _ = make()
+    grow(neg, "a", "b")
+    neg.out.clear()
+    neg.join("c", "127.0.0.1:3", ["a", "b"])
+    first = [(n, args) for n, args in cmds(neg, "replicate")]
+    version = neg.sched.policy_version
+    neg.out.clear()
+    neg.join("c", "127.0.0.1:3", ["a", "b"])
+    assert cmds(neg, "replicate") == first
+    assert neg.sched.policy_version == version  # nothing planned anew
+    assert [e.node for e in neg.sched.events if e.kind == "scale-out"] == ["a", "b"]
+
+
 def test_stall_reports_attach_to_their_event() -> None:
     neg, _ = make()
     grow(neg, "a", "b")
