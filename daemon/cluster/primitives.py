@@ -238,10 +238,8 @@ class Negotiator:
         if node in self._joins and self.sched.nodes[node].state == "joining":
             # A repeated request while the first is in flight: the worker asks again when it
             # got no command, which a broker restart can lose (QoS 1 without persistence).
-            args = self._join_cmds.get(node)
-            if args is not None:
-                for target in [node, *args["sources"]]:
-                    self._cmd(target, "replicate", **args)
+            if node in self._join_cmds:
+                self._send_replicate(node)
             return
         self._leaving.pop(node, None)
         if not members:
@@ -272,14 +270,19 @@ class Negotiator:
         self.sched.set_node(node, state="joining")
         self._join_steps[node] = version_step + 1
         policy = self.publish_policy(effective_step=version_step + 1)
-        # Every neighbour snapshots and serves; the new node plans who sends which bytes.
         sources = {p: self.sched.nodes[p].data_addr for p in chosen}
         estimates = {p: {"rtt_ms": (rtts or {}).get(p), "bandwidth_mbps": None} for p in chosen}
         args = {"version_step": version_step, "new": node, "sources": sources,
                 "neighbors": chosen, "policy_version": policy.version if policy else None,
                 "strategy": self.strategy, "links": estimates}
         self._join_cmds[node] = args
-        for target in [node, *sources]:
+        self._send_replicate(node)
+
+    def _send_replicate(self, node: str) -> None:
+        """Send ``node``'s join command to it and its sources (again, after a lost one):
+        every neighbour snapshots and serves; the new node plans who sends which bytes."""
+        args = self._join_cmds[node]
+        for target in [node, *args["sources"]]:
             self._cmd(target, "replicate", **args)
 
     def _active(self) -> list[str]:
@@ -303,9 +306,8 @@ class Negotiator:
 
     def replicated(self, node: str, report: dict[str, Any]) -> None:
         """The new node restored the state: scale-out is done."""
-        started = self._joins.get(node)
         declined_here = self._declined.get(node, {})
-        self._forget_join(node)
+        started = self._forget_join(node)
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
             return
         self.sched.set_node(node, state="active")
