@@ -28,9 +28,12 @@
   LR, clipping, a GradScaler, resharding on resize) and ``...examples.chartf`` (a small
   character-level transformer): complete training scripts (need the ``examples`` extra).
 
-The implementation lives in :mod:`daemon.trainer`, which keeps working as an import path.
-The names load on first use, after the clash check: so ``import chaos_edge.cli`` (the
-``chaosd`` entry point) neither loads torch nor fails before it can print its one line.
+The library that runs inside the training process lives here, in subpackages:
+:mod:`chaos_edge.trainer` (the ``Trainer``), :mod:`chaos_edge.dataplane` (peer links and the
+all-reduce) and :mod:`chaos_edge.replication` (scale-out planning and transfer). It shares only
+the contracts (:mod:`daemon.contracts`) with chaosd. The names load on first use, after the
+clash check: so ``import chaos_edge.cli`` (the ``chaosd`` entry point) neither loads torch nor
+fails before it can print its one line.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from chaos_edge._guard import DaemonPackageClash, ensure_own_daemon_package
 
 if TYPE_CHECKING:
-    from daemon.trainer import (
+    from chaos_edge.trainer import (
         ChaosError,
         DaemonUnreachable,
         Shard,
@@ -62,11 +65,11 @@ _TRAINER_NAMES = ("ChaosError", "DaemonUnreachable", "Shard", "StateDiverged", "
 
 
 def __getattr__(name: str) -> Any:
-    """Load the Trainer's names from :mod:`daemon.trainer` once the clash check passes."""
+    """Load the Trainer's names from :mod:`chaos_edge.trainer` once the clash check passes."""
     if name not in _TRAINER_NAMES:
         raise AttributeError(f"module 'chaos_edge' has no attribute {name!r}")
     ensure_own_daemon_package()  # raises DaemonPackageClash, an ImportError, in one line
-    import daemon.trainer as impl
+    import chaos_edge.trainer as impl
 
     for each in _TRAINER_NAMES:
         globals()[each] = getattr(impl, each)

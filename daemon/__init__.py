@@ -1,4 +1,4 @@
-"""Everything that runs on a box, in subpackages named for the process that runs them.
+"""What chaosd runs, in subpackages named for their part, and the contracts every process shares.
 
 - :mod:`daemon.contracts` (every process; pure types): messages, config, errors, the kinds
   of states, reports and ops, the sync policy, the control protocol and its client, clocks.
@@ -6,17 +6,15 @@
   the scheduler's state and its negotiator of the four primitives.
 - :mod:`daemon.agent` (chaosd; asyncio): the daemon itself: MQTT bus, membership, control
   socket, probes, worker supervision.
-- :mod:`daemon.trainer` (the training worker; threads): the ``Trainer`` library a training
-  script imports, publicly as :mod:`chaos_edge`.
-- :mod:`daemon.dataplane` (the training worker; threads): authenticated peer links and the
-  tree all-reduce.
-- :mod:`daemon.replication` (the training worker and the benches; threads): scale-out,
-  split into ``planning`` (pure) and ``transfer`` (I/O).
 
-Imports go one way: ``contracts`` < ``cluster`` < ``agent``, and ``contracts`` <
-``dataplane`` < ``replication`` < ``trainer``. The agent and the trainer never import each
-other; they meet only in :mod:`daemon.contracts`. The import name ``daemon`` clashes with
-python-daemon, so users import :mod:`chaos_edge`, and the marker below lets it detect the clash.
+The library that runs inside the training process (the ``Trainer``, the data plane,
+replication) is :mod:`chaos_edge`; it imports :mod:`daemon.contracts` and nothing else of
+``daemon``, and nothing here imports it.
+
+Imports go one way: ``contracts`` < ``cluster`` < ``agent``. The agent and the training
+library never import each other; they meet only in :mod:`daemon.contracts`. The import name
+``daemon`` clashes with python-daemon, so users import :mod:`chaos_edge`, and the marker below
+lets it detect the clash.
 """
 
 CHAOS_EDGE = True

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from daemon.dataplane import AllReducer, LinkConfig, PeerLinks, SyncPolicy
+from chaos_edge.dataplane import AllReducer, LinkConfig, PeerLinks, SyncPolicy
 
 SECRET = b"bench"
 

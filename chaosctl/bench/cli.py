@@ -247,8 +247,8 @@ def loopback(
     = Path("bench/results/scaleout-loopback"),
 ) -> None:
     """Scale-out delay of the four strategies on one loopback cluster with capped links."""
+    from chaos_edge.replication.planning.planner import PLANNERS
     from chaosctl.bench import loopback as bench_loopback
-    from daemon.replication.planning.planner import PLANNERS
 
     if neighbors > nodes:
         raise CtlUsageError(f"--neighbors ({neighbors}) cannot exceed --nodes ({nodes})")

@@ -37,13 +37,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from chaosctl.bench.models import make_state, map_state
-from chaosctl.bench.plots import pyplot
-from daemon.dataplane import auth
-from daemon.replication.manifest import Manifest
-from daemon.replication.planning.model import Neighbor, PlanInput
-from daemon.replication.planning.waterfill import lower_bound
-from daemon.replication.transfer import (
+from chaos_edge.dataplane import auth
+from chaos_edge.replication.manifest import Manifest
+from chaos_edge.replication.planning.model import Neighbor, PlanInput
+from chaos_edge.replication.planning.waterfill import lower_bound
+from chaos_edge.replication.transfer import (
     STRATEGIES,
     FetchOptions,
     ScaleOutJob,
@@ -51,6 +49,8 @@ from daemon.replication.transfer import (
     run_strategy,
     serve,
 )
+from chaosctl.bench.models import make_state, map_state
+from chaosctl.bench.plots import pyplot
 
 QUICK = ["resnet101", "alexnet"]
 FULL = ["resnet101", "alexnet", "vgg11", "gpt2", "gpt2-medium", "gpt2-large"]

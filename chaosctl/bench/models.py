@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from daemon.replication.manifest import Entry, Manifest, block_digests
+from chaos_edge.replication.manifest import Entry, Manifest, block_digests
 
 ITEMSIZE = {"float32": 4, "float16": 2, "int64": 8}
 MIB = 1 << 20

@@ -35,14 +35,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chaos_edge.replication.manifest import BLOCK_SIZE
+from chaos_edge.replication.planning.exact import assignment_makespan, brute_force_assign
+from chaos_edge.replication.planning.greedy import greedy_assign, lpt_order
+from chaos_edge.replication.planning.model import Neighbor, PlanInput
+from chaos_edge.replication.planning.planner import PLANNERS
+from chaos_edge.replication.planning.waterfill import lower_bound
 from chaosctl.bench.models import model_names, tensor_sizes
 from chaosctl.bench.plots import pyplot
-from daemon.replication.manifest import BLOCK_SIZE
-from daemon.replication.planning.exact import assignment_makespan, brute_force_assign
-from daemon.replication.planning.greedy import greedy_assign, lpt_order
-from daemon.replication.planning.model import Neighbor, PlanInput
-from daemon.replication.planning.planner import PLANNERS
-from daemon.replication.planning.waterfill import lower_bound
 
 FAST = ["chaos", "paper", "greedy", "waterfill", "even", "single"]
 VS_WATERFILL = ["chaos", "paper", "greedy", "even", "single"]

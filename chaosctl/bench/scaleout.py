@@ -54,12 +54,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from chaos_edge.replication.manifest import Manifest
 from chaosctl.bench import scaleout_report as report
 from chaosctl.bench.models import make_state, model_entries
 from chaosctl.bench.scaleout_links import measure_concurrent, measure_links, reap
 from chaosctl.client import CtlError, CtlUsageError
 from chaosctl.testbed.core import Testbed
-from daemon.replication.manifest import Manifest
 from netprobe import iperf, netns
 
 STRATEGIES = report.STRATEGIES

@@ -1,7 +1,7 @@
 """The per-namespace processes of ``chaosctl bench scaleout`` (run with ``python -m``).
 
 ``serve``: an existing node. It maps the shared state file read-only (the page cache holds one
-copy for every node), serves it with :func:`daemon.replication.transfer.serve` on
+copy for every node), serves it with :func:`chaos_edge.replication.transfer.serve` on
 ``0.0.0.0:PORT`` inside its namespace, and relays ``GET_VIA`` requests to its testbed
 neighbours (``--peers``). With ``--plain-port`` it also serves the ``plain`` baseline's bare
 sockets (:mod:`chaosctl.bench.scaleout_plain`). A thread samples the server's counters every
@@ -12,7 +12,7 @@ Before every run, both read a byte of every page of the mapped state (:func:`res
 strategy is timed reading a state file that the page cache dropped.
 
 ``join``: the new node. It runs one strategy per ``run NAME`` line with
-:func:`daemon.replication.transfer.run_strategy` on the job given as JSON (``--job``), checks
+:func:`chaos_edge.replication.transfer.run_strategy` on the job given as JSON (``--job``), checks
 the received bytes against the manifest's block checksums once more, and answers one JSON line.
 ``NAME`` is a strategy, or a bench variant of one from :data:`VARIANTS` (``chaos-paper``: the
 ``chaos`` strategy with the paper's planner), or ``plain``: plain sockets from the job's
@@ -37,13 +37,11 @@ from typing import Any
 
 import numpy as np
 
-from chaosctl.bench import scaleout_plain
-from chaosctl.bench.models import map_state
-from daemon.dataplane import auth
-from daemon.replication.manifest import Manifest, verify_buffer
-from daemon.replication.planning.model import Neighbor, PlanInput, merge_ranges
-from daemon.replication.planning.planner import make_plan
-from daemon.replication.transfer import (
+from chaos_edge.dataplane import auth
+from chaos_edge.replication.manifest import Manifest, verify_buffer
+from chaos_edge.replication.planning.model import Neighbor, PlanInput, merge_ranges
+from chaos_edge.replication.planning.planner import make_plan
+from chaos_edge.replication.transfer import (
     FetchOptions,
     ScaleOutJob,
     Snapshot,
@@ -51,6 +49,8 @@ from daemon.replication.transfer import (
     run_strategy,
     serve,
 )
+from chaosctl.bench import scaleout_plain
+from chaosctl.bench.models import map_state
 
 SECRET = b"chaos-bench-scaleout"
 SAMPLE_S = 0.01

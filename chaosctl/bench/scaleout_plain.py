@@ -19,9 +19,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from daemon.dataplane.frames import recv_exact_into
-from daemon.replication.transfer.snapshot import Buffer
-from daemon.replication.transfer.wire import kernel_timeouts, recv_into
+from chaos_edge.dataplane.frames import recv_exact_into
+from chaos_edge.replication.transfer.snapshot import Buffer
+from chaos_edge.replication.transfer.wire import kernel_timeouts, recv_into
 
 REQUEST = struct.Struct("!QQ")  # offset, length
 RECV_BYTES = 1 << 20

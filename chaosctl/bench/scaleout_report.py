@@ -7,10 +7,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from chaos_edge.replication.manifest import Manifest
+from chaos_edge.replication.planning.model import Neighbor, PlanInput
+from chaos_edge.replication.planning.waterfill import lower_bound
 from chaosctl.bench.plots import pyplot
-from daemon.replication.manifest import Manifest
-from daemon.replication.planning.model import Neighbor, PlanInput
-from daemon.replication.planning.waterfill import lower_bound
 
 # ``chaos-paper`` is the chaos strategy with the paper's planner (Algorithms 1+2), run beside
 # the default planner; the baselines are the other systems. ``plain`` (plain sockets, the

@@ -12,6 +12,6 @@ One process, one asyncio event loop (the watchdog and probe servers aside):
 - :mod:`~daemon.agent.probes`, :mod:`~daemon.agent.resources`, :mod:`~daemon.agent.systemd`:
   link probes, local resources, sd_notify.
 
-It never imports :mod:`daemon.trainer`; the worker is another process that speaks the control
+It never imports :mod:`chaos_edge.trainer`; the worker is another process that speaks the control
 protocol of :mod:`daemon.contracts.control`.
 """

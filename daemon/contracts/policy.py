@@ -5,7 +5,7 @@ retained cluster state and ``worker.poll`` carry its :meth:`~SyncPolicy.to_dict`
 worker and its all-reduce run under it. :func:`spanning_tree` is a pure function that chooses
 the tree from measured links. Every holder keeps the newest :data:`POLICY_KEEP` versions.
 A policy also names the cluster's gradient wire format (:data:`WIRE_FORMATS`), so every
-member of a round encodes and decodes alike (``daemon.dataplane.codec``), and its sync mode
+member of a round encodes and decodes alike (``chaos_edge.dataplane.codec``), and its sync mode
 (:class:`SyncMode`): an all-reduce every step, or DiLoCo's local steps with an outer step
 every ``inner_steps`` (docs/training-protocol.md, "Sync modes").
 """
@@ -27,7 +27,7 @@ log = logging.getLogger("chaos.policy")
 # govern a round once a newer one is effective, and planned changes are at most a few ahead.
 POLICY_KEEP = 8
 #: Gradient wire formats of the all-reduce; ``fp32`` (lossless) is the default. The codecs
-#: live in ``daemon.dataplane.codec``; the names are here so that config and policy can
+#: live in ``chaos_edge.dataplane.codec``; the names are here so that config and policy can
 #: validate them without importing the data plane.
 WIRE_FORMATS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
 #: Sync modes: ``every-step`` all-reduces the gradients of every step (the default);

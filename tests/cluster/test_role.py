@@ -282,7 +282,7 @@ def test_last_will_and_graceful_exit_of_a_daemon() -> None:
     assert role.sched.policy.members == ("d",)
 
 
-# What each worker report carries, as daemon/trainer sends it.
+# What each worker report carries, as chaos_edge/trainer sends it.
 REPORTS: dict[str, dict[str, Any]] = {
     "link-failed": {"peer": "c", "reason": "connection reset"},
     "round-aborted": {"step": 12, "reason": "peer c failed"},

@@ -36,7 +36,7 @@ def expected_digest(parts: list[tuple[int, int]], n: int) -> str:
 
 
 def _node_main(node_id: str, conn: Connection, chunk_bytes: int) -> None:
-    from daemon.dataplane import AllReducer, PeerLinks, RoundAborted, SyncPolicy
+    from chaos_edge.dataplane import AllReducer, PeerLinks, RoundAborted, SyncPolicy
 
     logging.basicConfig(level=logging.WARNING)
     members: set[str] = set()

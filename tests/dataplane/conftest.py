@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from daemon.dataplane import AllReducer, LinkConfig, PeerLinks
-from daemon.dataplane.auth import Identity, initiate
+from chaos_edge.dataplane import AllReducer, LinkConfig, PeerLinks
+from chaos_edge.dataplane.auth import Identity, initiate
 from tests.dataplane._cluster import Cluster
 
 SECRET = b"k"

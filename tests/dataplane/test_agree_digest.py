@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from daemon.dataplane import (
+from chaos_edge.dataplane import (
     AllReducer,
     DataPlaneError,
     LinkConfig,
@@ -18,15 +18,15 @@ from daemon.dataplane import (
     RoundAborted,
     SyncPolicy,
 )
-from daemon.dataplane.agree import (
+from chaos_edge.dataplane.agree import (
     MAX_SUMMARY_BYTES,
     MAX_TALLY,
     Decision,
     Summary,
     decide,
 )
-from daemon.dataplane.frames import FrameHeader, Kind, phase_flags
-from daemon.dataplane.rounds import MAX_REASON
+from chaos_edge.dataplane.frames import FrameHeader, Kind, phase_flags
+from chaos_edge.dataplane.rounds import MAX_REASON
 from tests.dataplane.conftest import SECRET
 
 pytestmark = pytest.mark.timeout(60)

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from daemon.dataplane import SyncPolicy, spanning_tree
+from chaos_edge.dataplane import SyncPolicy, spanning_tree
 from tests.dataplane._cluster import Cluster, expected_digest
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from daemon.dataplane import AllReducer, DataPlaneError, RoundAborted, SyncPolicy
-from daemon.dataplane.frames import FrameHeader, Kind
-from daemon.dataplane.tensors import digest, flatten_grads, unflatten_into
+from chaos_edge.dataplane import AllReducer, DataPlaneError, RoundAborted, SyncPolicy
+from chaos_edge.dataplane.frames import FrameHeader, Kind
+from chaos_edge.dataplane.tensors import digest, flatten_grads, unflatten_into
 from tests.dataplane.conftest import IDS
 
 pytestmark = pytest.mark.timeout(60)

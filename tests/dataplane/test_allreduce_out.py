@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from daemon.dataplane import AllReducer, DataPlaneError, SyncPolicy
+from chaos_edge.dataplane import AllReducer, DataPlaneError, SyncPolicy
 from tests.dataplane._cluster import make_grad
 from tests.dataplane.conftest import IDS
 

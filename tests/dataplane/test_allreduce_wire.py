@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from daemon.dataplane import AllReducer, PeerLinks, RoundAborted, SyncPolicy
-from daemon.dataplane.chunkwire import auto_chunk_elems
-from daemon.dataplane.codec import INT8_BLOCK
+from chaos_edge.dataplane import AllReducer, PeerLinks, RoundAborted, SyncPolicy
+from chaos_edge.dataplane.chunkwire import auto_chunk_elems
+from chaos_edge.dataplane.codec import INT8_BLOCK
 from tests.dataplane._cluster import Cluster
 from tests.dataplane.conftest import FOUR, make_mesh
 

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from chaos_edge.dataplane.codec import INT8_BLOCK, Codec, codec_for
+from chaos_edge.dataplane.wireplan import ErrorFeedback, WirePlan
 from daemon.contracts.policy import WIRE_FORMATS
-from daemon.dataplane.codec import INT8_BLOCK, Codec, codec_for
-from daemon.dataplane.wireplan import ErrorFeedback, WirePlan
 
 pytestmark = pytest.mark.timeout(120)
 LOSSY = ("fp16", "bf16", "int8")
@@ -137,7 +137,7 @@ def test_another_process_decodes_the_same_bits() -> None:
     script = textwrap.dedent("""
         import hashlib, sys, numpy as np, torch
         torch.set_num_threads(1)
-        from daemon.dataplane.codec import codec_for
+        from chaos_edge.dataplane.codec import codec_for
         name, n = sys.argv[1], int(sys.argv[2])
         out = np.empty(n, np.float32)
         codec_for(name).decode(sys.stdin.buffer.read(), out)

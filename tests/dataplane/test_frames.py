@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from daemon.dataplane.errors import FrameError, PeerGone
-from daemon.dataplane.frames import (
+from chaos_edge.dataplane.errors import FrameError, PeerGone
+from chaos_edge.dataplane.frames import (
     FORMAT_VERSION,
     HEADER,
     HEADER_SIZE,

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from daemon.dataplane import AllReducer, AuthError, LinkConfig, PeerLinks, SyncPolicy
-from daemon.dataplane.auth import Identity, initiate
-from daemon.dataplane.frames import FORMAT_VERSION, HEADER, MAGIC, MAX_PAYLOAD
+from chaos_edge.dataplane import AllReducer, AuthError, LinkConfig, PeerLinks, SyncPolicy
+from chaos_edge.dataplane.auth import Identity, initiate
+from chaos_edge.dataplane.frames import FORMAT_VERSION, HEADER, MAGIC, MAX_PAYLOAD
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = b"s3cret"

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from daemon.dataplane import AllReducer, PeerGone, PeerLinks, RoundAborted, SyncPolicy
-from daemon.dataplane.frames import FrameHeader, Kind, decode_header, recv_exact_into
-from daemon.dataplane.sockets import send_frame
+from chaos_edge.dataplane import AllReducer, PeerGone, PeerLinks, RoundAborted, SyncPolicy
+from chaos_edge.dataplane.frames import FrameHeader, Kind, decode_header, recv_exact_into
+from chaos_edge.dataplane.sockets import send_frame
 from tests.dataplane._cluster import Cluster, expected_digest
 from tests.dataplane.conftest import FOUR
 
@@ -192,7 +192,7 @@ def test_send_frame_survives_partial_writes() -> None:
     a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
     payload = bytes(range(256)) * 4000
     header = FrameHeader(Kind.STATE_DATA, 1, 2, 3, 4, len(payload))
-    from daemon.dataplane.frames import encode_header
+    from chaos_edge.dataplane.frames import encode_header
 
     got: dict[str, object] = {}
 

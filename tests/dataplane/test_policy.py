@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chaos_edge.dataplane.errors import PolicyError
 from daemon.cluster.primitives import Negotiator
 from daemon.cluster.role import SchedulerRole
 from daemon.cluster.scheduler import Scheduler
@@ -19,7 +20,6 @@ from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import Config, TrainingConfig
 from daemon.contracts.messages import Status
 from daemon.contracts.policy import WIRE_FORMATS, Edge, SyncPolicy, parse, spanning_tree
-from daemon.dataplane.errors import PolicyError
 
 pytestmark = pytest.mark.timeout(60)
 

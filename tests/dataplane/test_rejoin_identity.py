@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.dataplane import DataPlaneError, LinkConfig, PeerLinks
+from chaos_edge.dataplane import DataPlaneError, LinkConfig, PeerLinks
 
 pytestmark = pytest.mark.timeout(30)
 SECRET = b"s3cret"

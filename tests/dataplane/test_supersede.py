@@ -15,10 +15,10 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from daemon.dataplane import AllReducer, RoundAborted, SyncPolicy
-from daemon.dataplane.fences import Fences
-from daemon.dataplane.frames import FrameHeader, Kind, encode_frame, phase_flags
-from daemon.dataplane.rounds import Phase
+from chaos_edge.dataplane import AllReducer, RoundAborted, SyncPolicy
+from chaos_edge.dataplane.fences import Fences
+from chaos_edge.dataplane.frames import FrameHeader, Kind, encode_frame, phase_flags
+from chaos_edge.dataplane.rounds import Phase
 
 pytestmark = pytest.mark.timeout(60)
 LONG = 30.0  # a round's timeout that the tests must never reach

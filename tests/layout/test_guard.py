@@ -141,7 +141,7 @@ def test_chaosd_and_the_api_without_a_clash(tmp_path: Path) -> None:
     assert "--node-id" in proc.stdout
     code = ("import sys, chaos_edge.cli, chaos_edge; assert 'torch' not in sys.modules\n"
             "from chaos_edge import Trainer, capture_exit_event, TrainerError, StateDiverged\n"
-            "from daemon.trainer import Trainer as Impl\n"
+            "from chaos_edge.trainer import Trainer as Impl\n"
             "assert Trainer is Impl and issubclass(StateDiverged, TrainerError)\n"
             "for name in ('update', 'check_state_replication', 'request_node_exit', 'close'):\n"
             "    assert callable(getattr(Trainer, name)), name\n"

@@ -98,15 +98,19 @@ def test_no_import_cycles() -> None:
 
 
 @pytest.mark.parametrize(("src", "dst"), [
-    ("netprobe", "daemon"), ("netprobe", "chaosctl"), ("daemon", "chaosctl"),
-    ("daemon.agent", "daemon.trainer"), ("daemon.trainer", "daemon.agent"),
-    ("daemon.cluster", "daemon.agent"), ("daemon.cluster", "daemon.dataplane"),
-    ("daemon.cluster", "daemon.replication"), ("daemon.cluster", "daemon.trainer"),
+    ("netprobe", "daemon"), ("netprobe", "chaosctl"), ("netprobe", "chaos_edge"),
+    ("daemon", "chaosctl"), ("daemon", "chaos_edge"),
     ("daemon.contracts", "daemon.agent"), ("daemon.contracts", "daemon.cluster"),
-    ("daemon.contracts", "daemon.trainer"), ("daemon.contracts", "daemon.dataplane"),
-    ("daemon.contracts", "daemon.replication"), ("daemon.agent", "daemon.dataplane"),
-    ("daemon.dataplane", "daemon.trainer"), ("daemon.replication", "daemon.trainer"),
-    ("daemon.replication.planning", "daemon.replication.transfer"),
+    ("daemon.cluster", "daemon.agent"),
+    # The library in the training process shares only the contracts with chaosd.
+    ("chaos_edge.trainer", "daemon.agent"), ("chaos_edge.trainer", "daemon.cluster"),
+    ("chaos_edge.dataplane", "daemon.agent"), ("chaos_edge.dataplane", "daemon.cluster"),
+    ("chaos_edge.replication", "daemon.agent"), ("chaos_edge.replication", "daemon.cluster"),
+    ("chaos_edge.examples", "daemon.agent"), ("chaos_edge.examples", "daemon.cluster"),
+    ("chaos_edge.dataplane", "chaos_edge.trainer"),
+    ("chaos_edge.dataplane", "chaos_edge.replication"),
+    ("chaos_edge.replication", "chaos_edge.trainer"),
+    ("chaos_edge.replication.planning", "chaos_edge.replication.transfer"),
 ])
 def test_import_direction(src: str, dst: str) -> None:
     assert _edges(_graph(), src, dst) == []
@@ -122,6 +126,19 @@ def test_cluster_logic_does_no_io() -> None:
         names |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
                   if isinstance(n, ast.ImportFrom)}
         assert not names & banned, f"{path.name} imports {sorted(names & banned)}"
+
+
+def test_only_the_chaosd_entry_point_of_chaos_edge_reaches_the_agent() -> None:
+    """``chaos_edge.cli`` is the ``chaosd`` console script: it checks the ``daemon`` import
+    name first (python-daemon clashes with it), then runs the agent. No other module of the
+    library reaches into chaosd."""
+    graph = _graph()
+    wrong = [(a, b) for a, b in _edges(graph, "chaos_edge", "daemon")
+             if b not in ("daemon", "daemon.contracts") and not b.startswith("daemon.contracts.")
+             and a != "chaos_edge.cli"]
+    assert wrong == []
+    assert {b for a, b in _edges(graph, "chaos_edge.cli", "daemon")} <= {
+        "daemon", "daemon.agent", "daemon.agent.main"}
 
 
 def test_chaosctl_uses_only_the_contracts_outside_bench() -> None:

@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from daemon.replication import Neighbor, PlanInput, make_plan
-from daemon.replication.manifest import RAW_DTYPE, Entry, Manifest
-from daemon.replication.transfer import FetchOptions
-from daemon.replication.transfer.ledger import Ledger, Task
+from chaos_edge.replication import Neighbor, PlanInput, make_plan
+from chaos_edge.replication.manifest import RAW_DTYPE, Entry, Manifest
+from chaos_edge.replication.transfer import FetchOptions
+from chaos_edge.replication.transfer.ledger import Ledger, Task
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,18 +9,22 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from daemon.replication.errors import PlanError
-from daemon.replication.planning.exact import assignment_makespan, brute_force_assign, milp_assign
-from daemon.replication.planning.greedy import (
+from chaos_edge.replication.errors import PlanError
+from chaos_edge.replication.planning.exact import (
+    assignment_makespan,
+    brute_force_assign,
+    milp_assign,
+)
+from chaos_edge.replication.planning.greedy import (
     algorithm1,
     greedy_assign,
     greedy_runs,
     lpt_order,
     split_shards,
 )
-from daemon.replication.planning.model import Neighbor, PlanInput, ReplicationPlan, check_cover
-from daemon.replication.planning.planner import PLANNERS, make_plan
-from daemon.replication.planning.waterfill import assign_identical, lower_bound
+from chaos_edge.replication.planning.model import Neighbor, PlanInput, ReplicationPlan, check_cover
+from chaos_edge.replication.planning.planner import PLANNERS, make_plan
+from chaos_edge.replication.planning.waterfill import assign_identical, lower_bound
 
 pytestmark = pytest.mark.timeout(120)
 

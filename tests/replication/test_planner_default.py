@@ -11,11 +11,11 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from daemon.replication.planning import greedy, waterfill
-from daemon.replication.planning.model import Neighbor, PlanInput, check_cover
-from daemon.replication.planning.planner import PLANNERS, make_plan
-from daemon.replication.planning.waterfill import lower_bound
-from daemon.replication.transfer.strategies import ScaleOutJob
+from chaos_edge.replication.planning import greedy, waterfill
+from chaos_edge.replication.planning.model import Neighbor, PlanInput, check_cover
+from chaos_edge.replication.planning.planner import PLANNERS, make_plan
+from chaos_edge.replication.planning.waterfill import lower_bound
+from chaos_edge.replication.transfer.strategies import ScaleOutJob
 
 pytestmark = pytest.mark.timeout(120)
 

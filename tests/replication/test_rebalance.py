@@ -10,12 +10,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from daemon.dataplane import auth
-from daemon.replication import Neighbor, PlanInput, make_plan
-from daemon.replication.manifest import RAW_DTYPE, Entry, Manifest, block_digests
-from daemon.replication.planning.model import ReplicationPlan, merge_ranges
-from daemon.replication.transfer import FetchOptions, Snapshot, StateServer, fetch, serve
-from daemon.replication.transfer.balance import (
+from chaos_edge.dataplane import auth
+from chaos_edge.replication import Neighbor, PlanInput, make_plan
+from chaos_edge.replication.manifest import RAW_DTYPE, Entry, Manifest, block_digests
+from chaos_edge.replication.planning.model import ReplicationPlan, merge_ranges
+from chaos_edge.replication.transfer import FetchOptions, Snapshot, StateServer, fetch, serve
+from chaos_edge.replication.transfer.balance import (
     RateMeter,
     cut_head,
     piece_bytes,

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from daemon.dataplane import LinkConfig, PeerLinks
-from daemon.replication.state import StateSpace, tensor_bytes
-from daemon.trainer.transfer import Refusal, StateTransfer, snapshot_room
+from chaos_edge.dataplane import LinkConfig, PeerLinks
+from chaos_edge.replication.state import StateSpace, tensor_bytes
+from chaos_edge.trainer.transfer import Refusal, StateTransfer, snapshot_room
 
 pytestmark = pytest.mark.timeout(60)
 MIB = 1 << 20

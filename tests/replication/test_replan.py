@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from daemon.replication.errors import PlanError
-from daemon.replication.planning.greedy import paper_plan
-from daemon.replication.planning.model import (
+from chaos_edge.replication.errors import PlanError
+from chaos_edge.replication.planning.greedy import paper_plan
+from chaos_edge.replication.planning.model import (
     Neighbor,
     PlanInput,
     check_cover,
     merge_ranges,
     subtract_ranges,
 )
-from daemon.replication.planning.planner import make_plan
-from daemon.replication.planning.replan import replan_remaining
+from chaos_edge.replication.planning.planner import make_plan
+from chaos_edge.replication.planning.replan import replan_remaining
 
 pytestmark = pytest.mark.timeout(120)
 

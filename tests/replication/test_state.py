@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from daemon.replication.errors import CorruptStateError, ManifestError
-from daemon.replication.manifest import Manifest, blocks_to_ranges, verify_buffer, verify_range
-from daemon.replication.state import StateSpace, state_digest
+from chaos_edge.replication.errors import CorruptStateError, ManifestError
+from chaos_edge.replication.manifest import Manifest, blocks_to_ranges, verify_buffer, verify_range
+from chaos_edge.replication.state import StateSpace, state_digest
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 import torch
 
-from daemon.dataplane import auth
-from daemon.replication import Neighbor, PlanInput, make_plan
-from daemon.replication.manifest import Manifest
-from daemon.replication.state import StateSpace, state_digest
-from daemon.replication.transfer import (
+from chaos_edge.dataplane import auth
+from chaos_edge.replication import Neighbor, PlanInput, make_plan
+from chaos_edge.replication.manifest import Manifest
+from chaos_edge.replication.state import StateSpace, state_digest
+from chaos_edge.replication.transfer import (
     FetchOptions,
     Snapshot,
     StateServer,

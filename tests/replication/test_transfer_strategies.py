@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from daemon.dataplane import auth
-from daemon.replication import Neighbor
-from daemon.replication.errors import PlanError
-from daemon.replication.manifest import RAW_DTYPE, Entry, Manifest, block_digests
-from daemon.replication.transfer import (
+from chaos_edge.dataplane import auth
+from chaos_edge.replication import Neighbor
+from chaos_edge.replication.errors import PlanError
+from chaos_edge.replication.manifest import RAW_DTYPE, Entry, Manifest, block_digests
+from chaos_edge.replication.transfer import (
     STRATEGIES,
     ScaleOutJob,
     Snapshot,
@@ -22,7 +22,7 @@ from daemon.replication.transfer import (
     run_strategy,
     serve,
 )
-from daemon.replication.transfer.wire import HEADER_SIZE, Kind, ProtocolError, decode, encode
+from chaos_edge.replication.transfer.wire import HEADER_SIZE, Kind, ProtocolError, decode, encode
 
 pytestmark = pytest.mark.timeout(120)
 

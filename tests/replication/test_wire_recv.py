@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from daemon.dataplane.errors import PeerGone
-from daemon.replication.transfer import wire
+from chaos_edge.dataplane.errors import PeerGone
+from chaos_edge.replication.transfer import wire
 
 pytestmark = pytest.mark.timeout(20)
 Pair = tuple[socket.socket, socket.socket]

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from daemon.dataplane import spanning_tree
+from chaos_edge.dataplane import spanning_tree
 
 SECRET = "ab" * 16
 MARGIN = 2

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from daemon.replication.state import StateSpace
-from daemon.trainer.control import StateMismatch, UnserialisableState
-from daemon.trainer.objects import Registry
+from chaos_edge.replication.state import StateSpace
+from chaos_edge.trainer.control import StateMismatch, UnserialisableState
+from chaos_edge.trainer.objects import Registry
 
 
 def _run(steps: int, sched_cls: str = "onecycle") -> tuple[torch.nn.Module, torch.optim.Optimizer,

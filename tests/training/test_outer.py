@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from chaos_edge.replication.state import StateSpace
+from chaos_edge.trainer.outer import COUNT, MOMENTUM, SYNCED, Outer, inner_state_hidden, outer_step
+from chaos_edge.trainer.stepper import Stepper
 from daemon.contracts.config import load_config
 from daemon.contracts.errors import ConfigError, PolicyError
 from daemon.contracts.policy import SyncMode, SyncPolicy
-from daemon.replication.state import StateSpace
-from daemon.trainer.outer import COUNT, MOMENTUM, SYNCED, Outer, inner_state_hidden, outer_step
-from daemon.trainer.stepper import Stepper
 
 
 def _net() -> torch.nn.Module:

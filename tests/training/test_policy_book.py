@@ -3,8 +3,8 @@ divergence guard compares (unit)."""
 
 from __future__ import annotations
 
+from chaos_edge.trainer.policy import PolicyBook
 from daemon.contracts.policy import SyncPolicy
-from daemon.trainer.policy import PolicyBook
 
 ABC = ("a", "b", "c")
 
@@ -42,7 +42,7 @@ def test_a_policy_overtaken_before_it_takes_effect_governs_nothing() -> None:
 
 
 def test_the_guard_compares_when_a_member_joins_not_when_one_leaves() -> None:
-    from daemon.trainer.epochs import Epochs
+    from chaos_edge.trainer.epochs import Epochs
 
     class Seen(Epochs):
         def __init__(self, agreed: tuple[str, ...] | None) -> None:

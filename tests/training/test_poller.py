@@ -1,4 +1,4 @@
-"""The worker's background poll (daemon.trainer.poller) against the fake daemon."""
+"""The worker's background poll (chaos_edge.trainer.poller) against the fake daemon."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from chaos_edge.trainer.poller import Poller
 from daemon.contracts.control import ControlClient
 from daemon.contracts.errors import ControlFailure
 from daemon.contracts.policy import SyncPolicy
-from daemon.trainer.poller import Poller
 from tests.training._fake import FakeCluster
 
 pytestmark = pytest.mark.timeout(30)

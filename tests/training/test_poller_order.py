@@ -18,11 +18,11 @@ from typing import Any
 import aiomqtt
 import pytest
 
+from chaos_edge.trainer.poller import Poller
 from chaosctl.client import call_once
 from daemon.contracts.control import ControlClient
 from daemon.contracts.messages import Command, Topics, encode
 from daemon.contracts.signing import ControlAuth, control_key
-from daemon.trainer.poller import Poller
 
 pytestmark = pytest.mark.timeout(90)
 BURSTS, PER_BURST = 5, 60  # 300 commands; the daemon's queue holds 1000 between two polls

@@ -12,8 +12,8 @@ import copy
 import pytest
 import torch
 
-from daemon.trainer.shares import SLOTS, shard_of, split
-from daemon.trainer.stepper import Stepper
+from chaos_edge.trainer.shares import SLOTS, shard_of, split
+from chaos_edge.trainer.stepper import Stepper
 
 
 def _net() -> torch.nn.Module:

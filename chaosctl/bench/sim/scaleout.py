@@ -1,6 +1,6 @@
 """One scale-out in simulated time, under each strategy, planned by the real planners.
 
-What runs for real: the planners of :mod:`daemon.replication.planning` (``chaos`` water-fills
+What runs for real: the planners of :mod:`chaos_edge.replication.planning` (``chaos`` water-fills
 the bytes over the new node's neighbours from their probed rates, ``single`` picks the fastest
 one, ``multi-source`` (``even``) splits evenly over every node). What is simulated: the
 requests (hop by hop, as the testbed's ``GET_VIA`` relays them) and the bytes, over
@@ -22,10 +22,10 @@ from typing import Any
 
 import simpy
 
+from chaos_edge.replication.planning.model import Neighbor, PlanInput
+from chaos_edge.replication.planning.planner import make_plan
 from chaosctl.bench.sim.network import DEFAULT_CHUNK, Net
 from chaosctl.bench.sim.topology import Instance
-from daemon.replication.planning.model import Neighbor, PlanInput
-from daemon.replication.planning.planner import make_plan
 
 STRATEGIES = ("chaos", "single", "multi-source", "stop-resume")
 

@@ -1,0 +1,36 @@
+"""The worker-side training library: ``Trainer`` and the calls a training script makes.
+
+Runs inside the user's training process, with threads (peer-link readers, snapshot servers,
+fetchers), never asyncio. It reaches the local chaosd only through the control socket, and
+its peers through :mod:`chaos_edge.dataplane` and :mod:`chaos_edge.replication`. Of chaosd's
+package it imports only :mod:`daemon.contracts`. Scripts import it as :mod:`chaos_edge`.
+
+- :mod:`~chaos_edge.trainer.api`: ``Trainer`` (``update``, ``check_state_replication``,
+  ``request_node_exit``) and ``capture_exit_event``.
+- :mod:`~chaos_edge.trainer.session`: the worker's session with chaosd (polling, commands, links).
+- :mod:`~chaos_edge.trainer.poller`: the thread that polls chaosd, even while a round blocks.
+- :mod:`~chaos_edge.trainer.policy`: the policies a worker holds and which governs a round.
+- :mod:`~chaos_edge.trainer.join`: the new node's side of scale-out (offers, plan, pull).
+- :mod:`~chaos_edge.trainer.transfer`: the sources' side of scale-out (snapshot and serve).
+- :mod:`~chaos_edge.trainer.stepper`: what a round reduces (gradients, buffers) and the step
+  that applies it (unscale, transform, clip, scaler).
+- :mod:`~chaos_edge.trainer.objects`: the registered objects (schedulers, scaler, EMA, counters).
+- :mod:`~chaos_edge.trainer.shares`: each member's shard of the global batch.
+- :mod:`~chaos_edge.trainer.serving`: when a source snapshots, and serving it.
+- :mod:`~chaos_edge.trainer.control`: the worker's errors over the control client.
+"""
+
+from chaos_edge.trainer.api import (
+    Shard,
+    StateDiverged,
+    StateMismatch,
+    StepTiming,
+    Trainer,
+    TrainerError,
+    UnserialisableState,
+    capture_exit_event,
+)
+from daemon.contracts.errors import ChaosError, DaemonUnreachable
+
+__all__ = ["ChaosError", "DaemonUnreachable", "Shard", "StateDiverged", "StateMismatch",
+           "StepTiming", "Trainer", "TrainerError", "UnserialisableState", "capture_exit_event"]
