@@ -59,6 +59,7 @@ from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handl
 from chaos_edge.trainer.shares import SLOTS, SPEED_EMA, Shard, shard_of
 from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
 from chaos_edge.trainer.timing import StepTiming, Timing
+from daemon.contracts import protocol
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.policy import SyncPolicy
 
@@ -283,7 +284,7 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
                 reruns, reason = reruns + 1, exc.reason
                 if exc.result is not None:
                     self._pending, self._pending_version = exc.result, exc.policy_version
-                self._s.report("round-aborted", step=self.step + 1, reason=exc.reason[:200])
+                self._s.report(protocol.RoundAborted(step=self.step + 1, reason=exc.reason[:200]))
                 nxt = self._next_epoch(pub, deadline, exc)
                 if nxt is not None and self._catch_up(pub, nxt):
                     break  # the peers' next epoch committed the result we held

@@ -23,6 +23,7 @@ from chaos_edge.trainer.control import StateDiverged, TrainerError
 from chaos_edge.trainer.outer import Outer
 from chaos_edge.trainer.parts import TrainerParts
 from chaos_edge.trainer.poller import POLL_S
+from daemon.contracts import protocol
 from daemon.contracts.policy import SyncPolicy
 
 log = logging.getLogger("chaos.trainer")
@@ -110,8 +111,8 @@ class Epochs(TrainerParts):
         log.error("%s: state of step %d differs from the cluster's (%s, majority %s); "
                   "re-replicating", self.node_id, self.step, digest.hex()[:16],
                   dec.digest.hex()[:16])  # fmt: skip
-        self._s.report("state-diverged", step=self.step, digest=digest.hex(),
-                       majority=dec.digest.hex(), variants=dec.digests)  # fmt: skip
+        self._s.report(protocol.StateDiverged(step=self.step, digest=digest.hex(),
+                                     majority=dec.digest.hex(), variants=dec.digests))
         self._s.flush_reports()
 
     def _past_us(self, pub: SyncPolicy) -> SyncPolicy | None:

@@ -24,9 +24,17 @@ from chaos_edge.replication.planning.waterfill import lower_bound
 from chaos_edge.replication.transfer.fetch_types import FetchOptions
 from chaos_edge.replication.transfer.strategies import ScaleOutJob, run_strategy
 from chaos_edge.trainer.policy import parse_addr
-from chaos_edge.trainer.session import Replicate, Session
+from chaos_edge.trainer.session import Session
 from chaos_edge.trainer.transfer import LINK_WAIT_S, OFFER_WAIT_S, Offer, Refusal, TransferFailed
 from daemon.contracts.errors import ControlFailure
+from daemon.contracts.protocol import (
+    LinkEstimate,
+    PlanInputRecord,
+    Replicate,
+    Replicated,
+    SourceStats,
+)
+from daemon.contracts.records import plain
 
 log = logging.getLogger("chaos.trainer.join")
 DEFAULT_MBPS = 100.0  # a link nobody has measured: equal guesses give an even split
@@ -41,7 +49,7 @@ class Pulled:
 
     manifest: Manifest
     buffer: bytearray
-    report: dict[str, Any]
+    report: Replicated
 
 
 def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int,
@@ -77,7 +85,7 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int,
         raise TransferFailed("no source offered the state: " +
                              "; ".join(f"{k}: {v}" for k, v in sorted(errors.items())))
     manifest, chosen = _agreeing(offers)
-    neighbors = tuple(_neighbor(src, rep.links.get(src, {}), measured.get(src, {}))
+    neighbors = tuple(_neighbor(src, rep.links.get(src, LinkEstimate()), measured.get(src, {}))
                       for src in chosen)  # fmt: skip
     addresses = {src: (parse_addr(rep.sources[src])[0], offers[src].port) for src in chosen}
     options = FetchOptions(deadline_s=max(1.0, deadline - time.monotonic()),
@@ -87,32 +95,28 @@ def pull_state(s: Session, rep: Replicate, deadline: float, local_bytes: int,
                                                  options=options))  # fmt: skip
     done = time.monotonic()
     fetched = res.fetch
-    per_source: dict[str, dict[str, Any]] = {} if fetched is None else {
-        t.id: {"bytes": t.bytes, "end_s": None if t.end_s is None else round(t.end_s, 4),
-               **({"failed": t.failed[:200]} if t.failed else {})}
+    per_source = {} if fetched is None else {
+        t.id: SourceStats(bytes=t.bytes, end_s=None if t.end_s is None else round(t.end_s, 4),
+                          failed=t.failed[:200] if t.failed else None)
         for t in fetched.sources.values()}  # fmt: skip
     inputs = PlanInput.create(neighbors, manifest.segments(), align_bytes=manifest.block_size)
-    report: dict[str, Any] = {
-        "version": manifest.version, "bytes": manifest.total_bytes,
-        "delay_ms": round((done - t0) * 1e3, 3),
-        "transfer_ms": round((done - t_pull) * 1e3, 3),
-        "decision_ms": round(res.decision_s * 1e3, 3),
-        "strategy": rep.strategy,
-        "sources": [k for k, v in per_source.items() if v["bytes"] > 0],
-        "per_source": per_source,
+    report = Replicated(
+        version=manifest.version, bytes=manifest.total_bytes,
+        delay_ms=round((done - t0) * 1e3, 3),
+        transfer_ms=round((done - t_pull) * 1e3, 3),
+        decision_ms=round(res.decision_s * 1e3, 3),
+        strategy=rep.strategy,
+        sources=[k for k, v in per_source.items() if v.bytes > 0],
+        per_source=per_source,
         # The planner's inputs, so that every plan can be re-run and judged afterwards.
-        "plan_inputs": [{"id": n.id, "t_prop_s": n.t_prop_s, "t_trans_s_per_byte":
-                         n.t_trans_s_per_byte, "tau_sync_s": n.tau_sync_s} for n in neighbors],
-        "predicted_ms": None if res.plan is None else round(res.plan.makespan_s * 1e3, 3),
-        "lower_bound_ms": round(lower_bound(inputs) * 1e3, 3),
-        "replans": 0 if fetched is None else len(fetched.replans),
-        "refetched_blocks": 0 if fetched is None else len(fetched.refetched_blocks),
-    }
-    if errors:
-        report["left_out"] = {k: v[:200] for k, v in errors.items()}
-    refused = {k: v[:200] for k, v in errors.items() if isinstance(v, Refusal)}
-    if refused:
-        report["declined"] = refused
+        plan_inputs=[PlanInputRecord(n.id, n.t_prop_s, n.t_trans_s_per_byte, n.tau_sync_s)
+                     for n in neighbors],
+        predicted_ms=None if res.plan is None else round(res.plan.makespan_s * 1e3, 3),
+        lower_bound_ms=round(lower_bound(inputs) * 1e3, 3),
+        replans=0 if fetched is None else len(fetched.replans),
+        refetched_blocks=0 if fetched is None else len(fetched.refetched_blocks),
+        left_out={k: v[:200] for k, v in errors.items()},
+        declined={k: v[:200] for k, v in errors.items() if isinstance(v, Refusal)})
     return Pulled(manifest, res.buffer, report)
 
 
@@ -122,7 +126,8 @@ def _measure(s: Session, rep: Replicate, sources: Sequence[str], local_bytes: in
     enough for a better split to pay for the probe (about a second)."""
     if rep.strategy == "single" and len(sources) == 1:
         return {}
-    need = [src for src in sources if not (rep.links.get(src) or {}).get("bandwidth_mbps")]
+    need = [src for src in sources
+            if not rep.links.get(src, LinkEstimate()).bandwidth_mbps]
     if not need or local_bytes < s.probe_min_bytes:
         return {}
     try:
@@ -150,9 +155,9 @@ def _agreeing(offers: Mapping[str, Offer]) -> tuple[Manifest, list[str]]:
     return offers[best[0]].manifest, best
 
 
-def _neighbor(src: str, known: Mapping[str, Any], fresh: Mapping[str, Any]) -> Neighbor:
+def _neighbor(src: str, known: LinkEstimate, fresh: Mapping[str, Any]) -> Neighbor:
     def pick(key: str) -> float | None:
-        for doc in (fresh, known):
+        for doc in (fresh, plain(known)):
             value = doc.get(key)
             if isinstance(value, (int, float)) and value > 0:
                 return float(value)

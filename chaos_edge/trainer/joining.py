@@ -20,6 +20,7 @@ from chaos_edge.trainer.parts import TrainerParts
 from chaos_edge.trainer.poller import POLL_S
 from chaos_edge.trainer.shares import Shard
 from daemon.contracts.errors import ChaosError
+from daemon.contracts.protocol import Bootstrap, StateRefused
 
 log = logging.getLogger("chaos.trainer")
 FETCH_RETRY_S = 0.5  # pause before fetching a replicated state again
@@ -47,7 +48,7 @@ class Joining(TrainerParts):
             if mine:
                 self._s.replications = [r for r in self._s.replications if r not in mine]
                 rep = mine[-1]
-            if rep is not None and not rep.sources:
+            if isinstance(rep, Bootstrap):
                 # The scheduler made us the only member: the cluster is new, or every member
                 # and source went. A former member's own state, perhaps a little behind,
                 # beats none.
@@ -117,7 +118,7 @@ class Joining(TrainerParts):
                or self._objects.mismatch(objects, loaded.extra))  # fmt: skip
         if why is not None:
             msg = f"{self.node_id} cannot join cluster state of step {runtime.get('step')}: {why}"
-            self._s.report("state-refused", reason=msg)
+            self._s.report(StateRefused(reason=msg))
             self._s.flush_reports()  # before the raise ends the script: chaosd must not restart it
             raise StateMismatch(msg)
         loaded.apply(self.model, self.optimizer)
@@ -130,9 +131,8 @@ class Joining(TrainerParts):
         self._pending_version = int(runtime.get("held_version", -1))
         self._speeds, self._shard = None, None
         log.info("restored step %d (%d bytes) from %s in %.0f ms", self.step,
-                 got.report["bytes"], ", ".join(got.report["sources"]),
-                 got.report["delay_ms"])  # fmt: skip
-        self._s.report("replicated", **got.report)
+                 got.report.bytes, ", ".join(got.report.sources), got.report.delay_ms)
+        self._s.report(got.report)
         return True
 
     # -- rounds ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from chaos_edge.trainer.parts import TrainerParts
 from chaos_edge.trainer.poller import POLL_S
 from chaos_edge.trainer.transfer import snapshot_room
 from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.protocol import Replicate, ServeDeclined
 
 log = logging.getLogger("chaos.trainer")
 SERVE_WAIT_S = 5.0  # a source waits this long for the replicate command of a new neighbour
@@ -71,7 +72,7 @@ class Serving(TrainerParts):
             if rep.new == self.node_id:
                 keep.append(rep)  # ours to fetch (a rejoin); handled by _join
                 continue
-            if self.node_id not in rep.sources:
+            if not isinstance(rep, Replicate) or self.node_id not in rep.sources:
                 continue
             if (rep.version_step > self.step or nxt is None or nxt.version < rep.policy_version
                     or rep.new not in nxt.members):  # fmt: skip
@@ -88,7 +89,7 @@ class Serving(TrainerParts):
                                 self._s.transfer.reserve_bytes)  # fmt: skip
             if why is not None:
                 self._s.transfer.decline(rep.new, why)  # the new node plans without us
-                self._s.report("serve-declined", new=rep.new, reason=why)
+                self._s.report(ServeDeclined(new=rep.new, reason=why))
                 continue
             runtime: dict[str, Any] = {"step": self.step, "objects": doc}
             if self._pending is not None:

@@ -15,7 +15,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -27,37 +26,25 @@ from chaos_edge.trainer.control import TrainerError
 from chaos_edge.trainer.policy import PolicyBook, parse_addr
 from chaos_edge.trainer.poller import Poller
 from chaos_edge.trainer.transfer import StateTransfer
+from daemon.contracts.clock import SystemClock
 from daemon.contracts.control import ControlClient
-from daemon.contracts.errors import ControlFailure
-from daemon.contracts.kinds import WORKER_COMMAND_OPS, ReportKind, member
+from daemon.contracts.errors import ControlFailure, MessageError
 from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.protocol import (
+    Bootstrap,
+    Connect,
+    Disconnect,
+    LinkFailed,
+    Replicate,
+    WorkerReport,
+    parse_worker_command,
+)
+from daemon.contracts.ratelog import RateLimitedLog
 
 log = logging.getLogger("chaos.trainer")
 EXIT_EVENT = threading.Event()
 DIAL_RETRY_S = 0.2
 DIAL_FOR_S = 30.0
-
-
-@dataclass(frozen=True)
-class Replicate:
-    """A ``replicate`` command.
-
-    Attributes:
-        version_step: The step whose state is replicated.
-        new: The joining node.
-        sources: Source node -> its data-plane address.
-        policy_version: The policy that makes ``new`` a member (-1 if the command lacks it).
-        strategy: ``chaos`` (planned split over the sources) or ``single`` (EDL+).
-        links: Source -> what the scheduler knows of the link (``rtt_ms``,
-            ``bandwidth_mbps``; None where unmeasured).
-    """
-
-    version_step: int
-    new: str
-    sources: Mapping[str, str]
-    policy_version: int = -1
-    strategy: str = "chaos"
-    links: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def install_signal_handlers() -> None:
@@ -96,10 +83,12 @@ class Session:
         self.transfer = StateTransfer(self.links, host=bind)
         self.probe_min_bytes = 16 << 20  # from chaosd's [replication] at attach
         self.node_id = ""
-        self.replications: list[Replicate] = []  # not yet handled
+        self.replications: list[Replicate | Bootstrap] = []  # not yet handled
         self.leave_requested = False
         self._lock = threading.Lock()
-        self._reports: list[dict[str, Any]] = []
+        self._reports: list[WorkerReport] = []
+        self._rejects = RateLimitedLog(log, "ignored %d malformed worker command(s); last: %s",
+                                       SystemClock())
         self._wanted: dict[str, tuple[str, int]] = {}  # peers we keep linked, and their address
         self._dialing: set[str] = set()
         self._quiet_down: set[str] = set()  # peers we disconnected on purpose
@@ -172,10 +161,10 @@ class Session:
             self._wanted.pop(peer, None)
             self.links.disconnect(peer, reason=reason)
 
-    def report(self, kind: ReportKind, **fields: Any) -> None:
+    def report(self, rep: WorkerReport) -> None:
         """Queue a ``worker.report`` (sent with the next poll; safe from any thread)."""
         with self._lock:
-            self._reports.append({"kind": kind, **fields})
+            self._reports.append(rep)
 
     def flush_reports(self) -> None:
         """Send queued reports; a report that fails is dropped with a log line."""
@@ -183,16 +172,15 @@ class Session:
             reports, self._reports = self._reports, []
         outside = self._outside  # set by the training thread; the book is its alone
         for rep in reports:
-            if rep.get("kind") == "link-failed" and (
-                    outside or self.links.state(str(rep["peer"])) == "up"):
+            if isinstance(rep, LinkFailed) and (outside or self.links.state(rep.peer) == "up"):
                 # Up: a duplicate connection was dropped, the link itself is up. Outside the
                 # newest policy: the links closed because this node was dropped, and the
                 # scheduler, reading the report after our rejoin, would cut the new links.
                 continue
             try:
-                self.client.call("worker.report", rep)
+                self.client.call("worker.report", rep.to_args())
             except ControlFailure as exc:
-                log.warning("dropping report %s: %s", rep.get("kind"), exc)
+                log.warning("dropping report %s: %s", rep.KIND, exc)
 
     def close(self) -> None:
         """Stop the poller, close links and the control connection."""
@@ -204,36 +192,28 @@ class Session:
         self.client.close()
 
     # -- commands and links ----------------------------------------------------------------
-    def _command(self, cmd: Mapping[str, Any]) -> None:
-        op, args = member(cmd.get("op"), WORKER_COMMAND_OPS), cmd.get("args") or {}
+    def _command(self, raw: Mapping[str, Any]) -> None:
         try:
-            if op is None:
-                log.warning("ignoring unknown worker command %r", cmd.get("op"))
-            elif op == "connect":
-                self.want(str(args["peer"]), str(args["addr"]))
-            elif op == "disconnect":
-                # Closed at the step boundary where no governing policy needs it any more
-                # (settle): the policy without the link takes effect at a later step, and
-                # closing at once left the rounds before it without a tree edge, aborting
-                # and rerunning the same step under the same policy for ever.
-                self._closing.add(str(args["peer"]))
-            elif op == "replicate":
-                sources = {str(k): str(v) for k, v in dict(args["sources"]).items()}
-                version = args.get("policy_version")
-                links = {str(k): dict(v) for k, v in dict(args.get("links") or {}).items()
-                         if isinstance(v, Mapping)}  # fmt: skip
-                rep = Replicate(int(args["version_step"]), str(args["new"]), sources,
-                                version if isinstance(version, int) else -1,
-                                str(args.get("strategy") or "chaos"), links)  # fmt: skip
-                if rep.new != self.node_id:
-                    self.links.allow(rep.new)  # the new node may dial us for the state
-                # A newer command for the same node supersedes the older ones.
-                self.replications = [r for r in self.replications if r.new != rep.new]
-                self.replications.append(rep)
-            else:
-                assert_never(op)
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("ignoring malformed worker command %r: %r", op, exc)
+            cmd = parse_worker_command(str(raw.get("op")), raw.get("args"))
+        except MessageError as exc:
+            self._rejects.note(str(exc))
+            return
+        if isinstance(cmd, Connect):
+            self.want(cmd.peer, cmd.addr)
+        elif isinstance(cmd, Disconnect):
+            # Closed at the step boundary where no governing policy needs it any more
+            # (settle): the policy without the link takes effect at a later step, and
+            # closing at once left the rounds before it without a tree edge, aborting
+            # and rerunning the same step under the same policy for ever.
+            self._closing.add(cmd.peer)
+        elif isinstance(cmd, (Replicate, Bootstrap)):
+            if cmd.new != self.node_id:
+                self.links.allow(cmd.new)  # the new node may dial us for the state
+            # A newer command for the same node supersedes the older ones.
+            self.replications = [r for r in self.replications if r.new != cmd.new]
+            self.replications.append(cmd)
+        else:
+            assert_never(cmd)
 
     def settle(self, next_step: int) -> None:
         """Close the links we were told to drop once no policy that governs round
@@ -312,4 +292,4 @@ class Session:
     def _on_down(self, peer: str, reason: str) -> None:
         if peer in self._quiet_down or self._closed.is_set() or self.links.state(peer) == "up":
             return  # on purpose, or one of two connections (both ends dialled) was dropped
-        self.report("link-failed", peer=peer, reason=reason[:200])
+        self.report(LinkFailed(peer=peer, reason=reason[:200]))

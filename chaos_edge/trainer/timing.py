@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from chaos_edge.trainer.parts import TrainerParts
+from daemon.contracts.protocol import Stall
 
 
 class StepTiming(NamedTuple):
@@ -45,5 +46,5 @@ class Timing(TrainerParts):
         first = self._version != self._timed_version
         self._timed_version = self._version
         if reruns or (first and stall_ms > 1.0):
-            self._s.report("stall", step=self.step, ms=round(stall_ms, 3), reruns=reruns,
-                           policy_version=self._version, reason=reason[:200])  # fmt: skip
+            self._s.report(Stall(step=self.step, ms=round(stall_ms, 3), reruns=reruns,
+                                 policy_version=self._version, reason=reason[:200]))

@@ -19,9 +19,9 @@ from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Action, Election, Verdict, better
 from daemon.cluster.role import SchedulerRole
 from daemon.contracts.clock import Clock
-from daemon.contracts.kinds import RequestOp
 from daemon.contracts.messages import ClusterState, Event, Heartbeat, LeaderClaim, Topics, encode
 from daemon.contracts.policy import POLICY_KEEP
+from daemon.contracts.protocol import JoinRequest, RequestBody
 
 log = logging.getLogger("chaosd.node")
 EVENTS_KEEP = 1000
@@ -51,7 +51,7 @@ class Leadership:
     def live_peers(self) -> set[str]:
         raise NotImplementedError
 
-    def request(self, op: RequestOp, **args: Any) -> str:
+    def request(self, body: RequestBody, reply: bool = False) -> str:
         raise NotImplementedError
 
     def _watch_leader(self) -> None:
@@ -108,7 +108,7 @@ class Leadership:
         if leader is None or leader == before or not w.attached or w.state != "joining":
             return
         log.info("asking the new scheduler %s to let our worker join", leader)
-        self.request("join", addr=w.data_addr, neighbors=w.neighbors, rtts={})
+        self.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors))
 
     def _settled(self, verdict: Verdict, before: str | None, term: int) -> None:
         """A contest or a deferral ended (Election.tick) with a STEP_DOWN or a FOLLOW."""

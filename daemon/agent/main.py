@@ -81,8 +81,7 @@ class Daemon:
         self.agent.metrics.start()  # a taken address ends chaosd here, in one line (exit 1)
         if self.cfg.probe.enabled:
             agent = self.agent
-            monitor = LinkMonitor(self.cfg.probe, self.cfg.advertise,
-                                  lambda kind, args: agent.request("report", kind=kind, **args))
+            monitor = LinkMonitor(self.cfg.probe, self.cfg.advertise, agent.request)
             await monitor.start()
             agent.monitor = monitor
         if self.cfg.broker == "embedded":

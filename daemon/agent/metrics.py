@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from daemon.contracts.errors import ChaosError
 from daemon.contracts.messages import Event
+from daemon.contracts.protocol import Report, Stall
 
 
 class Source(Protocol):
@@ -166,15 +167,14 @@ class AgentMetrics:
                 if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms >= 0:
                     self.allreduce.observe(ms / 1000.0)
 
-    def reported(self, args: dict[str, Any]) -> None:
+    def reported(self, rep: Report) -> None:
         """A worker's report; ``stall`` ones carry a step's stall and its reruns."""
-        if args.get("kind") != "stall":
+        if not isinstance(rep, Stall):
             return
-        ms, reruns = args.get("ms"), args.get("reruns")
-        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms >= 0:
-            self.stall.observe(ms / 1000.0)
-        if isinstance(reruns, int) and not isinstance(reruns, bool) and reruns > 0:
-            self.reruns.inc(reruns)
+        if rep.ms >= 0:
+            self.stall.observe(rep.ms / 1000.0)
+        if rep.reruns > 0:
+            self.reruns.inc(rep.reruns)
 
     def new_events(self, events: Iterable[Event]) -> None:
         """Events this daemon has just learned of (each is passed once)."""

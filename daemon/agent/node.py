@@ -12,20 +12,19 @@ snapshot it follows and contests after a partition are :mod:`daemon.agent.leader
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
-
-from typing_extensions import assert_never
 
 from daemon.agent.bus import Bus, Outgoing
 from daemon.agent.leadership import Leadership
 from daemon.agent.memory import TermMemory
 from daemon.agent.metrics import AgentMetrics
 from daemon.agent.probes import LinkMonitor, PeerEndpoint
-from daemon.agent.resources import sample
+from daemon.agent.resources import Resources, sample
 from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unresponsive_for
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Action, Election
@@ -34,7 +33,7 @@ from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.config import Config
 from daemon.contracts.errors import MessageError
-from daemon.contracts.kinds import COMMAND_OPS, LIVE_STATES, RequestOp, WorkerExitReason, member
+from daemon.contracts.kinds import LIVE_STATES, WorkerExitReason
 from daemon.contracts.messages import (
     ClusterState,
     Command,
@@ -47,6 +46,14 @@ from daemon.contracts.messages import (
     decode,
     encode,
 )
+from daemon.contracts.protocol import (
+    Reply,
+    RequestBody,
+    WorkerExit,
+    parse_command,
+    parse_request,
+)
+from daemon.contracts.ratelog import RateLimitedLog
 from daemon.contracts.signing import AuthError
 
 log = logging.getLogger("chaosd.node")
@@ -61,13 +68,16 @@ AUTH_LOG_S = 10.0  # at most one line per this long about messages that fail aut
 class NodeAgent(Leadership):
     """One node's membership, election and (when elected) scheduling logic."""
 
-    def __init__(self, cfg: Config, clock: Clock | None = None) -> None:
+    def __init__(self, cfg: Config, clock: Clock | None = None,
+                 resources: Callable[[], Resources] = sample) -> None:
         self.cfg = cfg
         self.me = cfg.node_id
         self.clock = clock or SystemClock()
+        self.resources = resources  # the heartbeat's readings (a seam: the simulator's differ)
         self.topics = Topics(cfg.cluster)
-        # Distinguishes this process from earlier (or zombie) ones with the same node id.
-        self.incarnation = time.time_ns() // 1000
+        # Distinguishes this process from earlier (or zombie) ones with the same node id:
+        # microseconds of wall time at start, from the clock (the simulator replays it).
+        self.incarnation = int(self.clock.wall() * 1_000_000)
         self.detector = PhiAccrualDetector(cfg.detector, self.clock)
         self.election = Election(self.me, cfg.election, self.clock)
         self.memory = TermMemory(cfg.data_dir, cfg.cluster)
@@ -80,7 +90,9 @@ class NodeAgent(Leadership):
             "CHAOS_CLUSTER": cfg.cluster})
         self.supervisor.on_exit.append(self._worker_exited)
         self._req_seq = 0
-        self.replies: dict[str, str | None] = {}  # req_id -> error (None: ok)
+        # Requests whose reply someone awaits (ask): registered and removed by ask alone, so
+        # nothing is left behind when the answer never comes.
+        self._replies: dict[str, asyncio.Future[str | None]] = {}
         self.view: ClusterState | None = None
         self._held_state: ClusterState | None = None  # a rival's, while we defer its claim
         self.presence: dict[str, Status] = {}
@@ -110,8 +122,12 @@ class NodeAgent(Leadership):
         # The wall time of the current connection: our "up" statuses and the last will of that
         # connection carry it, so a peer can tell a replayed will of an earlier one (older).
         self._conn_ts = self.clock.wall()
-        self._auth_unlogged: tuple[int, str] = (0, "")  # failures since the last log line
-        self._auth_logged_at: float | None = None
+        self._auth_failures = RateLimitedLog(
+            log, "dropped %d control message(s) that failed authentication; last on %s",
+            self.clock, AUTH_LOG_S)
+        self._rejects = RateLimitedLog(
+            log, "dropped %d malformed control message(s); last: dropped message on %s",
+            self.clock, AUTH_LOG_S)
         self._repair_retained = False  # a forgery overwrote the retained claim or snapshot
         self.bus = Bus(
             cfg,
@@ -214,7 +230,7 @@ class NodeAgent(Leadership):
 
     async def heartbeat(self) -> None:
         self._hb_seq += 1
-        res = sample()
+        res = self.resources()
         hb = Heartbeat(node=self.me, seq=self._hb_seq, incarnation=self.incarnation,
                        step=self.step, state=self.worker.state if self.worker.attached else
                        self.state, cpu_percent=res.cpu_percent,
@@ -252,32 +268,22 @@ class NodeAgent(Leadership):
         self._wills.clear()  # they came with the broker's own going away
 
     def on_message(self, topic: str, payload: bytes) -> None:
-        """Validate and route one message; a bad one is logged and dropped."""
+        """Validate and route one message; a bad one is counted, logged (at a rate limit)
+        and dropped."""
         try:
             self._route(topic, payload)
         except MessageError as exc:
             self.counters["rejected"] += 1
-            log.warning("dropped message on %s: %s", topic, exc)
+            self._rejects.note(f"{topic}: {exc}")
 
     def on_auth_error(self, topic: str, exc: AuthError) -> None:
         """A message that failed authentication: dropped and counted; logged at a rate limit."""
         self.counters["auth_failed"] += 1
         self.counters[f"auth_{exc.reason.replace('-', '_')}"] += 1
-        self._auth_unlogged = (self._auth_unlogged[0] + 1, f"{topic}: {exc}")
-        self._log_auth_failures()
+        self._auth_failures.note(f"{topic}: {exc}")
         if topic in (self.topics.leader, self.topics.state) and exc.reason != "replayed":
             # New subscribers would find only the forgery there: the scheduler repairs it.
             self._repair_retained = True
-
-    def _log_auth_failures(self) -> None:
-        count, last = self._auth_unlogged
-        now = self.clock.monotonic()
-        if not count or (self._auth_logged_at is not None
-                         and now - self._auth_logged_at < AUTH_LOG_S):
-            return
-        log.warning("dropped %d control message(s) that failed authentication (%d in all); "
-                    "last on %s", count, self.counters["auth_failed"], last[:200])
-        self._auth_unlogged, self._auth_logged_at = (0, ""), now
 
     def _route(self, topic: str, payload: bytes) -> None:
         t = self.topics
@@ -383,37 +389,52 @@ class NodeAgent(Leadership):
             log.warning("fenced a command %r from %s: term %d < %d", cmd.op, cmd.leader,
                         cmd.term, self.election.term)
             return
+        body = parse_command(cmd.op, cmd.args)  # a MessageError: counted and dropped
         self.counters["commands"] += 1
         log.info("command %s from %s (term %d)", cmd.op, cmd.leader, cmd.term)
-        op = member(cmd.op, COMMAND_OPS)
-        if op is None:
-            log.warning("ignoring unknown command %r from %s", cmd.op, cmd.leader)
-        elif op == "reply":
-            req_id = cmd.args.get("req_id")
-            if isinstance(req_id, str):
-                error = cmd.args.get("error")
-                self.replies[req_id] = error if isinstance(error, str) else None
-        elif op == "connect" or op == "disconnect" or op == "replicate":
-            self.worker.push(op, cmd.args)
+        if isinstance(body, Reply):
+            fut = self._replies.get(body.req_id)
+            if fut is not None and not fut.done():
+                fut.set_result(body.error)
         else:
-            assert_never(op)
+            self.worker.push(body)
 
     def _on_request(self, req: Request) -> None:
         if self.role is not None:
+            try:
+                body = parse_request(req.op, req.args)
+            except MessageError as exc:  # counted and dropped by on_message; said if awaited
+                self.role.refuse(req, str(exc))
+                raise
             self.counters["requests"] += 1
             if req.node != self.me:
                 # A request is a sign of life: a node that asks to join right after a healed
                 # partition must not be failed for the silence that the partition was.
                 self.detector.heartbeat(req.node, seed=True)
-            self.role.on_request(req)
+            self.role.on_request(req, body)
 
-    def request(self, op: RequestOp, **args: Any) -> str:
-        """Queue a request to the scheduler; returns its id (a reply may come back)."""
+    def request(self, body: RequestBody, reply: bool = False) -> str:
+        """Queue a request to the scheduler; returns its id (``reply``: one comes back)."""
         self._req_seq += 1
         req_id = f"{self.me}-{self.incarnation}-{self._req_seq}"
-        self.queue(self.topics.req, encode(Request(node=self.me, req_id=req_id, op=op,
-                                                    args=args)))
+        self.queue(self.topics.req, encode(Request(node=self.me, req_id=req_id, op=body.OP,
+                                                    args=body.to_args(), reply=reply)))
         return req_id
+
+    async def ask(self, body: RequestBody, timeout: float) -> str | None:
+        """Send a request and wait for the scheduler's answer: None (done) or its error.
+
+        Raises:
+            TimeoutError: No answer within ``timeout`` seconds.
+        """
+        req_id = self.request(body, reply=True)
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._replies[req_id] = fut
+        try:
+            await self.flush()
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            del self._replies[req_id]
 
     def _check_worker(self, paused: bool = False) -> None:
         """The attached worker's liveness: polls that stopped (a hang), or, for a worker
@@ -446,7 +467,7 @@ class NodeAgent(Leadership):
             reason = "state-refused"
         if self.worker.attached:
             self.worker.detach()
-            self.request("worker-exit", code=code, reason=reason)
+            self.request(WorkerExit(code=code, reason=reason))
 
     # --- decisions ----------------------------------------------------------------------
     def step_of(self, node: str) -> int:
@@ -513,7 +534,8 @@ class NodeAgent(Leadership):
             self._decide(now)
         self._check_worker(paused=gap > SELF_PAUSE_S)
         self.memory.save(self.election.term, self.election.leader)
-        self._log_auth_failures()
+        self._auth_failures.flush()
+        self._rejects.flush()
         if self._repair_retained and self.role is not None and self.bus.connected:
             self._queue_claim()
             self.role.sched.dirty = True

@@ -8,14 +8,22 @@ scheduler, and answer at once, except ``link``, which waits for the scheduler's 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 from daemon.agent.node import NodeAgent
 from daemon.contracts.config import NAME_RE
-from daemon.contracts.errors import ControlError
-from daemon.contracts.kinds import WORKER_REPORT_KINDS, WORKER_STATES, ActionOp, WorkerOp, member
+from daemon.contracts.errors import ControlError, MessageError
+from daemon.contracts.kinds import WORKER_STATES, ActionOp, WorkerOp, member
+from daemon.contracts.protocol import (
+    WORKER_REPORTS,
+    JoinRequest,
+    LeaveRequest,
+    LinkMetrics,
+    LinkRequest,
+    StateRefused,
+    parse_report,
+)
 
 REPLY_TIMEOUT_S = 5.0
 MAX_PROBE_PEERS = 64
@@ -78,14 +86,11 @@ async def link(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     if agent.election.leader is None:
         raise ControlError("no scheduler is elected yet; try again in a few seconds",
                            code="failed")
-    req_id = agent.request("link", peer=peer, action=action)
-    await agent.flush()
-    deadline = time.monotonic() + REPLY_TIMEOUT_S
-    while req_id not in agent.replies:
-        if time.monotonic() > deadline:
-            raise ControlError("the scheduler did not answer within 5 s", code="failed")
-        await asyncio.sleep(0.02)
-    error = agent.replies.pop(req_id)
+    try:
+        error = await agent.ask(LinkRequest(peer=peer, action=action), REPLY_TIMEOUT_S)
+    except TimeoutError:
+        raise ControlError(f"the scheduler did not answer within {REPLY_TIMEOUT_S:g} s",
+                           code="failed") from None
     if error:
         raise ControlError(f"link {action} {peer}: {error}", code="failed")
     return {"a": agent.me, "b": peer, "state": "up" if action == "add" else "down"}
@@ -108,7 +113,7 @@ async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
         peers = {n: ep for n in agent.presence if (ep := agent.endpoint(n)) is not None}
         with w.serving(agent.clock):  # the worker waits on us: no hang
             rtts = await agent.monitor.rtts(peers)
-    agent.request("join", addr=w.data_addr, neighbors=w.neighbors, rtts=rtts)
+    agent.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, rtts=rtts))
     await agent.flush()
     rep = agent.cfg.replication
     return {"node": agent.me, "cluster": agent.cfg.cluster, "secret": agent.cfg.data_key.hex(),
@@ -140,14 +145,17 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
-    if member(args.get("kind"), WORKER_REPORT_KINDS) is None:
-        raise ControlError(f"'kind' must be one of {', '.join(WORKER_REPORT_KINDS)}")
-    if args["kind"] == "state-refused":
+    try:
+        rep = parse_report(args, WORKER_REPORTS)
+    except MessageError as exc:
+        raise ControlError(f"{exc}; a worker reports one of {', '.join(WORKER_REPORTS)}"
+                           ) from None
+    if isinstance(rep, StateRefused):
         # The script cannot load the cluster's state: restarting it would only be refused
         # again, each time at the cost of a scale-out and a scale-in for the others.
-        agent.supervisor.refuse(str(args.get("reason") or "state mismatch"))
-    agent.metrics.reported(args)
-    agent.request("report", **args)
+        agent.supervisor.refuse(rep.reason or "state mismatch")
+    agent.metrics.reported(rep)
+    agent.request(rep)
     await agent.flush()
     return {}
 
@@ -157,7 +165,7 @@ async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]
     # until the policy without it takes effect, then detaches.
     step = _int(args, "step", agent.step)
     agent.worker.state = "leaving"
-    agent.request("leave", step=step)
+    agent.request(LeaveRequest(step=step))
     await agent.flush()
     return {}
 
@@ -182,8 +190,8 @@ async def _probe_one(agent: NodeAgent, peer: str, nbytes: int | None = None,
     result = await agent.monitor.probe(peer, ep, nbytes=nbytes, reverse=reverse)
     if result["rtt_ms"] is None and result["bandwidth_mbps"] is None:
         raise ControlError(f"no answer from {peer}'s probes at {ep.host}", code="failed")
-    agent.request("report", kind="link-metrics", peer=peer, rtt_ms=result["rtt_ms"],
-                  bandwidth_mbps=result["bandwidth_mbps"])
+    agent.request(LinkMetrics(peer=peer, rtt_ms=result["rtt_ms"],
+                              bandwidth_mbps=result["bandwidth_mbps"]))
     return result
 
 

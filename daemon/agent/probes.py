@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from daemon.contracts.config import ProbeConfig
+from daemon.contracts.protocol import LinkFailed, LinkMetrics, LinkRecovered
 from netprobe import (
     BandwidthProber,
     NetprobeError,
@@ -54,12 +55,12 @@ class LinkMonitor:
     Args:
         cfg: the ``[probe]`` config.
         host: the advertised address (probes bind and are reached there).
-        report: called with ``(kind, args)`` to tell the scheduler (``link-failed``,
-            ``link-metrics``).
+        report: called with each report for the scheduler (``link-failed``,
+            ``link-recovered``, ``link-metrics``).
     """
 
     def __init__(self, cfg: ProbeConfig, host: str,
-                 report: Callable[[str, dict[str, Any]], object]) -> None:
+                 report: Callable[[LinkFailed | LinkRecovered | LinkMetrics], object]) -> None:
         self.cfg = cfg
         self.host = host
         self.report = report
@@ -125,23 +126,22 @@ class LinkMonitor:
         self._last_rtt_report = now
         for peer, stats in self.prober.snapshot().items():
             if stats.rtt_ewma_s is not None and stats.state == "up":
-                self.report("link-metrics", {"peer": peer,
-                                             "rtt_ms": round(stats.rtt_ewma_s * 1000, 3)})
+                self.report(LinkMetrics(peer=peer, rtt_ms=round(stats.rtt_ewma_s * 1000, 3)))
 
     def _on_fail(self, stats: Any) -> None:
         ep = self._peers.get(stats.peer)
         if ep is not None:
             self._failed[stats.peer] = ep
-        self.report("link-failed", {"peer": stats.peer, "reason": "probe"})
+        self.report(LinkFailed(peer=stats.peer, reason="probe"))
 
     def _on_recover(self, stats: Any) -> None:
         log.info("link to %s answers probes again", stats.peer)
         if self._failed.pop(stats.peer, None) is not None:
-            self.report("link-recovered", {"peer": stats.peer})
+            self.report(LinkRecovered(peer=stats.peer))
 
     def _on_bandwidth(self, peer: str, result: BandwidthResult) -> None:
         self.bandwidths[peer] = result.mbps
-        self.report("link-metrics", {"peer": peer, "bandwidth_mbps": round(result.mbps, 3)})
+        self.report(LinkMetrics(peer=peer, bandwidth_mbps=round(result.mbps, 3)))
 
     async def rtts(self, peers: dict[str, PeerEndpoint]) -> dict[str, float]:
         """RTT in ms to each peer, from a short burst of probes to all of them at once."""

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.contracts.clock import Clock
+from daemon.contracts.protocol import WorkerCommand
 from netprobe.procs import kill_with_parent
 
 log = logging.getLogger("chaosd.worker")
@@ -48,7 +49,7 @@ class WorkerSession:
     leave_requested: bool = False
     attached_at: float = 0.0
     last_poll: float = 0.0
-    commands: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=1000))
+    commands: deque[tuple[int, WorkerCommand]] = field(default_factory=lambda: deque(maxlen=1000))
     _seq: int = 0
     _serving: int = 0  # the worker's requests the daemon is still working on
 
@@ -56,18 +57,19 @@ class WorkerSession:
     def attached(self) -> bool:
         return bool(self.pid)
 
-    def push(self, op: str, args: dict[str, Any]) -> None:
+    def push(self, cmd: WorkerCommand) -> None:
         """Queue a scheduler command for the worker's next poll."""
         self._seq += 1
         if len(self.commands) == self.commands.maxlen:
             # Only a worker that has not polled for many seconds lets this fill up; it is
             # about to be found hung and restarted, which re-replicates it anyway.
             log.warning("worker command queue full: dropping the oldest (%s)",
-                        self.commands[0]["op"])
-        self.commands.append({"seq": self._seq, "op": op, "args": args})
+                        self.commands[0][1].OP)
+        self.commands.append((self._seq, cmd))
 
     def drain(self) -> list[dict[str, Any]]:
-        out = list(self.commands)
+        """The queued commands in their wire form (``worker.poll``), each once."""
+        out = [{"seq": seq, "op": cmd.OP, "args": cmd.to_args()} for seq, cmd in self.commands]
         self.commands.clear()
         return out
 

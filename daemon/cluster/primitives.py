@@ -9,29 +9,47 @@ node agent sends them. Nothing here does I/O, so it is tested with a fake clock.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import replace
-from typing import Any, TypeGuard
+from dataclasses import dataclass, field, replace
+from typing import TypeGuard
 
 from typing_extensions import assert_never
 
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock
 from daemon.contracts.errors import PolicyError
-from daemon.contracts.kinds import (
-    MEMBER_STATES,
-    REPORT_KINDS,
-    REQUEST_OPS,
-    WORKER_EXIT_REASONS,
-    EventKind,
-    ReportKind,
-    member,
-)
+from daemon.contracts.kinds import MEMBER_STATES, EventKind
 from daemon.contracts.messages import Event, LinkRecord
 from daemon.contracts.policy import EVERY_STEP, SyncMode, SyncPolicy, spanning_tree
+from daemon.contracts.protocol import (
+    Bootstrap,
+    CommandBody,
+    Connect,
+    Disconnect,
+    JoinRequest,
+    LeaveRequest,
+    LinkEstimate,
+    LinkFailed,
+    LinkMetrics,
+    LinkRecovered,
+    LinkRequest,
+    Replicate,
+    Replicated,
+    Report,
+    RequestBody,
+    RoundAborted,
+    ServeDeclined,
+    Stall,
+    StateDiverged,
+    StateRefused,
+    Strategy,
+    WorkerExit,
+    valid_addr,
+)
 
 log = logging.getLogger("chaosd.primitives")
 AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
@@ -57,10 +75,38 @@ def _finite(value: object) -> TypeGuard[float]:
         and math.isfinite(value)
 
 
-def _is_digest(value: object) -> TypeGuard[str]:
-    """Whether ``value`` is a SHA-256 in hex (the state digests the workers compare)."""
-    return (isinstance(value, str) and len(value) == 64
-            and all(c in "0123456789abcdefABCDEF" for c in value))
+class JoinPhase(enum.Enum):
+    """Where the scheduler's side of one scale-out stands.
+
+    ``COMMANDED``: the neighbours are chosen, the links and the policy that adds the node
+    are published, and the :class:`Replicate` went to the new node and every source; it waits
+    for the node's :class:`Replicated`. A repeated join request while commanded resends the
+    command (a broker restart can lose it). ``ORPHANED``: every source has gone; the join is
+    set aside and planned again from the members left, or the node bootstraps if none is.
+
+    A join ends when its node reports :class:`Replicated` (it is active: a ``scale-out``
+    event), when the node is scaled in (failure, leave, worker exit, divergence), or when its
+    worker refuses the state (:class:`StateRefused`); the record is dropped then.
+    """
+
+    COMMANDED = "commanded"
+    ORPHANED = "orphaned"
+
+
+@dataclass
+class Join:
+    """One scale-out in flight: the scheduler holds exactly one per joining node."""
+
+    node: str
+    requested_at: float  # monotonic, for the scale-out event's delay
+    command: Replicate  # what the node and its sources were told (resent as it is)
+    phase: JoinPhase = JoinPhase.COMMANDED
+    declined: dict[str, str] = field(default_factory=dict)  # source -> why it did not serve
+
+    @property
+    def member_from(self) -> int:
+        """The first round the node takes part in (one past the replicated step)."""
+        return self.command.version_step + 1
 
 
 class Negotiator:
@@ -68,7 +114,7 @@ class Negotiator:
 
     def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int],
                  alive: Callable[[str], bool] = lambda _node: True,
-                 strategy: str = "chaos", wire: str = "fp32",
+                 strategy: Strategy = "chaos", wire: str = "fp32",
                  sync: SyncMode = EVERY_STEP) -> None:
         self.sched = sched
         self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
@@ -77,27 +123,17 @@ class Negotiator:
         self.clock = clock
         self.step_of = step_of
         self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
-        self.out: list[tuple[str, str, dict[str, Any]]] = []  # (node, op, args)
+        self.out: list[tuple[str, CommandBody]] = []  # (node, command) for the agent to send
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
-        self._joins: dict[str, float] = {}  # joining node -> request time (monotonic)
-        self._join_steps: dict[str, int] = {}  # joining node -> the step it becomes a member
-        self._declined: dict[str, dict[str, str]] = {}  # joining node -> {source: why}
-        self._join_cmds: dict[str, dict[str, Any]] = {}  # joining node -> its replicate args
+        self.joins: dict[str, Join] = {}  # joining node -> its scale-out in flight
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
         return sorted(n for n, r in self.sched.nodes.items() if r.state in MEMBER_STATES)
 
-    def _forget_join(self, node: str) -> float | None:
-        """Drop what a join in flight kept; returns when it was asked for, if it was."""
-        self._join_steps.pop(node, None)
-        self._declined.pop(node, None)
-        self._join_cmds.pop(node, None)
-        return self._joins.pop(node, None)
-
-    def _cmd(self, node: str, op: str, **args: Any) -> None:
-        self.out.append((node, op, args))
+    def _cmd(self, node: str, cmd: CommandBody) -> None:
+        self.out.append((node, cmd))
 
     def _link(self, a: str, b: str) -> LinkRecord | None:
         key = link_key(a, b)
@@ -109,9 +145,14 @@ class Negotiator:
         ka, kb = link_key(a, b)
         self.sched.links.append(LinkRecord(a=ka, b=kb, state="up",
                                            measured_at=self.sched.now_ms()))
-        addr_a, addr_b = self.sched.nodes[a].data_addr, self.sched.nodes[b].data_addr
-        self._cmd(a, "connect", peer=b, addr=addr_b)
-        self._cmd(b, "connect", peer=a, addr=addr_a)
+        # Only an end whose peer has a worker to dial is told: a node without one (its worker
+        # exited, or never attached) has no data-plane address, and its worker, once it
+        # asks to join, gets its links anew. An empty address used to reach workers as a
+        # command they could not parse.
+        for end, far in ((a, b), (b, a)):
+            addr = self.sched.nodes[far].data_addr
+            if valid_addr(addr):
+                self._cmd(end, Connect(peer=far, addr=addr))
         self.sched.dirty = True
         return True
 
@@ -125,7 +166,7 @@ class Negotiator:
                 dropped.append(other)
                 for end, far in ((node, other), (other, node)):
                     if self.sched.nodes.get(end) and self.sched.nodes[end].state in MEMBER_STATES:
-                        self._cmd(end, "disconnect", peer=far)
+                        self._cmd(end, Disconnect(peer=far))
         self.sched.dirty = True
         return dropped
 
@@ -170,13 +211,13 @@ class Negotiator:
         or the others would wait for a node that has no state yet. So a policy that takes
         effect earlier leaves it out, and a second one adds it back at its own step.
         """
-        early = [n for n, s in self._join_steps.items()
+        early = [n for n, j in self.joins.items()
                  if n in self.sched.nodes and self.sched.nodes[n].state == "joining"
-                 and s > effective_step]
+                 and j.member_from > effective_step]
         if not early:
             return self._publish(effective_step, exclude=())
         self._publish(effective_step, exclude=early)
-        return self._publish(max(self._join_steps[n] for n in early), exclude=())
+        return self._publish(max(self.joins[n].member_from for n in early), exclude=())
 
     def _publish(self, effective_step: int, exclude: tuple[str, ...] | list[str]
                  ) -> SyncPolicy | None:
@@ -227,7 +268,7 @@ class Negotiator:
 
     # --- primitives -----------------------------------------------------------------------
     def join(self, node: str, data_addr: str, wanted: list[str],
-             rtts: dict[str, Any] | None = None) -> None:
+             rtts: dict[str, float] | None = None) -> None:
         """Scale-out: admit ``node``; the first member bootstraps the cluster."""
         rec = self.sched.nodes.get(node)
         if rec is None:
@@ -235,26 +276,25 @@ class Negotiator:
         self.sched.set_node(node, data_addr=data_addr)
         # Sources hold the state: active members, never another joiner.
         members = [m for m in self._active() if m != node]
-        if node in self._joins and self.sched.nodes[node].state == "joining":
+        pending = self.joins.get(node)
+        if pending is not None and self.sched.nodes[node].state == "joining":
             # A repeated request while the first is in flight: the worker asks again when it
             # got no command, which a broker restart can lose (QoS 1 without persistence).
-            if node in self._join_cmds:
-                self._send_replicate(node)
+            self._send_replicate(pending)
             return
         self._leaving.pop(node, None)
         if not members:
             self.sched.set_node(node, state="active")
             policy = self.publish_policy(effective_step=0)
-            version = policy.version if policy else None
+            version = policy.version if policy else 0
             # Said, not left to the worker to infer from a policy naming it alone: joins that
             # came a moment later publish newer policies naming them too, and a worker that
             # first looked then waited for a replica nobody could send.
-            self._cmd(node, "replicate", version_step=0, new=node, sources={}, neighbors=[],
-                      policy_version=version, strategy=self.strategy, links={})
+            self._cmd(node, Bootstrap(new=node, policy_version=version))
             self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
                               policy_version=version)
             return
-        self._joins[node] = self.clock.monotonic()
+        requested_at = self.clock.monotonic()
         # Self-loops and strangers are dropped; without a valid wish, the nearest members by
         # the RTTs the joining node measured (unmeasured ones last), ties by id.
         def distance(m: str) -> tuple[float, str]:
@@ -268,22 +308,21 @@ class Negotiator:
             self._add_link(node, peer)
         version_step = self.max_step() + self.lead()
         self.sched.set_node(node, state="joining")
-        self._join_steps[node] = version_step + 1
-        policy = self.publish_policy(effective_step=version_step + 1)
-        sources = {p: self.sched.nodes[p].data_addr for p in chosen}
-        estimates = {p: {"rtt_ms": (rtts or {}).get(p), "bandwidth_mbps": None} for p in chosen}
-        args = {"version_step": version_step, "new": node, "sources": sources,
-                "neighbors": chosen, "policy_version": policy.version if policy else None,
-                "strategy": self.strategy, "links": estimates}
-        self._join_cmds[node] = args
-        self._send_replicate(node)
+        command = Replicate(
+            version_step=version_step, new=node,
+            sources={p: self.sched.nodes[p].data_addr for p in chosen},
+            policy_version=0, neighbors=chosen, strategy=self.strategy,
+            links={p: LinkEstimate(rtt_ms=(rtts or {}).get(p)) for p in chosen})
+        join = self.joins[node] = Join(node, requested_at, command)
+        policy = self.publish_policy(effective_step=join.member_from)
+        join.command = replace(command, policy_version=policy.version if policy else 0)
+        self._send_replicate(join)
 
-    def _send_replicate(self, node: str) -> None:
-        """Send ``node``'s join command to it and its sources (again, after a lost one):
-        every neighbour snapshots and serves; the new node plans who sends which bytes."""
-        args = self._join_cmds[node]
-        for target in [node, *args["sources"]]:
-            self._cmd(target, "replicate", **args)
+    def _send_replicate(self, join: Join) -> None:
+        """Send ``join``'s command to the new node and its sources (again, after a lost
+        one): every neighbour snapshots and serves; the new node plans who sends which bytes."""
+        for target in [join.node, *join.command.sources]:
+            self._cmd(target, join.command)
 
     def _active(self) -> list[str]:
         return [m for m in self.members() if self.sched.nodes[m].state == "active"]
@@ -293,35 +332,30 @@ class Negotiator:
         if none is: the new node would otherwise retry a dead source until its timeout.
         All are set aside first, so that one bootstrapping finds no stranded joiner."""
         active = set(self._active())
-        orphans = [n for n, args in self._join_cmds.items()
-                   if self.sched.nodes[n].state == "joining"
-                   and not active.intersection(args["sources"])]
-        for node in orphans:
+        orphans = [j for j in self.joins.values()
+                   if self.sched.nodes[j.node].state == "joining"
+                   and not active.intersection(j.command.sources)]
+        for join in orphans:
             log.warning("the sources of %s's join are gone (%s); planning it again",
-                        node, ", ".join(self._join_cmds[node]["sources"]))
-            self._forget_join(node)
-            self.sched.set_node(node, state="standby")
-        for node in orphans:
-            self.join(node, self.sched.nodes[node].data_addr, self._active())
+                        join.node, ", ".join(join.command.sources))
+            join.phase = JoinPhase.ORPHANED
+            del self.joins[join.node]
+            self.sched.set_node(join.node, state="standby")
+        for join in orphans:
+            self.join(join.node, self.sched.nodes[join.node].data_addr, self._active())
 
-    def replicated(self, node: str, report: dict[str, Any]) -> None:
+    def replicated(self, node: str, report: Replicated) -> None:
         """The new node restored the state: scale-out is done."""
-        declined_here = self._declined.get(node, {})
-        started = self._forget_join(node)
+        join = self.joins.pop(node, None)
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
             return
         self.sched.set_node(node, state="active")
-        delay = None if started is None else (self.clock.monotonic() - started) * 1000.0
-        # The worker's own transfer time is a detail; delay_ms is request-to-applied.
-        detail = {("transfer_ms" if k == "delay_ms" else k): v for k, v in report.items()
-                  if k not in ("kind", "node", "peer", "term", "ts", "seq")}
+        delay = None if join is None else (self.clock.monotonic() - join.requested_at) * 1000.0
+        detail = report.detail()
         # Who declined: the sources' own reports, and what the new node heard from them (a
         # source's report may reach us after the new node's, since they publish apart).
-        heard = report.get("declined")
-        declined: dict[str, str] = {}
-        if isinstance(heard, dict):
-            declined.update((str(k), str(v)[:200]) for k, v in heard.items())
-        declined.update(declined_here)
+        declined = {k: v[:200] for k, v in report.declined.items()}
+        declined.update(join.declined if join is not None else {})
         detail.pop("declined", None)
         if declined:
             detail["declined"] = declined
@@ -335,7 +369,7 @@ class Negotiator:
         if rec is None or rec.state not in MEMBER_STATES:
             return
         t0 = self.clock.monotonic()
-        self._forget_join(node)
+        self.joins.pop(node, None)
         effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
         # First, so only survivors are told; and without its worker's address, so that no
         # later link report rejoins a node whose worker has gone (it asks to join anew).
@@ -351,12 +385,12 @@ class Negotiator:
     def gone(self, node: str, reason: str) -> None:
         """Scale-in on failure: a new policy at once; rounds in flight are rerun."""
         was_member = ((self.sched.policy is not None and node in self.sched.policy.members)
-                      or node in self._joins)
+                      or node in self.joins)
         if self._leaving.pop(node, -1) > self.max_step():
             # A leaver that went before its leave took effect: the rounds until then wait
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
-        self._forget_join(node)
+        self.joins.pop(node, None)
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:
             self.sched.set_node(node, state="standby")  # the worker went, the daemon stays
@@ -401,64 +435,46 @@ class Negotiator:
                           policy_version=self.sched.policy_version)
         return None
 
-    def metrics(self, node: str, peer: str, args: dict[str, Any]) -> None:
+    def metrics(self, node: str, rep: LinkMetrics) -> None:
         """A probe's measurement of a link; no new policy, it shows in the next snapshot."""
-        lk = self._link(node, peer)
+        lk = self._link(node, rep.peer)
         if lk is None:
             return
-        rtt, bw = args.get("rtt_ms"), args.get("bandwidth_mbps")
+        rtt, bw = rep.rtt_ms, rep.bandwidth_mbps
         new = replace(lk, measured_at=self.sched.now_ms(),
                       rtt_ms=measured(rtt) if _finite(rtt) else lk.rtt_ms,
                       bandwidth_mbps=measured(bw) if _finite(bw) else lk.bandwidth_mbps)
         self.sched.links[self.sched.links.index(lk)] = new
 
-    def handle(self, node: str, op: str, args: dict[str, Any]) -> str | None:
-        """Dispatch one request from ``node``; returns an error line for the requester."""
-        req = member(op, REQUEST_OPS)
-        if req is None:
-            return f"unknown request {op!r}"
-        if req == "join":
-            addr = args.get("addr")
-            wanted = args.get("neighbors") or []
-            if not isinstance(addr, str) or not isinstance(wanted, list):
-                return "join needs 'addr' and a list of 'neighbors'"
-            rtts = args.get("rtts") if isinstance(args.get("rtts"), dict) else {}
-            self.join(node, addr, [str(n) for n in wanted], rtts)
-        elif req == "leave":
-            self.leave(node, int(args.get("step") or 0))
-        elif req == "link":
-            peer, action = args.get("peer"), args.get("action")
-            if not isinstance(peer, str) or action not in ("add", "del"):
-                return "link needs 'peer' and action add|del"
-            return self.link(node, peer, up=action == "add")
-        elif req == "report":
-            kind = member(args.get("kind"), REPORT_KINDS)
-            if kind is None:
-                return f"unknown report kind {args.get('kind')!r}"
-            return self.report(node, kind, args)
-        elif req == "worker-exit":  # the reason: it exited, or it hung and was killed
-            self.gone(node, member(args.get("reason"), WORKER_EXIT_REASONS) or "worker-exit")
+    def handle(self, node: str, body: RequestBody) -> str | None:
+        """Apply one request from ``node``; returns an error line for the requester."""
+        if isinstance(body, JoinRequest):
+            self.join(node, body.addr, body.neighbors, body.rtts)
+        elif isinstance(body, LeaveRequest):
+            self.leave(node, body.step)
+        elif isinstance(body, LinkRequest):
+            return self.link(node, body.peer, up=body.action == "add")
+        elif isinstance(body, WorkerExit):  # it exited, or it hung and was killed
+            self.gone(node, body.reason)
             if node in self.sched.nodes:  # no worker to rejoin with until it asks again
                 self.sched.set_node(node, data_addr="")
         else:
-            assert_never(req)
+            return self.report(node, body)
         return None
 
-    def report(self, node: str, kind: ReportKind, args: dict[str, Any]) -> str | None:
-        """One ``report`` request; mypy checks that every kind a node sends has a branch."""
-        peer = args.get("peer")
-        if kind == "replicated":
-            self.replicated(node, args)
-        elif kind == "link-failed":
-            if not isinstance(peer, str):
-                return "link-failed needs 'peer'"
+    def report(self, node: str, rep: Report) -> str | None:
+        """One report; mypy checks that every kind a node sends has a branch."""
+        if isinstance(rep, Replicated):
+            self.replicated(node, rep)
+        elif isinstance(rep, LinkFailed):
+            peer = rep.peer
             if not self.alive(peer):
                 # The peer itself is going (its last will is being confirmed): that is
                 # a node failure, handled as one, not a cut link or a partition.
                 log.info("link %s-%s failed with its peer; awaiting the node failure",
                          node, peer)
                 return None
-            if node in self._joins or peer in self._joins:
+            if node in self.joins or peer in self.joins:
                 # A rejoining node's old links (from before it froze or was cut off) break
                 # as it comes back, and their reports arrive just after its join made the new
                 # ones: cutting those isolated it for good. The join's fetch plans around a
@@ -467,27 +483,26 @@ class Negotiator:
                          node, peer)
                 return None
             return self.link(node, peer, up=False, failed=True)
-        elif kind == "link-recovered":
-            if isinstance(peer, str) and self.alive(peer) and peer in self.sched.nodes:
-                return self.link(node, peer, up=True)
-        elif kind == "stall":
-            self.stall(node, args)
-        elif kind == "link-metrics":
-            if isinstance(peer, str):
-                self.metrics(node, peer, args)
-        elif kind == "serve-declined":
-            self.serve_declined(node, args)
-        elif kind == "round-aborted":
-            log.info("round aborted on %s: %s", node, args)
-        elif kind == "state-diverged":
-            return self.diverged(node, args)
-        elif kind == "state-refused":  # its worker exits next, and is not restarted
-            log.warning("%s cannot join: %s", node, str(args.get("reason"))[:300])
+        elif isinstance(rep, LinkRecovered):
+            if self.alive(rep.peer) and rep.peer in self.sched.nodes:
+                return self.link(node, rep.peer, up=True)
+        elif isinstance(rep, Stall):
+            self.stall(node, rep)
+        elif isinstance(rep, LinkMetrics):
+            self.metrics(node, rep)
+        elif isinstance(rep, ServeDeclined):
+            self.serve_declined(node, rep)
+        elif isinstance(rep, RoundAborted):
+            log.info("round %d aborted on %s: %s", rep.step, node, rep.reason)
+        elif isinstance(rep, StateDiverged):
+            return self.diverged(node, rep)
+        elif isinstance(rep, StateRefused):  # its worker exits next, and is not restarted
+            log.warning("%s cannot join: %s", node, rep.reason[:300])
         else:
-            assert_never(kind)
+            assert_never(rep)
         return None
 
-    def diverged(self, node: str, report: dict[str, Any]) -> str | None:
+    def diverged(self, node: str, rep: StateDiverged) -> str | None:
         """The divergence guard found ``node``'s state differs from the majority's at a step.
 
         Recorded as a ``state-diverged`` event, then ``node`` is dropped at once, as for a
@@ -495,40 +510,31 @@ class Negotiator:
         worker, still attached, sees itself outside the policy and rejoins by scale-out,
         which re-replicates the majority's state to it.
         """
-        step, digest, majority = report.get("step"), report.get("digest"), report.get("majority")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            return "state-diverged needs an integer 'step' >= 0"
-        if not (_is_digest(digest) and _is_digest(majority)):
-            return "state-diverged needs 'digest' and 'majority' as 64 hex digits"
         if node not in self.sched.nodes:
             return f"unknown node {node!r}"
-        if digest.lower() == majority.lower():
-            return "state-diverged with equal 'digest' and 'majority' is no divergence"
-        log.warning("%s diverged at step %d: %s, majority %s", node, step, digest, majority)
-        self.sched.record("state-diverged", node=node, step=step, digest=digest.lower(),
-                          majority=majority.lower())
+        log.warning("%s diverged at step %d: %s, majority %s", node, rep.step, rep.digest,
+                    rep.majority)
+        self.sched.record("state-diverged", node=node, step=rep.step, digest=rep.digest.lower(),
+                          majority=rep.majority.lower())
         self.gone(node, "state-diverged")
         return None
 
-    def serve_declined(self, source: str, report: dict[str, Any]) -> None:
+    def serve_declined(self, source: str, rep: ServeDeclined) -> None:
         """A source refused to serve a new node (its memory guard): the new node plans with
         its other sources, and the scale-out event will say who declined and why."""
-        new, why = report.get("new"), str(report.get("reason") or "no reason given")[:200]
-        if not isinstance(new, str):
-            return
-        log.warning("%s declined to serve %s: %s", source, new, why)
-        self._declined.setdefault(new, {})[source] = why
+        why = (rep.reason or "no reason given")[:200]
+        log.warning("%s declined to serve %s: %s", source, rep.new, why)
+        join = self.joins.get(rep.new)
+        if join is not None:
+            join.declined[source] = why
 
-    def stall(self, node: str, report: dict[str, Any]) -> None:
+    def stall(self, node: str, rep: Stall) -> None:
         """Attach a worker's measured stall to the event of that policy version."""
-        version, ms = report.get("policy_version"), report.get("ms")
-        if not isinstance(ms, (int, float)) or not isinstance(version, int):
-            return
         events = self.sched.events
         for i in range(len(events) - 1, -1, -1):
             ev: Event = events[i]
-            if ev.detail.get("policy_version") == version:
-                stall = max(float(ms), float(ev.detail.get("stall_ms") or 0.0))
+            if ev.detail.get("policy_version") == rep.policy_version:
+                stall = max(rep.ms, float(ev.detail.get("stall_ms") or 0.0))
                 events[i] = replace(ev, detail={**ev.detail, "stall_ms": round(stall, 3)})
                 self.sched.dirty = True
                 return

@@ -8,7 +8,7 @@ a term-stamped command or the retained snapshot, both fenced by the followers.
 from __future__ import annotations
 
 import logging
-from typing import Any, Protocol
+from typing import Protocol, cast
 
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election
@@ -25,6 +25,7 @@ from daemon.contracts.messages import (
     Topics,
     encode,
 )
+from daemon.contracts.protocol import CommandBody, Reply, RequestBody, Strategy
 
 log = logging.getLogger("chaosd.leader")
 
@@ -60,7 +61,7 @@ class SchedulerRole:
         self.term = agent.election.term
         self.sched = Scheduler(agent.me, self.term, agent.view, agent.clock)
         self.neg = Negotiator(self.sched, agent.clock, agent.step_of, agent.daemon_alive,
-                              strategy=agent.cfg.replication.strategy,
+                              strategy=cast(Strategy, agent.cfg.replication.strategy),
                               wire=agent.cfg.training.wire,
                               sync=agent.cfg.training.sync_mode())
         self._cmd_seq = 0
@@ -101,29 +102,38 @@ class SchedulerRole:
         self.sched.dirty = True
 
     # --- outputs --------------------------------------------------------------------------
-    def command(self, node: str, op: str, **args: Any) -> None:
+    def command(self, node: str, body: CommandBody) -> None:
         """Queue a term-stamped command to ``node`` (the scheduler's only way to act)."""
         self._cmd_seq += 1
-        cmd = Command(term=self.term, leader=self.agent.me, seq=self._cmd_seq, op=op,
-                      args=args)
+        cmd = Command(term=self.term, leader=self.agent.me, seq=self._cmd_seq, op=body.OP,
+                      args=body.to_args())
         self.agent.queue(self.agent.topics.cmd(node), encode(cmd))
 
     def flush(self) -> None:
         """Send what the negotiator decided."""
         out, self.neg.out = self.neg.out, []
-        for node, op, args in out:
-            self.command(node, op, **args)
+        for node, body in out:
+            self.command(node, body)
 
     def snapshot(self) -> ClusterState:
         self.sched.prune()
         return self.sched.snapshot()
 
     # --- inputs ---------------------------------------------------------------------------
-    def on_request(self, req: Request) -> None:
+    def on_request(self, req: Request, body: RequestBody) -> None:
+        """Apply one parsed request; answer it if the requester waits for the answer."""
         log.info("request %s from %s", req.op, req.node)
-        error = self.neg.handle(req.node, req.op, req.args)
-        self.command(req.node, "reply", req_id=req.req_id, error=error)
+        error = self.neg.handle(req.node, body)
+        if req.reply:
+            self.command(req.node, Reply(req_id=req.req_id, error=error))
+        elif error:
+            log.warning("request %s from %s refused: %s", req.op, req.node, error)
         self.flush()
+
+    def refuse(self, req: Request, error: str) -> None:
+        """Answer a request that could not be parsed, if its sender waits for an answer."""
+        if req.reply:
+            self.command(req.node, Reply(req_id=req.req_id, error=error))
 
     def on_heartbeat(self, hb: Heartbeat, addr: str) -> None:
         self.sched.observe_heartbeat(hb, addr)

@@ -49,9 +49,9 @@ WORKER_REPORT_KINDS: tuple[ReportKind, ...] = (
 )
 
 # --- commands from the scheduler (``node/<id>/cmd``) ----------------------------------------
-CommandOp = Literal["connect", "disconnect", "replicate", "reply"]
+CommandOp = Literal["connect", "disconnect", "replicate", "bootstrap", "reply"]
 COMMAND_OPS: tuple[CommandOp, ...] = get_args(CommandOp)
-WorkerCommandOp = Literal["connect", "disconnect", "replicate"]
+WorkerCommandOp = Literal["connect", "disconnect", "replicate", "bootstrap"]
 """The commands a daemon hands on to its worker (``reply`` answers the daemon itself)."""
 WORKER_COMMAND_OPS: tuple[WorkerCommandOp, ...] = get_args(WorkerCommandOp)
 

@@ -12,16 +12,14 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import math
-import types
-import typing
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from daemon.contracts.config import NAME_RE
 from daemon.contracts.errors import MessageError
 from daemon.contracts.kinds import EVENT_KINDS, NODE_STATES
+from daemon.contracts.records import build
 from daemon.contracts.statepack import pack, unpack
 
 PROTOCOL_VERSION = 1
@@ -124,18 +122,22 @@ class LeaderClaim:
 
 @dataclass(frozen=True)
 class Request:
-    """A node's request to whoever the scheduler is."""
+    """A node's request to whoever the scheduler is. Its ``args`` are one of the bodies of
+    :mod:`daemon.contracts.protocol` (``op`` says which); ``reply``: the requester waits for
+    a ``reply`` command naming ``req_id`` (the others get none)."""
 
     KIND: ClassVar[str] = "req"
     node: str
     req_id: str
     op: str
     args: dict[str, Any] = field(default_factory=dict)
+    reply: bool = False
 
 
 @dataclass(frozen=True)
 class Command:
-    """A scheduler's command; ``term`` fences it against stale schedulers."""
+    """A scheduler's command; ``term`` fences it against stale schedulers. Its ``args`` are
+    one of the bodies of :mod:`daemon.contracts.protocol` (``op`` says which)."""
 
     KIND: ClassVar[str] = "cmd"
     term: int
@@ -204,76 +206,14 @@ class ClusterState:
 Message = Heartbeat | Status | LeaderClaim | Request | Command | ClusterState
 _KINDS: dict[str, type] = {c.KIND: c for c in (Heartbeat, Status, LeaderClaim, Request, Command,
                                               ClusterState)}
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
 
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not allowed")
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check ``value`` against annotation ``tp``; return it (dataclasses built)."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
-    if tp is Any:
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise MessageError(f"{where}: expected true/false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise MessageError(f"{where}: expected an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise MessageError(f"{where}: expected a number")
-        if not math.isfinite(value):
-            raise MessageError(f"{where}: not finite")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise MessageError(f"{where}: expected a string")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise MessageError(f"{where}: expected a list")
-        (item,) = typing.get_args(tp)
-        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise MessageError(f"{where}: expected an object")
-        _, item = typing.get_args(tp)
-        return {str(k): _coerce(v, item, f"{where}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return _build(tp, value, where)
-    raise MessageError(f"{where}: unsupported type {tp!r}")  # pragma: no cover
-
-
 def _build(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise MessageError(f"{where}: expected an object")
-    hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _coerce(data[f.name], hints[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise MessageError(f"{where}: missing field '{f.name}'")
-    obj = cls(**kwargs)
-    _check_semantics(obj, where)
-    return obj
+    return build(cls, data, where, _check_semantics)
 
 
 def _check_semantics(obj: Any, where: str) -> None:

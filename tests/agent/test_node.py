@@ -9,6 +9,7 @@ does, so nothing sleeps and every test runs in well under a second.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import tempfile
@@ -36,6 +37,7 @@ from daemon.contracts.messages import (
     decode,
     encode,
 )
+from daemon.contracts.protocol import LinkRequest
 
 pytestmark = pytest.mark.timeout(20)
 # Each agent gets a data dir of its own: chaosd keeps its election term there (TermMemory), and
@@ -174,7 +176,8 @@ class Fabric:
 
 
 def worker_ops(agent: NodeAgent, op: str) -> list[dict[str, Any]]:
-    return [c["args"] for c in agent.worker.commands if c["op"] == op]
+    """The args of the commands of ``op`` queued for the worker, as ``worker.poll`` sends them."""
+    return [cmd.to_args() for _, cmd in agent.worker.commands if op == cmd.OP]
 
 
 async def elected(node: str = "m") -> tuple[NodeAgent, FakeBus, FakeClock]:
@@ -259,8 +262,28 @@ async def test_stale_commands_are_fenced_and_the_leaders_reach_the_worker() -> N
                              args={"req_id": "r1", "error": "no such peer"}))
     assert [(c["op"], c["args"]["peer"]) for c in agent.worker.drain()] == [
         ("connect", "c"), ("disconnect", "c")]
-    assert agent.replies == {"r1": "no such peer"}
+    # A reply nobody waits for is dropped: nothing accumulates.
     assert agent.counters["commands"] == 3 and agent.counters["fenced"] == 2
+
+
+async def test_a_pending_reply_is_a_future_removed_when_answered_or_timed_out() -> None:
+    """``ask`` waits on a future that the scheduler's reply resolves; answered or not, the
+    agent keeps nothing of it afterwards (replies used to pile up, one per request)."""
+    agent, bus, _ = await elected("m")
+    bus.deliver(T.status("x"), Peer("x").status())
+    ask = asyncio.create_task(agent.ask(LinkRequest(peer="x", action="add"), 5.0))
+    await asyncio.sleep(0)  # it sends the request and waits
+    (_, req), = bus.published(T.req)
+    assert isinstance(req, Request) and req.reply and req.op == "link"
+    bus.deliver(T.req, req)  # the scheduler (this node) answers it with a reply command
+    await agent.flush()
+    (_, reply), = bus.published(T.cmd("m"))
+    bus.deliver(T.cmd("m"), reply)
+    assert await ask is None
+    assert agent._replies == {}
+    with pytest.raises(TimeoutError):
+        await agent.ask(LinkRequest(peer="x", action="del"), 0.05)
+    assert agent._replies == {}
 
 
 async def test_a_follower_ignores_requests_and_stale_snapshots() -> None:
@@ -293,8 +316,8 @@ async def test_joins_at_once_tell_the_first_node_to_bootstrap() -> None:
     fab.pump()
     await fab.run(0.3)
     reps = {n: worker_ops(fab.agents[n], "replicate") for n in ("a", "b", "c")}
-    first = next(n for n, rs in reps.items() if any(r["new"] == n and not r["sources"]
-                                                    for r in rs))
+    (first,) = [n for n in ("a", "b", "c") if any(
+        r["new"] == n for r in worker_ops(fab.agents[n], "bootstrap"))]
     policy = fab.agents[first].view.policy  # type: ignore[union-attr]
     assert sorted(policy["members"]) == ["a", "b", "c"]  # the newest names all three
     for node in {"a", "b", "c"} - {first}:
@@ -309,18 +332,18 @@ async def test_join_requests_become_commands_and_a_silent_box_is_scaled_in() -> 
     await fab.attach_worker("b", 7002)
     await fab.run(0.3)
     b, c = fab.agents["b"], fab.agents["c"]
-    assert set(b.replies.values()) == {None}
     assert b.view is not None and b.view.policy["members"] == ["b"]
     await fab.attach_worker("c", 7003)
     await fab.run(0.3)
     assert [x["peer"] for x in worker_ops(b, "connect")] == ["c"]
     assert [x["peer"] for x in worker_ops(c, "connect")] == ["b"]
-    (boot, rep_b), (rep_c,) = worker_ops(b, "replicate"), worker_ops(c, "replicate")
-    assert boot["new"] == "b" and boot["sources"] == {}  # b bootstrapped: told to start alone
+    (boot,), (rep_b,), (rep_c,) = (worker_ops(b, "bootstrap"), worker_ops(b, "replicate"),
+                                   worker_ops(c, "replicate"))
+    assert boot["new"] == "b"  # b bootstrapped: told to start alone
     assert rep_b == rep_c and rep_c["new"] == "c" and rep_c["sources"] == {"b": "127.0.0.1:7002"}
     assert c.view is not None and c.view.policy["members"] == ["b", "c"]
     assert c.view.nodes["c"].state == "joining" and c.view.nodes["c"].neighbors == ["b"]
-    await ops.worker_report(c, {"kind": "replicated", "bytes": 10})
+    await ops.worker_report(c, {"kind": "replicated", "version": 0, "bytes": 10})
     await fab.run(0.3)
     assert c.view.nodes["c"].state == "active"
     assert fab.events("scale-out")[-1].node == "c"
@@ -440,12 +463,12 @@ async def test_every_report_a_worker_sends_reaches_the_scheduler(kind: str) -> N
         await fab.attach_worker(node, 7000 + i)
         await fab.run(0.3)
         if node != "d":  # d stays joining: b and c are to serve it
-            await ops.worker_report(fab.agents[node], {"kind": "replicated"})
+            await ops.worker_report(fab.agents[node], {"kind": "replicated", "version": 0})
             await fab.run(0.3)
     sender = fab.agents["d" if kind == "replicated" else "b"]
     assert await ops.worker_report(sender, {"kind": kind, **REPORTS[kind]}) == {}
     (_, req), = fab.bus(sender.me).published(T.req)[-1:]
     assert isinstance(req, Request) and req.op == "report" and req.args["kind"] == kind
+    assert not req.reply  # reports are not answered
     await fab.run(0.3)
-    assert sender.replies[req.req_id] is None
     assert sum(ag.counters["rejected"] for ag in fab.agents.values()) == 0

@@ -19,6 +19,7 @@ from daemon.cluster.primitives import Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.kinds import EVENT_KINDS
+from daemon.contracts.protocol import Replicated, Stall, StateDiverged, parse_report
 from tests.cli.conftest import FakeDaemon, ok, run_ctl
 
 pytestmark = pytest.mark.timeout(60)
@@ -46,11 +47,11 @@ def real_events() -> list[dict[str, Any]]:
                  delay_ms=2300.0)  # role.py's call, which needs a whole agent to make
     for n in ("node-1", "node-2", "node-3"):
         neg.join(n, f"127.0.0.1:{n[-1]}000", [])
-        neg.replicated(n, {"kind": "replicated"})
+        neg.replicated(n, Replicated(version=0))
     neg.join("node-4", "127.0.0.1:4000", ["node-1", "node-2", "node-3"])
     clock.advance(3.6)
-    neg.replicated("node-4", REPLICATED)
-    neg.stall("node-1", {"ms": 41.5, "policy_version": sched.policy_version})
+    neg.replicated("node-4", parse_report(REPLICATED))  # type: ignore[arg-type]
+    neg.stall("node-1", Stall(step=101, ms=41.5, policy_version=sched.policy_version))
     neg.link("node-4", "node-3", up=False, failed=True)
     neg.link("node-4", "node-3", up=True)
     neg.leave("node-4", 200)
@@ -58,7 +59,7 @@ def real_events() -> list[dict[str, Any]]:
     sched.fail("node-2", "heartbeat", 2.1)
     # node-3 loses both its links: the cluster splits, node-1 keeps training.
     neg.link("node-1", "node-3", up=False)
-    neg.diverged("node-1", {"step": 120, "digest": "ab" * 32, "majority": "cd" * 32})
+    neg.diverged("node-1", StateDiverged(step=120, digest="ab" * 32, majority="cd" * 32))
     agent = SimpleNamespace(events={(ev.seq, ev.ts): ev for ev in sched.events})
     return daemon_views.events(cast(NodeAgent, agent), {})
 

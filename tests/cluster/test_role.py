@@ -18,6 +18,7 @@ from daemon.cluster.role import SchedulerRole
 from daemon.cluster.scheduler import TERM_POLICY_SPAN
 from daemon.contracts.clock import Clock, FakeClock
 from daemon.contracts.config import Config
+from daemon.contracts.errors import MessageError
 from daemon.contracts.kinds import WORKER_REPORT_KINDS
 from daemon.contracts.messages import (
     ClusterState,
@@ -28,6 +29,7 @@ from daemon.contracts.messages import (
     Topics,
     decode,
 )
+from daemon.contracts.protocol import parse_request
 
 pytestmark = pytest.mark.timeout(10)
 ME = "s"
@@ -118,7 +120,13 @@ def request(role: SchedulerRole, node: str, op: str, **args: Any) -> str:
     global _seq
     _seq += 1
     req_id = f"{node}-{_seq}"
-    role.on_request(Request(node=node, req_id=req_id, op=op, args=args))
+    req = Request(node=node, req_id=req_id, op=op, args=args, reply=True)
+    try:  # as the agent does: parsed once, a malformed one refused with its reason
+        body = parse_request(op, args)
+    except MessageError as exc:
+        role.refuse(req, str(exc))
+        return req_id
+    role.on_request(req, body)
     return req_id
 
 
@@ -131,7 +139,7 @@ def join(host: FakeHost, role: SchedulerRole, *nodes: str, replicate: bool = Tru
         rid = request(role, node, "join", addr=f"10.0.0.{node}:7000", neighbors=[])
         assert host.reply_to(rid).args["error"] is None
         if replicate:
-            request(role, node, "report", kind="replicated", bytes=64)
+            request(role, node, "report", kind="replicated", version=3, bytes=64)
 
 
 def kinds(role: SchedulerRole) -> list[str]:
@@ -208,6 +216,8 @@ def test_bad_requests_get_an_error_reply_and_change_nothing() -> None:
     assert "addr" in host.reply_to(rid).args["error"]
     rid = request(role, "b", "dance")
     assert host.reply_to(rid).args["error"] == "unknown request 'dance'"
+    rid = request(role, "b", "link", peer="c", action="swap")
+    assert "action" in host.reply_to(rid).args["error"]
     rid = request(role, "b", "link", peer="c", action="add")
     assert host.reply_to(rid).args["error"] == "unknown node 'b'"
     assert role.sched.policy is None and role.sched.version == version
@@ -329,7 +339,7 @@ def test_every_report_kind_a_worker_sends_is_accepted(kind: str) -> None:
     elif kind == "stall":
         assert role.sched.events[-1].detail["stall_ms"] == 7.5
     elif kind == "serve-declined":
-        request(role, "d", "report", kind="replicated", bytes=64)
+        request(role, "d", "report", kind="replicated", version=3, bytes=64)
         ev = role.sched.events[-1]
         assert ev.kind == "scale-out" and ev.detail["declined"] == {"b": args["reason"]}
     elif kind == "state-diverged":
@@ -371,7 +381,8 @@ def test_a_decline_heard_only_by_the_new_node_is_on_the_event() -> None:
     role = host.elect()
     join(host, role, "b", "c", "e")
     request(role, "d", "join", addr="10.0.0.d:7000", neighbors=["b", "c"])
-    request(role, "d", "report", kind="replicated", bytes=64, declined={"b": "short of memory"})
+    request(role, "d", "report", kind="replicated", version=3, bytes=64,
+            declined={"b": "short of memory"})
     ev = role.sched.events[-1]
     assert ev.kind == "scale-out" and ev.detail["declined"] == {"b": "short of memory"}
     request(role, "b", "report", kind="serve-declined", new="d", reason="late")  # harmless
@@ -389,6 +400,6 @@ def test_a_link_failure_reported_during_a_join_cuts_nothing() -> None:
     rid = request(role, "b", "report", kind="link-failed", peer="d", reason="broken pipe")
     assert host.reply_to(rid).args["error"] is None
     assert "disconnect-link" not in kinds(role) and role.sched.policy_version == version
-    request(role, "d", "report", kind="replicated", bytes=64)
+    request(role, "d", "report", kind="replicated", version=3, bytes=64)
     request(role, "b", "report", kind="link-failed", peer="d", reason="reset")  # joined now
     assert "disconnect-link" in kinds(role)

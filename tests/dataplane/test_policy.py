@@ -20,6 +20,7 @@ from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import Config, TrainingConfig
 from daemon.contracts.messages import Status
 from daemon.contracts.policy import WIRE_FORMATS, Edge, SyncPolicy, parse, spanning_tree
+from daemon.contracts.protocol import Replicated
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -173,7 +174,7 @@ def test_the_scheduler_puts_one_wire_format_in_every_policy() -> None:
     role = SchedulerRole(cast(Any, host), None)
     role.neg.join("a", "127.0.0.1:1", [])
     role.neg.join("b", "127.0.0.1:2", [])
-    role.neg.replicated("b", {"kind": "replicated"})
+    role.neg.replicated("b", Replicated(version=0))
     role.neg.gone("a", "failure")
     snap = role.snapshot()
     assert len(snap.policies) >= 3

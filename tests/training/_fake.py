@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_edge.dataplane import spanning_tree
+from daemon.contracts.protocol import Bootstrap, Connect, Replicate, WorkerCommand
 
 SECRET = "ab" * 16
 MARGIN = 2
@@ -73,8 +74,9 @@ class FakeCluster:
         pol["effective_step"] = effective
         self.policy = pol
 
-    def _cmd(self, node: str, op: str, **args: Any) -> None:
-        self.commands.setdefault(node, []).append({"op": op, "args": args})
+    def _cmd(self, node: str, cmd: WorkerCommand) -> None:
+        """Queue a command in its wire form (the worker parses it as it parses the real)."""
+        self.commands.setdefault(node, []).append({"op": cmd.OP, "args": cmd.to_args()})
 
     def op(self, node: str, op: str, args: dict[str, Any]) -> Any:
         with self.lock:
@@ -84,21 +86,20 @@ class FakeCluster:
                 if not self.members:
                     self.members = [node]
                     self._publish(0)
-                    # As the real scheduler does: a replicate with no source says "bootstrap".
-                    self._cmd(node, "replicate", version_step=0, new=node, sources={},
-                              policy_version=self.version)
+                    # As the real scheduler does: the first node is told to start alone.
+                    self._cmd(node, Bootstrap(new=node, policy_version=self.version))
                 else:
                     source = sorted(self.members)[0]
                     t = max(self.steps[m] for m in self.members) + MARGIN
                     self.members.append(node)
                     self._publish(t + 1)
-                    rep = {"version_step": t, "new": node,
-                           "sources": {source: self.addrs[source]}}
+                    rep = Replicate(version_step=t, new=node, policy_version=self.version,
+                                    sources={source: self.addrs[source]}, neighbors=[source])
                     # As the real scheduler does: both ends of the new link are told first.
-                    self._cmd(source, "connect", peer=node, addr=self.addrs[node])
-                    self._cmd(node, "connect", peer=source, addr=self.addrs[source])
+                    self._cmd(source, Connect(peer=node, addr=self.addrs[node]))
+                    self._cmd(node, Connect(peer=source, addr=self.addrs[source]))
                     for target in (node, source):
-                        self._cmd(target, "replicate", **rep)
+                        self._cmd(target, rep)
                 return {"node": node, "cluster": "fake", "secret": SECRET, "incarnation": "x"}
             if op == "worker.poll":
                 self.steps[node] = int(args.get("step", 0))

@@ -19,6 +19,7 @@ from chaos_edge.trainer.stepper import Stepper
 from daemon.contracts.config import load_config
 from daemon.contracts.errors import ConfigError, PolicyError
 from daemon.contracts.policy import SyncMode, SyncPolicy
+from daemon.contracts.protocol import Replicated
 
 
 def _net() -> torch.nn.Module:
@@ -166,7 +167,7 @@ def test_the_scheduler_puts_the_sync_mode_in_every_policy() -> None:
     neg = Negotiator(Scheduler("s", 1, None, clock), clock, lambda _n: 0, sync=mode)
     for node in ("a", "b"):
         neg.join(node, f"127.0.0.1:{1000 + len(neg.sched.nodes)}", [])
-        neg.replicated(node, {"kind": "replicated"})
+        neg.replicated(node, Replicated(version=0))
     neg.gone("b", "node-failed")
     policies = list(neg.sched.policies)
     assert len(policies) >= 3 and all(p.sync == mode for p in policies)

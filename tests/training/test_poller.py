@@ -42,7 +42,7 @@ def test_policies_reach_on_policy_at_once_and_the_inbox_once(tmp_path: Path) -> 
         policies, commands, leave = poller.take()
         assert [p.version for p in policies] == [1] and all(
             isinstance(p, SyncPolicy) for p in policies)
-        assert [c["op"] for c in commands] == ["replicate"] and not leave  # bootstrap
+        assert [c["op"] for c in commands] == ["bootstrap"] and not leave
         _until(lambda: fake.steps["n0"] == 7)  # the published position reaches the daemon
         fake.op("n1", "worker.attach", {"port": 2})  # v2, and commands for n0
         _until(lambda: len(seen) == 2)

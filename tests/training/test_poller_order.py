@@ -34,8 +34,14 @@ async def _publish(port: int, topic: str, term: int, leader: str, start: int, n:
     async with aiomqtt.Client("127.0.0.1", port, identifier=f"fake-sched-{os.getpid()}") as cli:
         for i in range(start, start + n):
             cmd = Command(term=term, leader=leader, seq=10_000 + i, op="connect",
-                          args={"peer": f"p{i}", "marker": i})
+                          args={"peer": f"p{i}", "addr": f"127.0.0.1:{1000 + i}"})
             await cli.publish(topic, auth.seal(topic, encode(cmd), time.time()), qos=1)
+
+
+def _marker(cmd: Mapping[str, Any]) -> int | None:
+    """The burst index of one of our commands (its peer ``p<i>``), else None."""
+    peer = cmd["args"].get("peer", "")
+    return int(peer[1:]) if cmd["op"] == "connect" and peer[:1] == "p" else None
 
 
 def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
@@ -54,7 +60,7 @@ def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
             asyncio.run(_publish(r.c.port, topic, sched["term"], node, b * PER_BURST,
                                  PER_BURST, r.c.secret))
             deadline = time.monotonic() + 20
-            while len([c for c in got if "marker" in c["args"]]) < (b + 1) * PER_BURST:
+            while len([c for c in got if _marker(c) is not None]) < (b + 1) * PER_BURST:
                 assert time.monotonic() < deadline, f"burst {b}: {len(got)} commands so far"
                 poller.wait(0.05)
                 got.extend(poller.take()[1])
@@ -63,7 +69,7 @@ def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
     finally:
         poller.stop(2.0)
         client.close()
-    ours = [c for c in got if "marker" in c["args"]]
-    assert [c["args"]["marker"] for c in ours] == list(range(BURSTS * PER_BURST))
+    ours = [m for c in got if (m := _marker(c)) is not None]
+    assert ours == list(range(BURSTS * PER_BURST))
     seqs = [c["seq"] for c in got]
     assert seqs == sorted(set(seqs)), "the daemon's sequence numbers repeat or go back"

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cluster.primitives import Negotiator
+from daemon.cluster.primitives import JoinPhase, Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
+from daemon.contracts.errors import MessageError
+from daemon.contracts.protocol import Bootstrap, Replicated, Stall, parse_request
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -18,15 +20,29 @@ def make(steps: dict[str, int] | None = None) -> tuple[Negotiator, FakeClock]:
 
 
 def cmds(neg: Negotiator, op: str) -> list[tuple[str, dict[str, object]]]:
-    out = [(node, args) for node, o, args in neg.out if o == op]
-    return out
+    """The commands of ``op`` queued, in their wire form."""
+    return [(node, body.to_args()) for node, body in neg.out if op == body.OP]
+
+
+def handle(neg: Negotiator, node: str, op: str, args: dict[str, object]) -> str | None:
+    """A request as the agent hands it on: parsed first (a malformed one is refused there)."""
+    try:
+        body = parse_request(op, args)
+    except MessageError as exc:
+        return str(exc)
+    return neg.handle(node, body)
+
+
+def done(**fields: object) -> Replicated:
+    """A new node's ``replicated`` report."""
+    return Replicated(version=0, **fields)  # type: ignore[arg-type]
 
 
 def grow(neg: Negotiator, *nodes: str) -> None:
     """Join nodes one by one, each completing its replication."""
     for node in nodes:
         neg.join(node, f"127.0.0.1:{1000 + len(neg.sched.nodes)}", [])
-        neg.replicated(node, {"kind": "replicated"})
+        neg.replicated(node, done())
 
 
 def test_first_node_bootstraps_alone() -> None:
@@ -35,10 +51,8 @@ def test_first_node_bootstraps_alone() -> None:
     assert neg.sched.nodes["a"].state == "active"
     assert neg.sched.policy.members == ("a",) and neg.sched.policy.root == "a"
     assert neg.sched.events[-1].kind == "scale-out" and neg.sched.events[-1].detail["bootstrap"]
-    # No one to connect to or copy from: a replicate with no source tells it to start alone.
-    assert neg.out == [("a", "replicate", {"version_step": 0, "new": "a", "sources": {},
-                                           "neighbors": [], "policy_version": 1,
-                                           "strategy": "chaos", "links": {}})]
+    # No one to connect to or copy from: it is told to start alone.
+    assert neg.out == [("a", Bootstrap(new="a", policy_version=1))]
 
 
 def test_scale_out_links_replicates_and_takes_effect_later() -> None:
@@ -57,7 +71,7 @@ def test_scale_out_links_replicates_and_takes_effect_later() -> None:
     assert rep[0][1]["sources"] == {"b": neg.sched.nodes["b"].data_addr}
     assert rep[0][1]["strategy"] == "chaos"
     clock.advance(1.5)
-    neg.replicated("c", {"kind": "replicated", "bytes": 10})
+    neg.replicated("c", done(bytes=10))
     ev = neg.sched.events[-1]
     assert neg.sched.nodes["c"].state == "active"
     assert ev.kind == "scale-out" and ev.delay_ms == pytest.approx(1500.0)
@@ -117,7 +131,7 @@ def test_partition_keeps_the_largest_part_and_a_link_reunites() -> None:
     neg, _ = make()
     grow(neg, "a", "b", "c")
     neg.join("d", "127.0.0.1:4", ["a"])  # d hangs off a alone
-    neg.replicated("d", {"kind": "replicated"})
+    neg.replicated("d", done())
     neg.link("a", "d", up=False)
     assert neg.sched.events[-2].kind == "partition"
     assert neg.sched.events[-2].detail["kept"] == ["a", "b", "c"]
@@ -150,9 +164,9 @@ def test_a_partition_keeps_the_part_whose_members_are_up() -> None:
                      alive=lambda n: n not in silent)
     grow(neg, "a", "b", "c")
     neg.join("d", "127.0.0.1:4", ["c"])
-    neg.replicated("d", {"kind": "replicated"})
+    neg.replicated("d", done())
     neg.join("e", "127.0.0.1:5", ["d"])
-    neg.replicated("e", {"kind": "replicated"})
+    neg.replicated("e", done())
     neg.link("c", "d", up=False)  # parts: a, b, c (two of them silent) and d, e
     partition = [e for e in neg.sched.events if e.kind == "partition"][-1]
     assert partition.detail["kept"] == ["d", "e"]
@@ -206,16 +220,16 @@ def test_stall_reports_attach_to_their_event() -> None:
     grow(neg, "a", "b")
     neg.link("a", "b", up=False)
     version = neg.sched.policy_version
-    neg.stall("a", {"policy_version": version, "ms": 0.4})
-    neg.stall("b", {"policy_version": version, "ms": 0.9})
+    neg.stall("a", Stall(step=9, ms=0.4, policy_version=version))
+    neg.stall("b", Stall(step=9, ms=0.9, policy_version=version))
     assert neg.sched.events[-1].detail["stall_ms"] == 0.9
 
 
 def test_handle_rejects_malformed_requests() -> None:
     neg, _ = make()
-    assert neg.handle("a", "join", {"addr": 3}) is not None
-    assert neg.handle("a", "link", {"peer": "b"}) is not None
-    assert neg.handle("a", "dance", {}) == "unknown request 'dance'"
+    assert handle(neg, "a", "join", {"addr": 3}) is not None
+    assert handle(neg, "a", "link", {"peer": "b"}) is not None
+    assert handle(neg, "a", "dance", {}) == "unknown request 'dance'"
 
 
 def test_a_fast_cluster_gets_a_longer_lead_before_a_planned_change() -> None:
@@ -247,17 +261,17 @@ def test_a_leaver_gone_before_its_leave_took_effect_is_dropped_at_once() -> None
     neg.leave("c", 10)
     leave = neg.sched.policy
     assert leave.effective_step > 10 and "c" not in leave.members
-    neg.handle("c", "worker-exit", {"code": 0})
+    handle(neg, "c", "worker-exit", {"code": 0})
     now = neg.sched.policy
     assert now.version == leave.version + 1 and now.effective_step == 0
     assert now.members == ("a", "b")
     # Once the leave has taken effect, the leaver's exit changes nothing.
     neg.join("c", "127.0.0.1:7", [])
-    neg.replicated("c", {"kind": "replicated"})
+    neg.replicated("c", done())
     neg.leave("c", 12)
     steps.update(a=40, b=40)
     version = neg.sched.policy.version
-    neg.handle("c", "worker-exit", {"code": 0})
+    handle(neg, "c", "worker-exit", {"code": 0})
     assert neg.sched.policy.version == version
 
 
@@ -270,7 +284,7 @@ def test_a_diverged_member_is_recorded_dropped_at_once_and_can_rejoin() -> None:
     version = neg.sched.policy_version
     neg.out.clear()
     args = {"kind": "state-diverged", "step": 30, "digest": DIGEST, "majority": MAJORITY}
-    assert neg.handle("c", "report", args) is None
+    assert handle(neg, "c", "report", args) is None
     diverged, scale_in = neg.sched.events[-2], neg.sched.events[-1]
     assert diverged.kind == "state-diverged" and diverged.node == "c"
     assert diverged.detail == {"step": 30, "digest": DIGEST, "majority": MAJORITY.lower()}
@@ -283,10 +297,10 @@ def test_a_diverged_member_is_recorded_dropped_at_once_and_can_rejoin() -> None:
     assert {n for n, _ in cmds(neg, "disconnect")} >= {"a", "b"}
     # Its worker is still attached: it asks to rejoin and is re-replicated by scale-out.
     neg.out.clear()
-    neg.handle("c", "join", {"addr": neg.sched.nodes["c"].data_addr, "neighbors": []})
+    handle(neg, "c", "join", {"addr": neg.sched.nodes["c"].data_addr, "neighbors": []})
     assert neg.sched.nodes["c"].state == "joining"
     assert "c" in [n for n, _ in cmds(neg, "replicate")]
-    neg.replicated("c", {"kind": "replicated"})
+    neg.replicated("c", done())
     assert neg.sched.events[-1].kind == "scale-out" and neg.sched.nodes["c"].state == "active"
     assert neg.sched.policy is not None and neg.sched.policy.members == ("a", "b", "c")
 
@@ -294,13 +308,13 @@ def test_a_diverged_member_is_recorded_dropped_at_once_and_can_rejoin() -> None:
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        ({"digest": DIGEST, "majority": MAJORITY}, "integer 'step'"),
-        ({"step": True, "digest": DIGEST, "majority": MAJORITY}, "integer 'step'"),
-        ({"step": -1, "digest": DIGEST, "majority": MAJORITY}, "integer 'step'"),
+        ({"digest": DIGEST, "majority": MAJORITY}, "missing field 'step'"),
+        ({"step": True, "digest": DIGEST, "majority": MAJORITY}, "expected an integer"),
+        ({"step": -1, "digest": DIGEST, "majority": MAJORITY}, "step must be >= 0"),
         ({"step": 3, "digest": DIGEST[:-1], "majority": MAJORITY}, "64 hex digits"),
         ({"step": 3, "digest": DIGEST, "majority": "zz" * 32}, "64 hex digits"),
-        ({"step": 3, "digest": b"\0" * 32, "majority": MAJORITY}, "64 hex digits"),
-        ({"step": 3, "majority": MAJORITY}, "64 hex digits"),
+        ({"step": 3, "digest": b"\0" * 32, "majority": MAJORITY}, "expected a string"),
+        ({"step": 3, "majority": MAJORITY}, "missing field 'digest'"),
         ({"step": 3, "digest": DIGEST, "majority": DIGEST.upper()}, "no divergence"),
     ],
 )
@@ -310,7 +324,7 @@ def test_a_malformed_divergence_report_is_refused_and_changes_nothing(
     neg, _ = make()
     grow(neg, "a", "b")
     events, version = len(neg.sched.events), neg.sched.policy_version
-    result = neg.handle("b", "report", {"kind": "state-diverged", **args})
+    result = handle(neg, "b", "report", {"kind": "state-diverged", **args})
     assert result is not None and error in result
     assert len(neg.sched.events) == events and neg.sched.policy_version == version
     assert neg.sched.nodes["b"].state == "active"
@@ -322,7 +336,43 @@ def test_a_divergence_report_of_a_node_no_longer_a_member_only_records_it() -> N
     neg.gone("c", "failure")
     version = neg.sched.policy_version
     args = {"kind": "state-diverged", "step": 3, "digest": DIGEST, "majority": MAJORITY}
-    assert neg.handle("c", "report", args) is None
+    assert handle(neg, "c", "report", args) is None
     assert neg.sched.events[-1].kind == "state-diverged"
     assert neg.sched.policy_version == version  # no second scale-in
-    assert neg.handle("ghost", "report", args) == "unknown node 'ghost'"
+    assert handle(neg, "ghost", "report", args) == "unknown node 'ghost'"
+
+
+def test_a_join_is_one_record_with_a_phase() -> None:
+    """The scheduler holds each join as one record: commanded until the node reports it is
+    done; an orphaned one (every source gone) is planned again as a new record."""
+    neg, clock = make()
+    grow(neg, "a", "b")
+    neg.join("c", "127.0.0.1:3", ["b"])
+    join = neg.joins["c"]
+    assert join.phase is JoinPhase.COMMANDED and join.member_from == join.command.version_step + 1
+    assert join.command.sources == {"b": neg.sched.nodes["b"].data_addr}
+    assert join.command.policy_version == neg.sched.policy_version
+    neg.sched.fail("b", "heartbeat", 2.0)
+    neg.gone("b", "failure")
+    assert join.phase is JoinPhase.ORPHANED
+    again = neg.joins["c"]
+    assert again is not join and again.phase is JoinPhase.COMMANDED
+    assert list(again.command.sources) == ["a"]
+    clock.advance(0.5)
+    neg.replicated("c", done())
+    assert "c" not in neg.joins and neg.sched.nodes["c"].state == "active"
+
+
+def test_no_connect_command_names_a_node_without_a_worker() -> None:
+    """A link to a node whose worker is gone (no data-plane address) sent ``connect`` with an
+    empty address, which the worker could not parse (seen in the 15-minute soak). Only an end
+    whose peer has a worker is told to connect now."""
+    neg, _ = make()
+    grow(neg, "a", "b", "c")
+    assert handle(neg, "c", "worker-exit", {"code": 1}) is None
+    assert neg.sched.nodes["c"].data_addr == ""
+    neg.out.clear()
+    assert neg.link("a", "c", up=True) is None
+    connects = cmds(neg, "connect")
+    assert [n for n, _ in connects] == ["c"]  # a is not told to dial a worker that is gone
+    assert all(args["addr"] == neg.sched.nodes["a"].data_addr for _, args in connects)

@@ -164,7 +164,7 @@ def test_fuzz_signed_garbage_reaches_the_decoder_safely(body: bytes) -> None:
 def _state(agent: NodeAgent) -> Any:
     el = agent.election
     return copy.deepcopy((el.term, el.leader, agent.presence, agent.beats, agent.view,
-                          agent.policies, agent.replies, agent.worker.drain(),
+                          agent.policies, agent._replies, agent.worker.drain(),
                           agent.detector.known(), agent._wills))
 
 
@@ -227,7 +227,8 @@ def test_replayed_signed_messages_are_refused_by_a_node() -> None:
     agent = _agent()
     real = ControlAuth(KEY)
     claim = real.seal(T.leader, encode(LeaderClaim(id="n3", term=4)), time.time())
-    cmd_body = encode(Command(term=4, leader="n3", seq=1, op="connect", args={"peer": "n3"}))
+    cmd_body = encode(Command(term=4, leader="n3", seq=1, op="connect",
+                              args={"peer": "n3", "addr": "10.0.0.3:7000"}))
     cmd = real.seal(T.cmd("n1"), cmd_body, time.time())
     agent.bus.deliver(T.leader, claim)
     agent.bus.deliver(T.cmd("n1"), cmd)

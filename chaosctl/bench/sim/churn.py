@@ -54,6 +54,7 @@ from chaosctl.bench.sim.topology import Instance, random_links
 from daemon.cluster.primitives import Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.kinds import MEMBER_STATES
+from daemon.contracts.protocol import JoinRequest, LeaveRequest, LinkMetrics, Replicated
 
 CMD_BYTES = 400  # a term-stamped command (connect, replicate) as the daemon encodes it
 STATUS_BYTES = 160  # a presence status, retained
@@ -113,8 +114,7 @@ def run(n: int, seed: int, seconds: float, rates: ChurnRates, model: BrokerModel
         traffic["bytes"] += copies * nbytes
 
     def request() -> None:
-        """A request on ``sched/req`` to the scheduler, and its ``reply`` command."""
-        send(1, CMD_BYTES)
+        """A request on ``sched/req`` to the scheduler (only ``link`` requests are answered)."""
         send(1, CMD_BYTES)
 
     def presence() -> None:
@@ -133,9 +133,10 @@ def run(n: int, seed: int, seconds: float, rates: ChurnRates, model: BrokerModel
         rates = {key(m, node): float(round(rng.uniform(100, 1000))) for m in nbrs}
         presence()
         request()
-        neg.handle(node, "join", {"addr": f"{node}:7000", "neighbors": nbrs})
+        neg.handle(node, JoinRequest(addr=f"{node}:7000", neighbors=nbrs))
         publish()
-        version_step = neg._join_steps.get(node, 1) - 1  # the step the state is taken at
+        join = neg.joins.get(node)
+        version_step = join.command.version_step if join else 0  # the state's step
         yield env.timeout(max(0.0, (version_step + 1) * step_s - env.now))
         inst = Instance(len(pool), node, tuple(nbrs), {k: r * MBIT for k, r in rates.items()},
                         {m: rates[key(m, node)] * MBIT for m in nbrs}, {m: (m,) for m in nbrs})
@@ -143,11 +144,10 @@ def run(n: int, seed: int, seconds: float, rates: ChurnRates, model: BrokerModel
         if sched.nodes.get(node) is not None and sched.nodes[node].state == "joining":
             for m in nbrs:  # its probes have measured the new links (no new snapshot alone)
                 request()
-                neg.handle(node, "report", {"kind": "link-metrics", "peer": m,
-                                            "rtt_ms": probe.uniform(*PROBE_RTT_MS),
-                                            "bandwidth_mbps": rates[key(m, node)]})
+                neg.handle(node, LinkMetrics(peer=m, rtt_ms=probe.uniform(*PROBE_RTT_MS),
+                                             bandwidth_mbps=rates[key(m, node)]))
             request()
-            neg.handle(node, "report", {"kind": "replicated"})
+            neg.handle(node, Replicated(version=version_step))
             publish()
             # the real scheduler's event (read now: the log keeps only the last 100)
             ev = next(e for e in reversed(sched.events) if e.kind == "scale-out"
@@ -162,7 +162,7 @@ def run(n: int, seed: int, seconds: float, rates: ChurnRates, model: BrokerModel
         pool = [m for m in members() if m != sched.me and sched.nodes[m].state == "active"]
         if pool:
             request()
-            neg.handle(rng.choice(pool), "leave", {"step": int(env.now / step_s)})
+            neg.handle(rng.choice(pool), LeaveRequest(step=int(env.now / step_s)))
             presence()
             publish()
 

@@ -1,0 +1,218 @@
+"""The worker's side of scale-out, as two state machines with no I/O of their own.
+
+:class:`JoinMachine` is the new node's side: it takes the scheduler's commands for this node
+(:class:`~daemon.contracts.protocol.Replicate`, :class:`~daemon.contracts.protocol.Bootstrap`)
+and says what to do next; :class:`ServeMachine` is a source's side: it keeps the commands
+that name this node a source and says at which step boundary to snapshot for each new node.
+Both are driven by an owner that does the I/O: the ``Trainer``'s
+:class:`~chaos_edge.trainer.joiner.Joiner` and :class:`~chaos_edge.trainer.source.Server` over
+the real data plane, and the deterministic simulator over a modelled one. Time is passed in,
+never read, so a run replays exactly.
+
+The new node (:class:`JoinPhase`)::
+
+    WAITING --Replicate--> FETCHING --ok--> AWAITING_POLICY --policy that adds it--> MEMBER
+       |                      |  ^                  ^
+       |                      |  +--(retry: newest command, FETCH_RETRY_S later)
+       |                      +--failed or superseded--> RETRYING
+       +--Bootstrap-----------------------------------+
+    any phase --deadline--> TIMED_OUT;  a state that does not fit --> REFUSED
+
+A source: a ``Replicate`` naming it waits in :class:`ServeMachine` until the source has
+committed the command's ``version_step`` *and* the policy that adds the new node governs its
+next round; then it is due, and the owner snapshots at that boundary and serves it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.protocol import Bootstrap, Replicate
+
+FETCH_RETRY_S = 0.5  # pause before pulling a replicated state again after a failure
+
+
+class JoinPhase(enum.Enum):
+    """Where the new node's join stands (module docstring)."""
+
+    WAITING = "waiting"  # attached, or dropped from the policy: no command yet
+    FETCHING = "fetching"  # pulling the state a Replicate names (the owner does the I/O)
+    RETRYING = "retrying"  # the last pull failed: the newest command is pulled again soon
+    AWAITING_POLICY = "awaiting-policy"  # the state is in: waits for the policy naming it
+    MEMBER = "member"  # done: it takes part in the rounds
+    REFUSED = "refused"  # the cluster's state does not fit this script (terminal)
+    TIMED_OUT = "timed-out"  # no membership before the deadline (terminal)
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """Pull the state ``command`` names, then call :meth:`JoinMachine.fetched`."""
+
+    command: Replicate
+
+
+@dataclass(frozen=True)
+class StartAlone:
+    """No member holds a state: start from our own (then the machine awaits the policy)."""
+
+    command: Bootstrap
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do until the next poll."""
+
+
+@dataclass(frozen=True)
+class Joined:
+    """We are a member: the policy that names us has arrived."""
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """The join did not finish before its deadline; ``reason`` says where it stood."""
+
+    reason: str
+
+
+JoinAction = Fetch | StartAlone | Wait | Joined | GiveUp
+TERMINAL = (JoinPhase.MEMBER, JoinPhase.REFUSED, JoinPhase.TIMED_OUT)
+
+
+class JoinMachine:
+    """One join of this node, from the request to membership.
+
+    Args:
+        me: This node's id.
+        deadline: Monotonic time by which it must be a member.
+    """
+
+    def __init__(self, me: str, deadline: float) -> None:
+        self.me, self.deadline = me, deadline
+        self.phase = JoinPhase.WAITING
+        self.command: Replicate | Bootstrap | None = None  # the one being carried out
+        self._newest: Replicate | Bootstrap | None = None  # the newest one received
+        self._retry_at = 0.0
+        self.fetches = 0  # pulls started (a retry is one more)
+
+    def offer(self, cmd: Replicate | Bootstrap) -> None:
+        """A command for this node arrived (the newest replaces older ones)."""
+        if cmd.new == self.me and self.phase not in TERMINAL:
+            self._newest = cmd
+
+    @property
+    def superseded(self) -> bool:
+        """(While fetching.) A newer command arrived: the pull in flight is moot."""
+        return self.phase is JoinPhase.FETCHING and self._newest is not None
+
+    def advance(self, now: float, book_newest: SyncPolicy | None) -> JoinAction:
+        """What to do now, given the newest policy this worker holds."""
+        if self.phase is JoinPhase.MEMBER:
+            return Joined()
+        if self.phase in (JoinPhase.REFUSED, JoinPhase.TIMED_OUT):
+            return GiveUp(f"the join ended {self.phase.value}")
+        if self.phase is JoinPhase.AWAITING_POLICY and self._has_policy(book_newest):
+            self.phase = JoinPhase.MEMBER
+            return Joined()
+        if now > self.deadline:
+            was = self.phase
+            self.phase = JoinPhase.TIMED_OUT
+            return GiveUp(self._late(was))
+        if self.phase in (JoinPhase.AWAITING_POLICY, JoinPhase.FETCHING):
+            return Wait()  # the policy is on its way; or the owner's pull is in flight
+        if self.phase is JoinPhase.RETRYING and now < self._retry_at:
+            return Wait()
+        cmd, self._newest = self._newest or self.command, None
+        if isinstance(cmd, Bootstrap):
+            self.command, self.phase = cmd, JoinPhase.AWAITING_POLICY
+            return StartAlone(cmd)
+        if isinstance(cmd, Replicate):
+            self.command, self.phase = cmd, JoinPhase.FETCHING
+            self.fetches += 1
+            return Fetch(cmd)
+        return Wait()
+
+    def fetched(self, ok: bool, now: float) -> None:
+        """The owner's pull of :attr:`command` ended: the state is in, or it failed."""
+        if self.phase is not JoinPhase.FETCHING:
+            return
+        if ok:
+            self.phase = JoinPhase.AWAITING_POLICY
+        else:
+            self.phase, self._retry_at = JoinPhase.RETRYING, now + FETCH_RETRY_S
+
+    def refused(self) -> None:
+        """The pulled state does not fit this script: the join ends here."""
+        self.phase = JoinPhase.REFUSED
+
+    def _has_policy(self, newest: SyncPolicy | None) -> bool:
+        """The command that brought the state may outrun the policy that adds us (another
+        topic): without that policy, the first round would find us in none and ask again."""
+        if newest is None or self.command is None:
+            return False
+        return newest.version >= self.command.policy_version
+
+    def _late(self, phase: JoinPhase) -> str:
+        if phase is JoinPhase.AWAITING_POLICY and self.command is not None:
+            return (f"{self.me} restored its state, but the policy v"
+                    f"{self.command.policy_version} that adds it never arrived")
+        if phase in (JoinPhase.FETCHING, JoinPhase.RETRYING) and self.command is not None:
+            return (f"{self.me} could not pull the state from "
+                    f"{', '.join(sorted(getattr(self.command, 'sources', {})))} in time")
+        return (f"{self.me} did not become a member in time: no replicate command arrived; "
+                "check `chaosctl nodes` and the scheduler")
+
+
+class ServeMachine:
+    """A source's pending replicate commands, and when each is due.
+
+    Args:
+        me: This node's id.
+    """
+
+    def __init__(self, me: str) -> None:
+        self.me = me
+        self.waiting: dict[str, Replicate] = {}  # new node -> its newest command
+
+    def offer(self, cmd: Replicate) -> None:
+        """A replicate command arrived; kept if it names us a source of another node."""
+        if cmd.new != self.me and self.me in cmd.sources:
+            self.waiting[cmd.new] = cmd
+
+    def forget(self, new: str) -> None:
+        """Stop waiting to serve ``new`` (it trains with us now, or went)."""
+        self.waiting.pop(new, None)
+
+    def due(self, step: int, next_round: SyncPolicy | None) -> list[Replicate]:
+        """The commands to serve at this step boundary, after committing ``step`` with
+        ``next_round`` governing our next round; they leave the machine.
+
+        The snapshot's step must be the last the cluster commits without the new node. Two
+        things decide that boundary, and both must hold: (1) we committed ``version_step`` (or
+        more, if the command came late), and (2) the policy that adds the new node governs our
+        next round. Without (2), a command that outran its policy (they travel on different
+        topics) made us serve step ``t`` and then commit ``t + 1, ...`` with the old members,
+        and the new node's first agreement found it steps behind everyone. Once (2) holds, no
+        round without the new node can commit any more: we are a member of every such round.
+        """
+        ready = [rep for rep in self.waiting.values()
+                 if rep.version_step <= step and next_round is not None
+                 and next_round.version >= rep.policy_version and rep.new in next_round.members]
+        for rep in ready:
+            del self.waiting[rep.new]
+        return ready
+
+    def knows(self, node: str) -> bool:
+        """Whether ``node`` is a new node we are to serve (it may dial us for the state)."""
+        return node in self.waiting
+
+
+def new_neighbours(me: str, pub: SyncPolicy, prev: SyncPolicy | None) -> list[str]:
+    """Our tree neighbours under ``pub`` that were no members under ``prev``: new nodes whose
+    first round with us cannot finish before they have our offer (or our refusal)."""
+    if prev is None or prev is pub or me not in prev.members or me not in pub.members:
+        return []  # no change, or we are new ourselves (a new node is nobody's source)
+    near = (pub.parent(me), *pub.children(me))
+    return [m for m in near if m and m not in prev.members]

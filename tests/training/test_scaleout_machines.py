@@ -1,0 +1,143 @@
+"""The worker's scale-out state machines, transition by transition (no I/O, no threads)."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos_edge.trainer.scaleout import (
+    FETCH_RETRY_S,
+    Fetch,
+    GiveUp,
+    Joined,
+    JoinMachine,
+    JoinPhase,
+    ServeMachine,
+    StartAlone,
+    Wait,
+    new_neighbours,
+)
+from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.protocol import Bootstrap, Replicate
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def policy(version: int, members: tuple[str, ...], effective: int = 0) -> SyncPolicy:
+    edges = tuple((members[0], m) for m in members[1:])
+    return SyncPolicy.build(version, list(members), edges, members[0], effective,
+                            {m: f"127.0.0.1:{7000 + i}" for i, m in enumerate(members)})
+
+
+def rep(new: str = "c", version_step: int = 10, policy_version: int = 5,
+        sources: tuple[str, ...] = ("a", "b")) -> Replicate:
+    return Replicate(version_step=version_step, new=new, policy_version=policy_version,
+                     sources={s: f"127.0.0.1:{7000 + i}" for i, s in enumerate(sources)})
+
+
+def test_a_join_fetches_awaits_its_policy_then_is_a_member() -> None:
+    m = JoinMachine("c", deadline=100.0)
+    assert m.advance(0.0, None) == Wait() and m.phase is JoinPhase.WAITING
+    cmd = rep()
+    m.offer(cmd)
+    assert m.advance(0.1, None) == Fetch(cmd) and m.phase is JoinPhase.FETCHING
+    assert m.advance(0.2, None) == Wait()  # the pull is in flight
+    m.fetched(True, 0.3)
+    assert m.phase is JoinPhase.AWAITING_POLICY
+    assert m.advance(0.4, policy(4, ("a", "b"))) == Wait()  # the command outran its policy
+    assert m.advance(0.5, policy(5, ("a", "b", "c"))) == Joined()
+    assert m.phase is JoinPhase.MEMBER
+
+
+def test_a_failed_pull_is_retried_with_the_newest_command() -> None:
+    m = JoinMachine("c", deadline=100.0)
+    first, second = rep(version_step=10), rep(version_step=12, sources=("b",))
+    m.offer(first)
+    assert m.advance(0.0, None) == Fetch(first)
+    m.offer(second)
+    assert m.superseded  # the pull in flight is moot: the owner abandons it
+    m.fetched(False, 1.0)
+    assert m.phase is JoinPhase.RETRYING
+    assert m.advance(1.0 + FETCH_RETRY_S / 2, None) == Wait()
+    assert m.advance(1.0 + FETCH_RETRY_S, None) == Fetch(second) and m.fetches == 2
+    m.fetched(False, 2.0)  # failed again, no newer command: the same one once more
+    assert m.advance(2.0 + FETCH_RETRY_S, None) == Fetch(second)
+
+
+def test_bootstrap_starts_alone_and_waits_for_its_policy() -> None:
+    m = JoinMachine("a", deadline=100.0)
+    boot = Bootstrap(new="a", policy_version=1)
+    m.offer(boot)
+    assert m.advance(0.0, None) == StartAlone(boot)
+    assert m.advance(0.1, None) == Wait()
+    assert m.advance(0.2, policy(1, ("a",))) == Joined()
+
+
+def test_commands_for_other_nodes_are_not_ours() -> None:
+    m = JoinMachine("c", deadline=100.0)
+    m.offer(rep(new="d"))
+    assert m.advance(0.0, None) == Wait()
+
+
+@pytest.mark.parametrize(("phase_cmd", "words"), [
+    (None, "no replicate command arrived"),
+    ("fetching", "could not pull the state"),
+    ("awaiting", "never arrived"),
+])
+def test_the_deadline_ends_a_join_with_a_reason(phase_cmd: str | None, words: str) -> None:
+    m = JoinMachine("c", deadline=10.0)
+    if phase_cmd:
+        m.offer(rep())
+        m.advance(0.0, None)
+        if phase_cmd == "awaiting":
+            m.fetched(True, 1.0)
+    action = m.advance(10.5, None)
+    assert isinstance(action, GiveUp) and words in action.reason
+    assert m.phase is JoinPhase.TIMED_OUT
+    m.offer(rep())  # terminal: nothing more happens
+    assert isinstance(m.advance(11.0, None), GiveUp)
+
+
+def test_a_refused_state_ends_the_join() -> None:
+    m = JoinMachine("c", deadline=10.0)
+    m.offer(rep())
+    m.advance(0.0, None)
+    m.refused()
+    assert m.phase is JoinPhase.REFUSED and isinstance(m.advance(0.1, None), GiveUp)
+
+
+def test_a_source_serves_once_it_committed_the_step_and_the_new_policy_governs() -> None:
+    s = ServeMachine("a")
+    cmd = rep(version_step=10, policy_version=5)
+    s.offer(cmd)
+    s.offer(rep(new="d", sources=("b",)))  # not ours to serve
+    assert s.knows("c") and not s.knows("d")
+    old, new = policy(4, ("a", "b")), policy(5, ("a", "b", "c"), effective=11)
+    assert s.due(9, new) == []  # step 10 not committed yet
+    assert s.due(10, old) == []  # the command outran its policy
+    assert s.due(10, None) == []
+    assert s.due(10, new) == [cmd] and not s.knows("c")
+    assert s.due(11, new) == []  # served once
+
+
+def test_a_late_command_is_served_from_where_the_source_is() -> None:
+    s = ServeMachine("a")
+    cmd = rep(version_step=10)
+    s.offer(cmd)
+    assert s.due(14, policy(5, ("a", "b", "c"))) == [cmd]
+
+
+def test_a_newer_command_replaces_an_older_and_forget_drops_it() -> None:
+    s = ServeMachine("a")
+    s.offer(rep(version_step=10))
+    newer = rep(version_step=12, policy_version=6)
+    s.offer(newer)
+    assert list(s.waiting.values()) == [newer]
+    s.forget("c")
+    assert not s.waiting
+
+
+def test_new_neighbours_are_tree_neighbours_that_were_no_members() -> None:
+    prev, pub = policy(4, ("a", "b")), policy(5, ("a", "b", "c"))
+    assert new_neighbours("a", pub, prev) == ["c"]
+    assert new_neighbours("a", pub, pub) == []
+    assert new_neighbours("c", pub, prev) == []  # we are new ourselves
