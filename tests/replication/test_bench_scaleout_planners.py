@@ -1,6 +1,6 @@
 """The scale-out bench runs the paper's planner beside the default, without root.
 
-The netns bench (``chaosctl bench scaleout``) drives :mod:`chaosctl.bench.scaleout_node`
+The netns bench (``chaosctl bench scaleout``) drives :mod:`chaos_bench.scaleout.node`
 processes over their stdin/stdout; here the same processes run on loopback: two real state
 servers and a real joining node that runs ``chaos`` and ``chaos-paper`` on a state of one
 tensor, the shape the paper's planner cannot split, and the ``plain`` baseline (plain sockets,
@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from chaosctl.bench import scaleout_report as report
-from chaosctl.bench.models import make_state
+from chaos_bench.models import make_state
+from chaos_bench.scaleout import report
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,7 +32,7 @@ class Node:
 
     def __init__(self, argv: list[str]) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaosctl.bench.scaleout_node", *argv],
+            [sys.executable, "-m", "chaos_bench.scaleout.node", *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
