@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
+from chaos_bench.progress import say
 from chaos_bench.sim.cli import simulate as sim_simulate
 from chaosctl.client import CtlUsageError
 from chaosctl.common import console
@@ -19,10 +19,6 @@ bench_app = typer.Typer(
     no_args_is_help=True,
 )
 
-
-def _say(line: str) -> None:
-    """Progress, dimmed, between the tables."""
-    console.print(f"[dim]{escape(line)}[/]")
 
 
 def _ints(text: str, option: str, lo: int, hi: int) -> list[int]:
@@ -87,8 +83,7 @@ def control(
 
     if broker not in ("mosquitto", "embedded"):
         raise CtlUsageError(f"--broker must be mosquitto or embedded, not {broker!r}")
-    rows = bench_control.run(_sizes(sizes), repeats, broker, load_seconds, out,
-                             lambda line: console.print(f"[dim]{line}[/]"))
+    rows = bench_control.run(_sizes(sizes), repeats, broker, load_seconds, out, say)
     table = Table(title="chaosd control plane (seconds from the signal)")
     for col in ("nodes", "metric", "n", "p50", "p95", "max"):
         table.add_column(col, justify="left" if col == "metric" else "right")
@@ -133,8 +128,7 @@ def scaleout(
     if not names:
         raise CtlUsageError("--models needs at least one model")
     star_rates = _ints(star, "--star", 1, 100_000) if star else []
-    doc = bench_scaleout.run(_sizes(sizes), names, repeats, rates, out,
-                             lambda line: console.print(f"[dim]{line}[/]"), degree=degree,
+    doc = bench_scaleout.run(_sizes(sizes), names, repeats, rates, out, say, degree=degree,
                              iperf_s=iperf_seconds, checkpoints=checkpoints, seed=seed,
                              star=[float(r) for r in star_rates], stop_runs=stop_runs)
     table = Table(title="Scale-out on the netns testbed (medians; s, idle in node-s)")
@@ -191,7 +185,7 @@ def allreduce(
             "samples": samples, "mesh_mb": mesh_mb, "mesh_chunk_kb": mesh_chunk_kb,
             "fast_mbit": fast_mbit,
             "slow_mbit": slow_mbit, "sock_buf": sock_buf}
-    doc = bench_allreduce.run(opts, out, _say)
+    doc = bench_allreduce.run(opts, out, say)
     console.print(bench_allreduce.table(doc))
 
 
@@ -208,7 +202,7 @@ def planner(
     from chaos_bench.planner import run as bench_planner
 
     names = _models(models, synthetic=False) if models else None
-    result = bench_planner.run(quick, seed, names, out, _say)
+    result = bench_planner.run(quick, seed, names, out, say)
     typer.echo(bench_planner.tables(result))
 
 
@@ -224,7 +218,7 @@ def signing(
     from chaos_bench.signing import run as bench_signing
 
     sizes = _ints(nodes, "--nodes", 2, 5000) if nodes else None
-    doc = bench_signing.run(quick, sizes, out, _say)
+    doc = bench_signing.run(quick, sizes, out, say)
     typer.echo(bench_signing.table(doc))
 
 
@@ -257,7 +251,7 @@ def loopback(
              else bench_loopback.QUICK if quick else bench_loopback.FULL)
     opts = bench_loopback.Options(repeats or (2 if quick else 3), nodes, neighbors, bw_scale,
                                   planner, seed)
-    doc = bench_loopback.run(names, opts, out, _say)
+    doc = bench_loopback.run(names, opts, out, say)
     typer.echo(bench_loopback.caption(opts))
     typer.echo(bench_loopback.table(doc["rows"]))
 
@@ -280,7 +274,7 @@ def stall(
     """The training-loop stall each primitive costs a chain of real workers (Table I)."""
     from chaos_bench.stall import run as bench_stall
 
-    _, table = bench_stall.run(nodes, events, gap, out, keep, source, _say, digest_every)
+    _, table = bench_stall.run(nodes, events, gap, out, keep, source, say, digest_every)
     typer.echo(table)
 
 
@@ -296,7 +290,7 @@ def duty_cycle(
     """What periodic bandwidth probing costs a tbf-shaped link (root, namespaces, iperf3)."""
     from chaos_bench.probes import duty_cycle as bench_duty
 
-    rows = bench_duty.run(_ints(rates, "--rates", 1, 10_000), gap, probes, json_out, _say)
+    rows = bench_duty.run(_ints(rates, "--rates", 1, 10_000), gap, probes, json_out, say)
     typer.echo(bench_duty.table(rows))
 
 
@@ -350,7 +344,7 @@ def convergence(
     from daemon.contracts.policy import WIRE_FORMATS
 
     wires = _choices(wire, "--wire", list(WIRE_FORMATS))
-    doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, _say,
+    doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, say,
                                 tuple(wires), static_only)
     console.print(convergence_report.table(doc))
     bad = [f"{m} {k}: {p}" for m, md in doc["models"].items()
@@ -397,7 +391,7 @@ def soak(
                             f"({minutes * 60:g} s)")
     opts = bench_soak.Options(minutes, nodes, rate, sample_seconds, warmup, tuple(chosen),
                               rates, seed)
-    doc = bench_soak.run(opts, out, _say, keep)
+    doc = bench_soak.run(opts, out, say, keep)
     console.print(soak_report.table(doc))
     console.print(soak_report.summary(doc))
     if doc["violations"]:
@@ -449,7 +443,7 @@ def slowlinks(
     opts = bench_slow.Options(mbps, hs, steps, nodes, target_acc=target_acc,
                               outer_lr=outer_lr, outer_momentum=outer_momentum)
     try:
-        doc = bench_slow.run(opts, out, _say)
+        doc = bench_slow.run(opts, out, say)
     except (TimeoutError, OSError) as exc:
         raise ClusterError(f"the slow-links bench failed: {exc}") from None
     typer.echo(slowlinks_report.table(doc))

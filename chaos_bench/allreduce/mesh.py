@@ -27,7 +27,6 @@ from typing import Any
 
 from chaos_bench.allreduce.procs import (
     Proc,
-    Say,
     chunk_label,
     close_all,
     compare,
@@ -35,6 +34,7 @@ from chaos_bench.allreduce.procs import (
     with_wires,
     worker_argv,
 )
+from chaos_bench.progress import Say
 from chaosctl.client import CtlError
 from chaosctl.testbed.core import Testbed
 from chaosctl.testbed.topo import norm

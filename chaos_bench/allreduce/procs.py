@@ -14,14 +14,13 @@ import select
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from chaosctl.client import CtlError
 from daemon.contracts.policy import SyncPolicy
 
-Say = Callable[[str], None]
 #: Largest |gloo - chaos| accepted: both average the same float32 values in another order.
 TOLERANCE = 1e-4
 GOALS = {"loopback": 1.0, "mesh": 1.5}

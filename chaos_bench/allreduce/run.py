@@ -52,7 +52,6 @@ from chaos_bench.allreduce.procs import (
     GOALS,
     TOLERANCE,
     Proc,
-    Say,
     chunk_label,
     close_all,
     compare,
@@ -61,6 +60,7 @@ from chaos_bench.allreduce.procs import (
     with_wires,
     worker_argv,
 )
+from chaos_bench.progress import Say
 from daemon.contracts.policy import SyncPolicy
 
 __all__ = ["GOALS", "TOLERANCE", "TREES", "bench_loopback", "run", "table", "tree", "wire_of"]

@@ -20,13 +20,13 @@ import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chaos_bench.control import brokerload
 from chaos_bench.plots import pyplot
+from chaos_bench.progress import Say
 from chaosctl.cluster import LocalCluster
 from chaosctl.common import console
 
@@ -55,7 +55,7 @@ def summarise(values: list[float]) -> dict[str, float]:
 class Runner:
     """Runs the faults on one cluster and collects the latencies."""
 
-    def __init__(self, c: LocalCluster, result: SizeResult, say: Callable[[str], None]) -> None:
+    def __init__(self, c: LocalCluster, result: SizeResult, say: Say) -> None:
         self.c = c
         self.result = result
         self.say = say
@@ -115,7 +115,7 @@ def _stale(row: dict[str, Any]) -> bool:
 
 
 def run_size(size: int, repeats: int, broker: str, load_s: float, workdir: Path,
-             say: Callable[[str], None]) -> SizeResult:
+             say: Say) -> SizeResult:
     result = SizeResult(size=size)
     with LocalCluster(workdir / f"n{size}", size, cluster=f"bench{size}", broker_kind=broker,
                       mosquitto_conf=brokerload.MOSQUITTO_CONF) as c:
@@ -211,7 +211,7 @@ def write_outputs(out: Path, results: list[SizeResult], meta: dict[str, Any]) ->
 
 
 def run(sizes: list[int], repeats: int, broker: str, load_s: float, out: Path,
-        say: Callable[[str], None]) -> list[dict[str, Any]]:
+        say: Say) -> list[dict[str, Any]]:
     results = []
     with tempfile.TemporaryDirectory(prefix="chaos-bench-") as tmp:
         for size in sizes:

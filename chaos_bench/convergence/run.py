@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 
 from chaos_bench.convergence import report
+from chaos_bench.progress import Say
 from chaos_bench.stall.run import rows_of
 from chaosctl.client import call_once
 from chaosctl.cluster import ClusterError, LocalCluster
 
 WORKER_MODULE = "chaos_bench.convergence.worker"
-Say = Callable[[str], None]
 Records = dict[str, list[dict[str, Any]]]
 MODES = ("plain", "consistent")
 RUN_TIMEOUT_S = 900.0

@@ -37,6 +37,7 @@ from typing import Any
 
 from chaos_bench.models import model_names, tensor_sizes
 from chaos_bench.plots import pyplot
+from chaos_bench.progress import Say
 from chaos_edge.replication.manifest import BLOCK_SIZE
 from chaos_edge.replication.planning.exact import assignment_makespan, brute_force_assign
 from chaos_edge.replication.planning.greedy import greedy_assign, lpt_order
@@ -327,7 +328,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
 
 
 def run(quick: bool, seed: int, names: list[str] | None, out: Path,
-        say: Callable[[str], None]) -> dict[str, Any]:
+        say: Say) -> dict[str, Any]:
     """Run every part; write ``planner_bench.json`` (and the PNG) under ``out``."""
     rng = random.Random(seed)
     say("decision time, 64 neighbours, 3 GiB")

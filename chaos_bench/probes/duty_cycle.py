@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chaos_bench.progress import Say
 from chaosctl.client import CtlError
 from netprobe import netns, tc
 from netprobe.bandwidth import BandwidthProber
@@ -80,7 +80,7 @@ async def run_rate(prefix: str, rate_mbps: int, gap_s: float, probes: int) -> di
 
 
 def run(rates: list[int], gap_s: float, probes: int, json_out: Path | None,
-        say: Callable[[str], None]) -> list[dict[str, Any]]:
+        say: Say) -> list[dict[str, Any]]:
     """Every rate in turn on fresh namespaces; the rows (also written to ``json_out``).
 
     Raises:

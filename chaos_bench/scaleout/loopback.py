@@ -31,7 +31,6 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 
 from chaos_bench.models import make_state, map_state
 from chaos_bench.plots import pyplot
+from chaos_bench.progress import Say
 from chaos_edge.dataplane import auth
 from chaos_edge.replication.manifest import Manifest
 from chaos_edge.replication.planning.model import Neighbor, PlanInput
@@ -312,7 +312,7 @@ def plot(rows: list[dict[str, Any]], out: Path) -> bool:
 
 
 def run(models: list[str], opts: Options, out: Path,
-        say: Callable[[str], None]) -> dict[str, Any]:
+        say: Say) -> dict[str, Any]:
     """Every model in turn; writes ``scaleout_bench.json`` (and the PNG) under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(opts.seed)

@@ -50,11 +50,12 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from chaos_bench.models import make_state, model_entries
+from chaos_bench.progress import Say
 from chaos_bench.scaleout import report
 from chaos_bench.scaleout.links import measure_concurrent, measure_links, reap
 from chaos_edge.replication.manifest import Manifest
@@ -67,7 +68,6 @@ MIB = 1 << 20
 PORT = 7600
 PLAIN_PORT = PORT + 1
 ANSWER_S = 600.0
-Say = Callable[[str], None]
 
 
 def routes_from(links: Sequence[tuple[str, str]], new: str) -> dict[str, list[str]]:

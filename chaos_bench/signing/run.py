@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.plots import pyplot
+from chaos_bench.progress import Say
 from chaos_bench.sim.broker import full_snapshot
 from daemon.contracts.config import Config
 from daemon.contracts.messages import (
@@ -132,7 +133,7 @@ def heartbeat_load(row: dict[str, Any], interval_s: float, sizes: list[int]
     return out
 
 
-def run(quick: bool, sizes: list[int] | None, out: Path, say: Callable[[str], None]
+def run(quick: bool, sizes: list[int] | None, out: Path, say: Say
         ) -> dict[str, Any]:
     sizes = sizes or (QUICK_SIZES if quick else FULL_SIZES)
     repeats = 3 if quick else 9

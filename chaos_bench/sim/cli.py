@@ -10,17 +10,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.markup import escape
 
+from chaos_bench.progress import say
 from chaos_bench.sim.errors import SimError
 from chaosctl.client import CtlUsageError
 from chaosctl.common import console
 
 MAX_NODES = 100_000
 
-
-def _say(line: str) -> None:
-    console.print(f"[dim]{escape(line)}[/]")
 
 
 def _nodes(text: str) -> tuple[int, ...]:
@@ -79,16 +76,16 @@ def simulate(
         raise CtlUsageError("give --measure-broker or --broker-rate, not both")
     model = None
     if measure_broker:
-        model = rate.measure(_say)
+        model = rate.measure(say)
     elif broker_rate is not None:
         model = rate.scaled(broker_rate)
     doc = run(Options(sizes, seed, repeats, names, testbed if validate else None, model,
-                      measure_broker), _say)
+                      measure_broker), say)
     try:
         paths = report.write(out, doc)
     except OSError as exc:
         raise SimError(f"cannot write the results under {out}: {exc.strerror or exc}") from None
     for path in paths:
-        _say(f"wrote {path}")
+        say(f"wrote {path}")
     for table in report.tables(doc):
         console.print(table)

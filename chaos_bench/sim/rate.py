@@ -17,11 +17,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
 
+from chaos_bench.progress import Say
 from chaos_bench.sim.broker import HB_BYTES, BrokerModel
 from chaos_bench.sim.errors import SimError
 
@@ -30,7 +31,6 @@ from chaos_bench.sim.errors import SimError
 #: deliveries per broker CPU-second (`chaosctl bench simulate --measure-broker` redoes it).
 DEFAULT_MODEL = BrokerModel(per_publish_s=5.86e-6, per_delivery_s=5.86e-6, per_byte_s=5.7e-10)
 BIG_BYTES = 16384
-Say = Callable[[str], None]
 
 
 def _cpu_s(pid: int) -> float:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from chaos_bench.progress import Say
 from chaos_bench.sim import broker, churn, failover, sweep, validate
 from chaos_bench.sim.broker import BrokerModel
 from chaos_bench.sim.scaleout import Costs
@@ -26,7 +27,6 @@ CHURN_PER_NODE_H = sum(dataclasses.astuple(churn.ChurnRates()))
 #: and the cost grows about as N^2 (changes per second and snapshot bytes both grow with N).
 CHURN_MAX_NODES = 1_000
 POLICY_MAX_NODES = 10_000  # its CPU time is measured up to here (O(N) since issue 12)
-Say = Callable[[str], None]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from chaos_bench.models import tensor_sizes
+from chaos_bench.progress import Say
 from chaos_bench.sim.scaleout import STRATEGIES, Costs, simulate
 from chaos_bench.sim.topology import generate
-
-Say = Callable[[str], None]
 
 
 def instance_seed(seed: int, size: int, rep: int) -> int:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.plots import pyplot
+from chaos_bench.progress import Say
 
 GOAL_RATE = 50.0
-Say = Any
 
 
 def _row(run: dict[str, Any], target: float) -> dict[str, Any]:

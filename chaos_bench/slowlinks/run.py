@@ -28,16 +28,15 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos_bench.progress import Say
 from chaos_bench.slowlinks import report
 from chaosctl.testbed.core import Testbed
 
 WORKER_MODULE = "chaos_bench.slowlinks.worker"
-Say = Callable[[str], None]
 JOIN_WAIT_S = 240.0  # a shared, loaded box has taken over 120 s for one join
 RUN_TIMEOUT_S = 900.0
 PROGRESS_S = 15.0

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
 from chaos_bench.plots import pyplot
+from chaos_bench.progress import Say
 
 METRICS = {"rss": ("RSS MiB", 1 / (1 << 20)), "fds": ("fds", 1.0), "threads": ("threads", 1.0)}
 PROC_KINDS = ("chaosd", "worker", "broker")
@@ -202,7 +202,7 @@ def summary(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write(doc: dict[str, Any], out: Path, say: Callable[[str], None]) -> None:
+def write(doc: dict[str, Any], out: Path, say: Say) -> None:
     """``soak.json`` and (with matplotlib) ``soak.png`` under ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "soak.json").write_text(json.dumps(doc, indent=1))

@@ -39,13 +39,13 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from chaos_bench.progress import Say
 from chaos_bench.soak import report as soak_report
 from chaosctl.client import ControlFailure, call_once
 from chaosctl.testbed.core import Testbed
@@ -56,7 +56,6 @@ WORKER_MODULE = "chaos_bench.soak.worker"  # the training worker, run with -m
 KINDS = ("join", "leave", "kill", "freeze", "cut", "broker-restart")
 MIN_TRAINING = 2  # leaves, kills and freezes never take the cluster below this
 JOIN_WAIT_S = 120.0
-Say = Callable[[str], None]
 
 
 @dataclass

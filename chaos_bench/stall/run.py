@@ -33,16 +33,15 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from chaos_bench.plots import pyplot
+from chaos_bench.progress import Say
 from chaosctl.client import CtlUsageError, call_once
 from chaosctl.cluster import LocalCluster
 
 WORKER_MODULE = "chaos_bench.stall.worker"  # shipped in the package, run with -m
-Say = Callable[[str], None]
 Rows = dict[str, list[dict[str, Any]]]
 KINDS = ("connect-link", "disconnect-link", "scale-in", "scale-out")
 
