@@ -41,5 +41,6 @@ kept under ``bench/results/`` in the repository, as data.
 - :mod:`~chaos_bench.models`: the paper's models (``data/paper_models.json``, package data)
   and synthetic states of their sizes, shared by the benches.
 - :mod:`~chaos_bench.progress`: the progress lines every bench says (``Say``, ``say``).
-- :mod:`~chaos_bench.plots`: matplotlib, optional (the ``bench`` extra).
+- :mod:`~chaos_bench.output`: the one output writer (JSON, markdown, PNG; matplotlib is
+  optional, the ``bench`` extra).
 """

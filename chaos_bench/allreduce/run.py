@@ -37,7 +37,6 @@ Prints a rich table and writes ``DIR/allreduce_bench.json`` with every run, to s
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -60,6 +59,7 @@ from chaos_bench.allreduce.procs import (
     with_wires,
     worker_argv,
 )
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from daemon.contracts.policy import SyncPolicy
 
@@ -107,8 +107,8 @@ def run(opts: dict[str, Any], out: Path, say: Say) -> dict[str, Any]:
     fp32 only), samples, sock_buf, and for the mesh mesh_mb, mesh_chunk_kb, fast_mbit,
     slow_mbit.
     """
-    out.mkdir(parents=True, exist_ok=True)
-    logdir = out / "logs"
+    output = Output(out, say)
+    logdir = output.folder() / "logs"
     logdir.mkdir(exist_ok=True)
     load_before = os.getloadavg()
     t0 = time.perf_counter()
@@ -126,9 +126,7 @@ def run(opts: dict[str, Any], out: Path, say: Say) -> dict[str, Any]:
     doc = {"options": opts, "cpus": os.cpu_count(), "machine": platform.platform(),
            "argv": sys.argv, "loadavg_before_after": [load_before, os.getloadavg()],
            "wall_s": time.perf_counter() - t0, "goals": GOALS, "results": results}
-    path = out / "allreduce_bench.json"
-    path.write_text(json.dumps(doc, indent=2))
-    say(f"wrote {path}")
+    output.json("allreduce_bench.json", doc)
     return doc
 
 

@@ -15,7 +15,6 @@ follower hears only the scheduler's heartbeats, so they grow as N, not N^2.
 
 from __future__ import annotations
 
-import json
 import signal
 import statistics
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.control import brokerload
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaosctl.cluster import LocalCluster
 from chaosctl.common import console
@@ -160,13 +159,11 @@ def load_rows(results: list[SizeResult]) -> list[dict[str, Any]]:
     return rows
 
 
-def write_outputs(out: Path, results: list[SizeResult], meta: dict[str, Any]) -> list[Path]:
+def write_outputs(output: Output, results: list[SizeResult], meta: dict[str, Any]) -> None:
     """JSON with every sample, a markdown table, and a PNG if matplotlib is installed."""
-    out.mkdir(parents=True, exist_ok=True)
     rows, loads = table_rows(results), load_rows(results)
-    (out / "control.json").write_text(json.dumps(
-        {"meta": meta, "results": [asdict(r) for r in results], "summary": rows,
-         "load": loads}, indent=2))
+    output.json("control.json", {"meta": meta, "results": [asdict(r) for r in results],
+                                 "summary": rows, "load": loads})
     lines = ["| nodes | metric | n | p50 (s) | p95 (s) | max (s) |",
              "|---:|---|---:|---:|---:|---:|"]
     lines += [f"| {r['nodes']} | {r['metric']} | {r['n']} | {r['p50']:.3f} | {r['p95']:.3f} "
@@ -177,11 +174,12 @@ def write_outputs(out: Path, results: list[SizeResult], meta: dict[str, Any]) ->
               f"{r['deliveries_ratio']:.2f} ({r['linear_ratio']:g}, {r['quadratic_ratio']:g}) | "
               f"{r['bytes_in_per_s'] / 1000:.1f} | {r['bytes_out_per_s'] / 1000:.1f} | "
               f"{r['cpu_percent']:.1f} |" for r in loads]
-    (out / "control.md").write_text("\n".join(lines) + "\n")
-    written = [out / "control.json", out / "control.md"]
-    plt = pyplot()
-    if plt is None:
-        return written
+    output.text("control.md", "\n".join(lines))
+    output.figure("control.png", lambda plt: draw(plt, results, loads), dpi=120)
+
+
+def draw(plt: Any, results: list[SizeResult], loads: list[dict[str, Any]]) -> Any:
+    """Latency per fault and size, and the broker's fan-out against N and N^2."""
     metrics = sorted({m for r in results for m in r.samples})
     fig, (ax, lax) = plt.subplots(1, 2, figsize=(13, 4.5), width_ratios=(2, 1))
     width = 0.8 / max(1, len(results))
@@ -204,10 +202,7 @@ def write_outputs(out: Path, results: list[SizeResult], meta: dict[str, Any]) ->
         lax.set_ylabel("broker deliveries/s ($SYS)")
         lax.set_title("broker fan-out")
         lax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "control.png", dpi=120)
-    plt.close(fig)
-    return [*written, out / "control.png"]
+    return fig
 
 
 def run(sizes: list[int], repeats: int, broker: str, load_s: float, out: Path,
@@ -218,8 +213,7 @@ def run(sizes: list[int], repeats: int, broker: str, load_s: float, out: Path,
             results.append(run_size(size, repeats, broker, load_s, Path(tmp), say))
     meta = {"sizes": sizes, "repeats": repeats, "broker": broker, "load_seconds": load_s,
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    for path in write_outputs(out, results, meta):
-        say(f"wrote {path}")
+    write_outputs(Output(out, say), results, meta)
     print_load(load_rows(results))
     return table_rows(results)
 

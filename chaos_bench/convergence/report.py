@@ -22,12 +22,9 @@ Every figure comes from the JSON lines the workers wrote (see
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
-
-from chaos_bench.plots import pyplot
 
 Records = dict[str, list[dict[str, Any]]]
 MAX_PROBLEMS = 10  # per run: the first ones say enough
@@ -239,12 +236,8 @@ def _signed(value: float | None, digits: int = 4) -> str:
     return "-" if value is None else f"{value:+.{digits}f}"
 
 
-def plot(model: str, mdoc: dict[str, Any], path: Path) -> bool:
-    """Accuracy and loss against epochs, one line per run and mode; False without
-    matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return False
+def draw(plt: Any, model: str, mdoc: dict[str, Any]) -> Any:
+    """Accuracy and loss against epochs, one line per run and mode."""
     fig, (acc_ax, loss_ax) = plt.subplots(1, 2, figsize=(11, 4))
     colours: dict[str, str] = {}
     for res in mdoc["runs"].values():
@@ -267,7 +260,4 @@ def plot(model: str, mdoc: dict[str, Any], path: Path) -> bool:
     acc_ax.legend(fontsize=7)
     fig.suptitle(f"{model}: scale-out and scale-in at epoch {mdoc['plan']['at']} "
                  "(dashed: plain, solid: consistent mode)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    return fig

@@ -29,7 +29,7 @@ Writes ``convergence.json`` and, with matplotlib, one PNG per model under ``--ou
 
 from __future__ import annotations
 
-import json
+import functools
 import math
 import platform
 import shutil
@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from chaos_bench.convergence import report
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaos_bench.stall.run import rows_of
 from chaosctl.client import call_once
@@ -281,13 +282,9 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
                 shutil.copytree(tmp, keep, dirs_exist_ok=True,
                                 ignore=shutil.ignore_patterns("*.sock", "*.npz"))
                 say(f"kept the records and logs in {keep}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "convergence.json").write_text(json.dumps(doc, indent=1))
-    say(f"wrote {out / 'convergence.json'}")
+    output = Output(out, say)
+    output.json("convergence.json", doc)
     for model, m in doc["models"].items():
-        path = out / f"convergence-{model}.png"
-        if not report.plot(model, m, path):
-            say("matplotlib missing (pip install 'chaos-edge[bench]'): plots skipped")
-            break
-        say(f"wrote {path}")
+        output.figure(f"convergence-{model}.png",
+                      functools.partial(report.draw, model=model, mdoc=m), dpi=120)
     return doc

@@ -26,7 +26,6 @@ if matplotlib is importable) to DIR and prints markdown tables.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import random
 import statistics
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.models import model_names, tensor_sizes
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaos_edge.replication.manifest import BLOCK_SIZE
 from chaos_edge.replication.planning.exact import assignment_makespan, brute_force_assign
@@ -303,15 +302,12 @@ def tables(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(result: dict[str, Any], path: Path) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
+def draw(plt: Any, result: dict[str, Any]) -> Any:
     # The largest paper model timed (gpt2-large unless --models left it out).
     model = max((r for r in result["runtime"] if not r["state"].startswith("synthetic-")),
                 key=lambda r: r["mib"], default=None)
     if model is None:
-        return False
+        return None
     rows = [r for r in result["runtime"] if r["state"] == model["state"]]
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in FAST:
@@ -322,9 +318,7 @@ def plot(result: dict[str, Any], path: Path) -> bool:
     ax.set(xscale="log", yscale="log", xlabel="neighbours", ylabel="median ms")
     ax.set_title(f"planner run time, {model['state']} state ({model['mib'] / 1024:.1f} GiB)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return fig
 
 
 def run(quick: bool, seed: int, names: list[str] | None, out: Path,
@@ -343,9 +337,7 @@ def run(quick: bool, seed: int, names: list[str] | None, out: Path,
     result["gap_lower_bound"] = bench_gap_lb(quick, rng, names)
     say("gap to brute force")
     result["gap_bruteforce"] = bench_gap_bruteforce(quick, rng)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "planner_bench.json").write_text(json.dumps(result, indent=1))
-    say(f"wrote {out / 'planner_bench.json'}")
-    if plot(result, out / "planner_bench.png"):
-        say(f"wrote {out / 'planner_bench.png'}")
+    output = Output(out, say)
+    output.json("planner_bench.json", result)
+    output.figure("planner_bench.png", lambda plt: draw(plt, result), dpi=120)
     return result

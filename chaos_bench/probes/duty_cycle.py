@@ -17,10 +17,10 @@ Needs root and iperf3. Usage: ``chaosctl bench duty-cycle [--rates 100,500,1000]
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaosctl.client import CtlError
 from netprobe import netns, tc
@@ -98,9 +98,7 @@ def run(rates: list[int], gap_s: float, probes: int, json_out: Path | None,
     except NetprobeError as exc:
         raise CtlError(f"bench duty-cycle: {exc}") from None
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(rows, indent=2))
-        say(f"wrote {json_out}")
+        Output(json_out.parent, say).json(json_out.name, rows)
     return rows
 
 

@@ -22,7 +22,6 @@ anonymous memory a neighbour process used while serving. Writes ``scaleout_bench
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import random
 import statistics
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.models import make_state, map_state
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaos_edge.dataplane import auth
 from chaos_edge.replication.manifest import Manifest
@@ -281,11 +280,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, Any]], out: Path) -> bool:
+def draw(plt: Any, rows: list[dict[str, Any]]) -> Any:
     """Grouped bars of the four delays per model, with the lower bound marked."""
-    plt = pyplot()
-    if plt is None:
-        return False
     fig, ax = plt.subplots(figsize=(9, 4.5))
     names = list(STRATEGIES)
     width = 0.8 / len(names)
@@ -306,18 +302,16 @@ def plot(rows: list[dict[str, Any]], out: Path) -> bool:
     ax.set_yscale("log")
     ax.legend(fontsize=8)
     ax.set_title("Scale-out delay on loopback with capped links (median of repeats)")
-    fig.tight_layout()
-    fig.savefig(out / "scaleout_bench.png", dpi=120)
-    return True
+    return fig
 
 
 def run(models: list[str], opts: Options, out: Path,
         say: Say) -> dict[str, Any]:
     """Every model in turn; writes ``scaleout_bench.json`` (and the PNG) under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
+    output = Output(out, say)
     rng = random.Random(opts.seed)
     rows = []
-    with tempfile.TemporaryDirectory(dir=out) as tmp:
+    with tempfile.TemporaryDirectory(dir=output.folder()) as tmp:
         for name in models:
             say(f"{name}: {opts.nodes} nodes, {opts.repeats} repeats of 4 strategies")
             t0 = time.perf_counter()
@@ -326,10 +320,8 @@ def run(models: list[str], opts: Options, out: Path,
     meta = {**asdict(opts), "caps_mbps": [100 * opts.bw_scale, 1000 * opts.bw_scale],
             "argv": sys.argv}
     doc = {"meta": meta, "rows": rows}
-    (out / "scaleout_bench.json").write_text(json.dumps(doc, indent=1))
-    say(f"wrote {out / 'scaleout_bench.json'}")
-    if plot(rows, out):
-        say(f"wrote {out / 'scaleout_bench.png'}")
+    output.json("scaleout_bench.json", doc)
+    output.figure("scaleout_bench.png", lambda plt: draw(plt, rows), dpi=120)
     return doc
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_edge.replication.manifest import Manifest
 from chaos_edge.replication.planning.model import Neighbor, PlanInput
 from chaos_edge.replication.planning.waterfill import lower_bound
@@ -156,11 +154,8 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(doc: dict[str, Any], path: Path) -> bool:
-    """Fig. 7 (delay) and Fig. 10 (idle) per model vs cluster size; False without matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return False
+def draw(plt: Any, doc: dict[str, Any]) -> Any:
+    """Fig. 7 (delay) and Fig. 10 (idle) per model vs cluster size."""
     models = list(dict.fromkeys(r["model"] for r in doc["rows"]))
     fig, axes = plt.subplots(2, len(models), figsize=(4.5 * len(models), 7), squeeze=False)
     for j, model in enumerate(models):
@@ -183,18 +178,11 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
             ax.grid(alpha=0.3)
         axes[0][j].legend(fontsize=7)
     fig.suptitle("Scale-out on the netns testbed (tbf links), medians over repeats")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
-def write(out: Path, doc: dict[str, Any]) -> list[Path]:
-    """``scaleout.json``, ``scaleout.md`` and ``scaleout.png`` under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = [out / "scaleout.json", out / "scaleout.md"]
-    written[0].write_text(json.dumps(doc, indent=1))
-    written[1].write_text(markdown(doc))
-    if plot(doc, out / "scaleout.png"):
-        written.append(out / "scaleout.png")
-    return written
+def write(output: Output, doc: dict[str, Any]) -> None:
+    """``scaleout.json``, ``scaleout.md`` and ``scaleout.png``."""
+    output.json("scaleout.json", doc)
+    output.text("scaleout.md", markdown(doc))
+    output.figure("scaleout.png", lambda plt: draw(plt, doc))

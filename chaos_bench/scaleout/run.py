@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from chaos_bench.models import make_state, model_entries
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaos_bench.scaleout import report
 from chaos_bench.scaleout.links import measure_concurrent, measure_links, reap
@@ -305,6 +306,5 @@ def run(sizes: list[int], models: list[str], repeats: int, bw: tuple[float, floa
             "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "idle_definition": report.IDLE_DEFINITION}
     doc = {"meta": meta, "rows": report.summarise(instances, manifests), "instances": instances}
-    for path in report.write(out, doc):
-        say(f"wrote {path}")
+    report.write(Output(out, say), doc)
     return doc

@@ -16,7 +16,6 @@ Writes ``signing.json`` and ``signing.md`` (and ``signing.png`` with matplotlib)
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaos_bench.sim.broker import full_snapshot
 from daemon.contracts.config import Config
@@ -146,11 +145,10 @@ def run(quick: bool, sizes: list[int] | None, out: Path, say: Say
     hb = next(r for r in rows if r["message"] == "heartbeat")
     doc = {"quick": quick, "repeats": repeats, "heartbeat_interval_s": interval,
            "rows": rows, "heartbeat_load": heartbeat_load(hb, interval, [1, *sizes])}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "signing.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (out / "signing.md").write_text(table(doc) + "\n")
-    plot(doc, out / "signing.png")
-    say(f"wrote {out / 'signing.json'}")
+    output = Output(out, say)
+    output.json("signing.json", doc)
+    output.text("signing.md", table(doc))
+    output.figure("signing.png", lambda plt: draw(plt, doc))
     return doc
 
 
@@ -180,10 +178,7 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(doc: dict[str, Any], path: Path) -> None:
-    plt = pyplot()
-    if plt is None:
-        return
+def draw(plt: Any, doc: dict[str, Any]) -> Any:
     rows = doc["rows"]
     names = [r["message"] for r in rows]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -198,6 +193,4 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("CPU us per message")
         ax.set_title(title)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

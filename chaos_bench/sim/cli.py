@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from chaos_bench.output import Output
 from chaos_bench.progress import say
 from chaos_bench.sim.errors import SimError
 from chaosctl.client import CtlUsageError
@@ -82,10 +83,8 @@ def simulate(
     doc = run(Options(sizes, seed, repeats, names, testbed if validate else None, model,
                       measure_broker), say)
     try:
-        paths = report.write(out, doc)
+        report.write(Output(out, say), doc)
     except OSError as exc:
         raise SimError(f"cannot write the results under {out}: {exc.strerror or exc}") from None
-    for path in paths:
-        say(f"wrote {path}")
     for table in report.tables(doc):
         console.print(table)

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.sim.broker import PATTERNS
 from chaos_bench.sim.scaleout import STRATEGIES
 
@@ -120,12 +118,8 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def plot(doc: dict[str, Any], path: Path) -> bool:
-    """The Fig. 7 and Fig. 10 trends and the broker's load; False without matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return False
-
+def draw(plt: Any, doc: dict[str, Any]) -> Any:
+    """The Fig. 7 and Fig. 10 trends and the broker's load."""
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     model = doc["meta"]["models"][0]
     rows = [r for r in doc["sweep"] if r["model"] == model]
@@ -149,19 +143,14 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
-def write(out: Path, doc: dict[str, Any]) -> list[Path]:
-    """JSON, markdown and PNG under ``out``; returns their paths."""
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "simulate.json", out / "simulate.md", out / "simulate.png"]
-    paths[0].write_text(json.dumps(doc, indent=1, sort_keys=True))
-    paths[1].write_text(markdown(doc))
-    return paths if plot(doc, paths[2]) else paths[:2]
+def write(output: Output, doc: dict[str, Any]) -> None:
+    """``simulate.json``, ``simulate.md`` and ``simulate.png``."""
+    output.json("simulate.json", doc)
+    output.text("simulate.md", markdown(doc))
+    output.figure("simulate.png", lambda plt: draw(plt, doc))
 
 
 def tables(doc: dict[str, Any]) -> list[Table]:

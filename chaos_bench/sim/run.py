@@ -123,7 +123,3 @@ def _default_model() -> BrokerModel:
 
     return DEFAULT_MODEL
 
-
-def out_files(out: Path) -> list[Path]:
-    """Where :func:`chaos_bench.sim.report.write` puts its files."""
-    return [out / "simulate.json", out / "simulate.md", out / "simulate.png"]

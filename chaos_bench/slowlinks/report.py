@@ -11,11 +11,10 @@ fewer bytes, and less wall time.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 
 GOAL_RATE = 50.0
@@ -86,11 +85,8 @@ def table(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(doc: dict[str, Any], path: Path) -> bool:
+def draw(plt: Any, doc: dict[str, Any]) -> Any:
     """Test loss against wall time and against bytes per node, one column per rate."""
-    plt = pyplot()
-    if plt is None:
-        return False
     rates = sorted({r["rate_mbps"] for r in doc["rows"]})
     fig, axes = plt.subplots(2, len(rates), figsize=(4.5 * len(rates), 7), squeeze=False)
     for col, rate in enumerate(rates):
@@ -108,18 +104,11 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
             ax.set_yscale("log")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig
 
 
 def write(doc: dict[str, Any], out: Path, say: Say) -> None:
     """``slowlinks.json`` and ``slowlinks.png`` under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "slowlinks.json").write_text(json.dumps(doc, indent=1) + "\n")
-    say(f"wrote {out / 'slowlinks.json'}")
-    if plot(doc, out / "slowlinks.png"):
-        say(f"wrote {out / 'slowlinks.png'}")
-    else:
-        say("no plot: matplotlib is not installed")
+    output = Output(out, say)
+    output.json("slowlinks.json", doc)
+    output.figure("slowlinks.png", lambda plt: draw(plt, doc))

@@ -25,7 +25,7 @@ from typing import Any
 
 from rich.table import Table
 
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 
 METRICS = {"rss": ("RSS MiB", 1 / (1 << 20)), "fds": ("fds", 1.0), "threads": ("threads", 1.0)}
@@ -204,21 +204,13 @@ def summary(doc: dict[str, Any]) -> str:
 
 def write(doc: dict[str, Any], out: Path, say: Say) -> None:
     """``soak.json`` and (with matplotlib) ``soak.png`` under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "soak.json").write_text(json.dumps(doc, indent=1))
-    say(f"wrote {out / 'soak.json'}")
-    if plot(doc, out / "soak.png"):
-        say(f"wrote {out / 'soak.png'}")
-    else:
-        say("matplotlib missing (pip install 'chaos-edge[bench]'): no plot")
+    output = Output(out, say)
+    output.json("soak.json", doc)
+    output.figure("soak.png", lambda plt: draw(plt, doc))
 
 
-def plot(doc: dict[str, Any], path: Path) -> bool:
-    """RSS, fds and threads of every process over the run, chaos actions marked; False
-    without matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return False
+def draw(plt: Any, doc: dict[str, Any]) -> Any:
+    """RSS, fds and threads of every process over the run, chaos actions marked."""
     colours = {"chaosd": "tab:blue", "worker": "tab:orange", "broker": "tab:green"}
     fig, axes = plt.subplots(len(METRICS), 1, figsize=(9, 8), sharex=True)
     for ax, (metric, (label, scale)) in zip(axes, METRICS.items(), strict=True):
@@ -239,7 +231,4 @@ def plot(doc: dict[str, Any], path: Path) -> bool:
         ax.set_ylabel(label)
     axes[0].legend(fontsize=8, loc="upper left")
     axes[-1].set_xlabel("minutes (grey: chaos events; red: end of warm-up)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return fig

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos_bench.plots import pyplot
+from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaosctl.client import CtlUsageError, call_once
 from chaosctl.cluster import LocalCluster
@@ -199,23 +199,15 @@ def report(events: list[dict[str, Any]], rows: Rows, out: Path | None,
                      f"{k['step_excess']['p50_ms']} | {k['step_excess']['p99_ms']} |")
     table = "\n".join(lines)
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        doc = {**result, "events": per_event, "samples": samples}
-        (out / "stall.json").write_text(json.dumps(doc, indent=1))
-        (out / "stall.md").write_text(table + "\n")
-        say(f"wrote {out / 'stall.json'} and stall.md")
-        if plot(samples, out / "stall.png"):
-            say(f"wrote {out / 'stall.png'}")
-        else:
-            say("matplotlib missing (pip install 'chaos-edge[bench]'): no plot")
+        output = Output(out, say)
+        output.json("stall.json", {**result, "events": per_event, "samples": samples})
+        output.text("stall.md", table)
+        output.figure("stall.png", lambda plt: draw(plt, samples), dpi=120)
     return result, table
 
 
-def plot(samples: dict[str, list[float]], path: Path) -> bool:
-    """CDF of the stalls per kind; False without matplotlib."""
-    plt = pyplot()
-    if plt is None:
-        return False
+def draw(plt: Any, samples: dict[str, list[float]]) -> Any:
+    """CDF of the stalls per kind."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, values in samples.items():
         xs = sorted(values)
@@ -226,9 +218,7 @@ def plot(samples: dict[str, list[float]], path: Path) -> bool:
     ax.set_xlabel("stall of the step, ms (max over the nodes)")
     ax.set_ylabel("fraction of events")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    return fig
 
 
 def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None,
