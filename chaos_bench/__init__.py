@@ -41,6 +41,8 @@ kept under ``bench/results/`` in the repository, as data.
 - :mod:`~chaos_bench.models`: the paper's models (``data/paper_models.json``, package data)
   and synthetic states of their sizes, shared by the benches.
 - :mod:`~chaos_bench.progress`: the progress lines every bench says (``Say``, ``say``).
+- :mod:`~chaos_bench.workers`: the worker harness (processes spoken to one JSON line at a
+  time: the all-reduce workers, the scale-out nodes).
 - :mod:`~chaos_bench.output`: the one output writer (JSON, markdown, PNG; matplotlib is
   optional, the ``bench`` extra).
 """

@@ -26,15 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.allreduce.procs import (
-    Proc,
     chunk_label,
     close_all,
     compare,
     run_rounds,
+    start_worker,
     with_wires,
     worker_argv,
 )
 from chaos_bench.progress import Say
+from chaos_bench.workers import LineWorker
 from chaosctl.client import CtlError
 from chaosctl.testbed.core import Testbed
 from chaosctl.testbed.topo import norm
@@ -89,7 +90,7 @@ def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say
         tb = Testbed(Path(tmp) / "tb", NODES, "full", (opts["slow_mbit"],) * 2, seed=1,
                      run_id=opts.get("run_id"))
         prefix = tb.state.prefix
-        procs: list[Proc] = []
+        procs: list[LineWorker] = []
         try:
             with tb:
                 say(f"mesh: building {NODES} namespaces, full mesh, {opts['fast_mbit']:g} Mbit/s "
@@ -103,7 +104,7 @@ def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say
                 for rank, node in enumerate(tb.nodes):
                     argv = worker_argv(node, rank, NODES, tb.addr_of(node), nbytes, opts,
                                        chunk_kb, reuse)
-                    procs.append(Proc(node, argv, logdir / f"mesh-{node}.log",
+                    procs.append(start_worker(node, argv, logdir / f"mesh-{node}.log",
                                       netns.exec_prefix(tb.ns_of(node))))
                 runs = run_rounds(procs, with_wires(trees, opts.get("wires", ["fp32"])),
                                   opts["repeats"])

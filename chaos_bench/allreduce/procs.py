@@ -6,18 +6,14 @@ Shared by the loopback part (:mod:`chaos_bench.allreduce.run`) and the mesh part
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import os
-import select
 import statistics
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from chaos_bench.workers import LineWorker
 from chaosctl.client import CtlError
 from daemon.contracts.policy import SyncPolicy
 
@@ -26,43 +22,14 @@ TOLERANCE = 1e-4
 GOALS = {"loopback": 1.0, "mesh": 1.5}
 
 
-class Proc:
-    """A bench worker process, spoken to one JSON line at a time."""
+WORKER_MODULE = "chaos_bench.allreduce.worker"
 
-    def __init__(self, node: str, argv: list[str], log: Path,
-                 prefix: Sequence[str] = ()) -> None:
-        self.node, self.log = node, log
-        with open(log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [*prefix, sys.executable, "-m", "chaos_bench.allreduce.worker", *argv],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
-    def send(self, msg: str | dict[str, Any]) -> None:
-        assert self.proc.stdin is not None
-        text = msg if isinstance(msg, str) else json.dumps(msg)
-        self.proc.stdin.write(text.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def recv(self, timeout: float) -> Any:
-        out: IO[bytes] | None = self.proc.stdout
-        assert out is not None
-        ready, _, _ = select.select([out], [], [], timeout)
-        line = out.readline() if ready else b""
-        if not line:
-            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise CtlError(f"bench worker {self.node} died or hung: {tail[0]}")
-        return json.loads(line)
-
-    def close(self) -> None:
-        """Ask it to quit; kill it if it does not (never leaves a process behind)."""
-        with contextlib.suppress(OSError, ValueError):
-            self.send("quit")
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
+def start_worker(node: str, argv: list[str], log: Path, prefix: Sequence[str] = ()
+                 ) -> LineWorker:
+    """One worker process (unbuffered: its answers are never held back)."""
+    return LineWorker(node, WORKER_MODULE, argv, log, prefix=prefix,
+                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def worker_argv(node: str, rank: int, world: int, host: str, nbytes: int,
@@ -74,7 +41,7 @@ def worker_argv(node: str, rank: int, world: int, host: str, nbytes: int,
             *(["--reuse"] if reuse else [])]
 
 
-def run_rounds(procs: list[Proc], policies: dict[str, SyncPolicy], repeats: int,
+def run_rounds(procs: list[LineWorker], policies: dict[str, SyncPolicy], repeats: int,
                timeout: float = 300.0) -> dict[str, list[dict[str, Any]]]:
     """Set the workers up, then ``repeats`` + 1 rounds of gloo and of Chaos over each tree,
     in an order that rotates every repeat; the warm-ups are dropped. Keys: ``gloo`` and
@@ -135,7 +102,7 @@ def wire_of(kind: str) -> str:
     return kind.partition("+")[2] or "fp32"
 
 
-def close_all(procs: list[Proc]) -> None:
+def close_all(procs: list[LineWorker]) -> None:
     """Stop every worker (each one killed if it does not quit)."""
     for p in procs:
         p.close()

@@ -50,17 +50,18 @@ from chaos_bench.allreduce import mesh as allreduce_mesh
 from chaos_bench.allreduce.procs import (
     GOALS,
     TOLERANCE,
-    Proc,
     chunk_label,
     close_all,
     compare,
     run_rounds,
+    start_worker,
     wire_of,
     with_wires,
     worker_argv,
 )
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
+from chaos_bench.workers import LineWorker
 from daemon.contracts.policy import SyncPolicy
 
 __all__ = ["GOALS", "TOLERANCE", "TREES", "bench_loopback", "run", "table", "tree", "wire_of"]
@@ -84,11 +85,11 @@ def bench_loopback(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Pat
     nodes, mb = opts["nodes"], opts["mb"]
     nbytes = mb * 1_000_000 // 4 * 4
     ids = [f"n{k}" for k in range(nodes)]
-    procs: list[Proc] = []
+    procs: list[LineWorker] = []
     try:
         for rank, node in enumerate(ids):
             argv = worker_argv(node, rank, nodes, "127.0.0.1", nbytes, opts, chunk_kb, reuse)
-            procs.append(Proc(node, argv, logdir / f"loopback-{node}.log"))
+            procs.append(start_worker(node, argv, logdir / f"loopback-{node}.log"))
         policies = with_wires({t: tree(t, ids) for t in opts["trees"]},
                               opts.get("wires", ["fp32"]))
         runs = run_rounds(procs, policies, opts["repeats"])

@@ -36,14 +36,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from chaos_bench.workers import answer
 from chaos_edge.dataplane import AllReducer, LinkConfig, PeerLinks, SyncPolicy
 
 SECRET = b"bench"
-
-
-def _say(doc: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
 
 
 def _read() -> Any:
@@ -105,7 +101,7 @@ class Worker:
         """Listen, and tell the parent where (and where the TCPStore is)."""
         self.links.allow(*[f"n{k}" for k in range(64)])  # anyone of the bench; auth still runs
         host, port = self.links.start()
-        _say({"addr": [host, port], "store_port": self.store.port if self.store else None})
+        answer({"addr": [host, port], "store_port": self.store.port if self.store else None})
 
     def connect(self, setup: dict[str, Any]) -> None:
         """Dial tree neighbours, join the gloo group, wait for every link."""
@@ -127,7 +123,7 @@ class Worker:
             raise SystemExit(f"{self.node}: links to {nbrs} did not come up")
         self.reducer = AllReducer(self.links, chunk_bytes=(a.chunk_kb << 10) or None,
                                   timeout=a.timeout)
-        _say({"ready": True})
+        answer({"ready": True})
 
     def chaos(self, name: str) -> dict[str, Any]:
         """One Chaos round under the named policy (its tree and wire format; equal weights:
@@ -207,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         while True:
             cmd = _read()
             if cmd.startswith("chaos:"):
-                _say(w.chaos(cmd[6:]))
+                answer(w.chaos(cmd[6:]))
             elif cmd == "gloo":
-                _say(w.gloo())
+                answer(w.gloo())
             elif cmd == "quit":
                 return 0
             else:

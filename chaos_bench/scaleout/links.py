@@ -19,19 +19,12 @@ import time
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
+from chaos_bench.workers import reap
 from chaosctl.testbed.core import Testbed
 from netprobe import iperf, netns
 from netprobe.results import BandwidthResult
 
 IPERF_PORT = 5298
-
-
-def reap(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
-    """Kill ``proc`` if it still runs, and wait for it (bounded)."""
-    if proc.poll() is None:
-        proc.kill()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
 
 
 @contextlib.contextmanager

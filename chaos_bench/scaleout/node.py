@@ -39,6 +39,7 @@ import numpy as np
 
 from chaos_bench.models import map_state
 from chaos_bench.scaleout import plain as scaleout_plain
+from chaos_bench.workers import answer
 from chaos_edge.dataplane import auth
 from chaos_edge.replication.manifest import Manifest, verify_buffer
 from chaos_edge.replication.planning.model import Neighbor, PlanInput, merge_ranges
@@ -74,12 +75,6 @@ def resident(data: memoryview) -> None:
     page faults either.
     """
     int(np.frombuffer(data, dtype=np.uint8)[::PAGE].sum())
-
-
-def answer(doc: Any) -> None:
-    """One JSON line to the bench."""
-    sys.stdout.write(json.dumps(doc) + "\n")
-    sys.stdout.flush()
 
 
 class BusyMeter:

@@ -41,24 +41,23 @@ node-seconds over the N existing nodes (the new node is not counted):
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import itertools
 import json
-import select
-import subprocess
 import sys
 import tempfile
 import time
 from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from chaos_bench.models import make_state, model_entries
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaos_bench.scaleout import report
-from chaos_bench.scaleout.links import measure_concurrent, measure_links, reap
+from chaos_bench.scaleout.links import measure_concurrent, measure_links
+from chaos_bench.workers import LineWorker
 from chaos_edge.replication.manifest import Manifest
 from chaosctl.client import CtlError, CtlUsageError
 from chaosctl.testbed.core import Testbed
@@ -69,6 +68,7 @@ MIB = 1 << 20
 PORT = 7600
 PLAIN_PORT = PORT + 1
 ANSWER_S = 600.0
+NODE_MODULE = "chaos_bench.scaleout.node"
 
 
 def routes_from(links: Sequence[tuple[str, str]], new: str) -> dict[str, list[str]]:
@@ -95,42 +95,9 @@ def routes_from(links: Sequence[tuple[str, str]], new: str) -> dict[str, list[st
     return out
 
 
-class Child:
-    """A bench node process in a namespace, spoken to one JSON line at a time."""
-
-    def __init__(self, tb: Testbed, node: str, argv: list[str], log: Path) -> None:
-        self.node = node
-        with open(log, "ab") as err:
-            self.proc = tb.exec(node, [sys.executable, "-m", "chaos_bench.scaleout.node",
-                                       *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, start_new_session=True)
-        self.log = log
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-
-    def recv(self, timeout: float = ANSWER_S) -> Any:
-        out: IO[bytes] | None = self.proc.stdout
-        assert out is not None
-        ready, _, _ = select.select([out], [], [], timeout)
-        text = out.readline() if ready else b""
-        if not text:
-            tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise CtlError(f"bench process on {self.node} died or hung: {tail[0]}")
-        return json.loads(text)
-
-    def ask(self, line: str, timeout: float = ANSWER_S) -> Any:
-        self.send(line)
-        return self.recv(timeout)
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.send("quit")
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=3)
-        reap(self.proc)
+def _node(tb: Testbed, node: str, argv: list[str], log: Path) -> LineWorker:
+    """A :mod:`chaos_bench.scaleout.node` process in ``node``'s namespace."""
+    return LineWorker(node, NODE_MODULE, argv, log, popen=functools.partial(tb.exec, node))
 
 
 def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, Any],
@@ -146,12 +113,12 @@ def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, An
     common = ["--state", str(state), "--manifest", manifest]
     logdir = tb.dir / "logs"
     logdir.mkdir(exist_ok=True)
-    kids: list[Child] = []
+    kids: list[LineWorker] = []
     try:
         servers = {}
         for n in nodes:
             peers = json.dumps({p: addrs[p] for p in tb.neighbours(n)})
-            servers[n] = Child(tb, n, ["serve", "--node", n, *common, "--port", str(PORT),
+            servers[n] = _node(tb, n, ["serve", "--node", n, *common, "--port", str(PORT),
                                        "--plain-port", str(PLAIN_PORT), "--peers", peers],
                                logdir / f"{n}-{model}.log")
             kids.append(servers[n])
@@ -173,7 +140,7 @@ def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, An
         job_file.write_text(json.dumps(job))
         ckpt = tb.dir / "ckpt"
         ckpt.mkdir(exist_ok=True)
-        joiner = Child(tb, new, ["join", "--node", new, *common, "--job", str(job_file),
+        joiner = _node(tb, new, ["join", "--node", new, *common, "--job", str(job_file),
                                  "--workdir", str(ckpt)], logdir / f"{new}-{model}.log")
         kids.append(joiner)
         joiner.recv(60)
@@ -183,7 +150,7 @@ def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, An
             for _ in range(stop_runs if name == "stop-resume" else 1):
                 for child in servers.values():
                     child.ask("mark", 30)
-                res = joiner.ask(f"run {name}")
+                res = joiner.ask(f"run {name}", ANSWER_S)
                 if "error" in res:
                     raise CtlError(f"{name} failed on {len(nodes)}->{len(nodes) + 1}, "
                                    f"{model}: {res['error']}")
@@ -196,7 +163,7 @@ def run_model(tb: Testbed, new: str, model: str, state: Path, inst: dict[str, An
         return out
     finally:
         for child in kids:
-            child.close()
+            child.close(grace_s=3.0)
 
 
 def _key(a: str, b: str) -> str:
