@@ -1,4 +1,5 @@
-"""The worker harness: bench processes spoken to one JSON line at a time.
+"""The worker harness: bench processes spoken to one JSON line at a time, and what the
+benches' workers share.
 
 The all-reduce bench (:mod:`chaos_bench.allreduce.worker`) and the netns scale-out bench
 (:mod:`chaos_bench.scaleout.node`) run their measurements in processes of their own, started
@@ -7,6 +8,10 @@ stdin (a command, or a JSON object) and reads one JSON line back from its stdout
 (:class:`LineWorker`); the worker answers with :func:`answer`. A worker's stderr goes to a log
 file, whose last line explains a worker that died. No worker outlives the bench: ``close``
 asks it to quit and kills it if it does not.
+
+The training workers that chaosd supervises write one JSON line per step (:func:`records`
+reads them back), and workers in a network namespace count what its links sent
+(:func:`tx_bytes`).
 """
 
 from __future__ import annotations
@@ -31,6 +36,31 @@ def reap(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
         proc.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=grace_s)
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines a worker wrote to ``path`` (none if it wrote no file); a line cut by a
+    kill or a leave is skipped."""
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by kill or leave
+    return rows
+
+
+def tx_bytes(skip: Sequence[str] = ("lo",)) -> int:
+    """Bytes sent by this network namespace's interfaces but ``skip`` (``/proc/net/dev`` is
+    per namespace)."""
+    total = 0
+    with open("/proc/net/dev") as f:
+        for line in f.readlines()[2:]:
+            name, _, rest = line.partition(":")
+            if name.strip().split("@")[0] not in skip:
+                total += int(rest.split()[8])  # the first transmit column: bytes
+    return total
 
 
 def answer(doc: Any) -> None:

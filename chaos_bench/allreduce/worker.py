@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from chaos_bench.workers import answer
+from chaos_bench.workers import answer, tx_bytes
 from chaos_edge.dataplane import AllReducer, LinkConfig, PeerLinks, SyncPolicy
 
 SECRET = b"bench"
@@ -48,17 +48,6 @@ def _read() -> Any:
         raise SystemExit(0)  # the parent went away
     text = line.strip()
     return json.loads(text) if text.startswith("{") else text
-
-
-def _tx_bytes() -> int:
-    """Bytes sent by this network namespace's interfaces other than ``lo``."""
-    total = 0
-    with open("/proc/net/dev") as f:
-        for line in f.readlines()[2:]:
-            name, _, rest = line.partition(":")
-            if name.strip() != "lo":
-                total += int(rest.split()[8])
-    return total
 
 
 def _gloo(host: str, store: dist.TCPStore, rank: int, world: int, timeout_s: float
@@ -131,12 +120,12 @@ class Worker:
         assert self.reducer is not None
         policy = self.policies[name]
         np.copyto(self.send, self.grad)
-        sent0, tx0 = self.links.traffic()[0], _tx_bytes()
+        sent0, tx0 = self.links.traffic()[0], tx_bytes()
         c0, start = time.process_time(), time.perf_counter()
         res = self.reducer.allreduce(self.send, self.args.samples, step=self.step,
                                      policy=policy, out=self.out)
         end, cpu = time.perf_counter(), time.process_time() - c0
-        sent, tx = self.links.traffic()[0] - sent0, _tx_bytes() - tx0
+        sent, tx = self.links.traffic()[0] - sent0, tx_bytes() - tx0
         self.step += 1
         values = np.asarray(res.values)
         err = None
@@ -159,12 +148,12 @@ class Worker:
         """One gloo round: SUM in place, then divide by the world size."""
         assert self.pg is not None
         self.work.copy_(torch.from_numpy(self.grad))  # untimed: every round starts from grad
-        tx0 = _tx_bytes()
+        tx0 = tx_bytes()
         c0, start = time.process_time(), time.perf_counter()
         self.pg.allreduce([self.work]).wait()  # type: ignore[attr-defined]  # dist.all_reduce
         self.work.div_(self.world)
         end, cpu = time.perf_counter(), time.process_time() - c0
-        tx = _tx_bytes() - tx0
+        tx = tx_bytes() - tx0
         self.has_gloo = True
         values = self.work.numpy()
         diff = None if self.last_chaos is None else self._maxdiff(values, self.last_chaos)

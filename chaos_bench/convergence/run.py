@@ -46,7 +46,7 @@ import numpy as np
 from chaos_bench.convergence import report
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
-from chaos_bench.stall.run import rows_of
+from chaos_bench.workers import records
 from chaosctl.client import call_once
 from chaosctl.cluster import ClusterError, LocalCluster
 
@@ -144,7 +144,7 @@ def dirname(run: Run) -> str:
 
 
 def _records(work: Path) -> Records:
-    return {p.stem: rows_of(p) for p in sorted(work.glob("node-*.jsonl"))}
+    return {p.stem: records(p) for p in sorted(work.glob("node-*.jsonl"))}
 
 
 def _failed(c: LocalCluster, recs: Records) -> str | None:

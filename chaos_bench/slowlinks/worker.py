@@ -27,19 +27,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaos_bench.workers import tx_bytes
+
 WARMUP_SLEEP_S = 0.05  # between no-sample steps: the bench needs time to name START
 SKIP_DEVICES = ("lo", "mgmt")
 
 
 def data_tx_bytes() -> int:
-    """Bytes sent by this namespace's data links (``/proc/net/dev`` is per namespace)."""
-    total = 0
-    with open("/proc/net/dev") as f:
-        for line in f.readlines()[2:]:
-            name, _, rest = line.partition(":")
-            if name.strip().split("@")[0] not in SKIP_DEVICES:
-                total += int(rest.split()[8])  # the first transmit column: bytes
-    return total
+    """Bytes sent by this namespace's data links."""
+    return tx_bytes(SKIP_DEVICES)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

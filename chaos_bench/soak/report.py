@@ -19,7 +19,6 @@ first ``min(warm-up, 30 s)``.
 from __future__ import annotations
 
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from rich.table import Table
 
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
+from chaos_bench.workers import records
 
 METRICS = {"rss": ("RSS MiB", 1 / (1 << 20)), "fds": ("fds", 1.0), "threads": ("threads", 1.0)}
 PROC_KINDS = ("chaosd", "worker", "broker")
@@ -38,14 +38,8 @@ def load_records(directory: Path) -> dict[str, list[list[dict[str, Any]]]]:
     procs: dict[str, list[list[dict[str, Any]]]] = {}
     for path in sorted(directory.glob("*.jsonl")):
         node = path.name.split(".")[0]
-        rows = []
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by a kill
         segments: list[list[dict[str, Any]]] = []
-        for row in rows:
+        for row in records(path):
             if not segments or segments[-1][-1].get("joins") != row.get("joins"):
                 segments.append([])
             segments[-1].append(row)

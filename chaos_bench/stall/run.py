@@ -38,6 +38,7 @@ from typing import Any
 
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
+from chaos_bench.workers import records
 from chaosctl.client import CtlUsageError, call_once
 from chaosctl.cluster import LocalCluster
 
@@ -50,17 +51,6 @@ def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
-
-
-def rows_of(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by kill or leave
-    return rows
 
 
 def event_rows(ev: dict[str, Any], node_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -161,7 +151,7 @@ def run_cluster(nodes: int, events: int, gap: float, tmp: Path,
         time.sleep(2.0)  # the last rows reach the files
         # All of them (the daemon keeps the last 1000; the default answer is the last 200).
         log = call_once(c.socket_of(a), "events", {"limit": 0}, timeout=10) or []
-    return log, {n: rows_of(tmp / f"{n}.jsonl") for n in ids}
+    return log, {n: records(tmp / f"{n}.jsonl") for n in ids}
 
 
 def report(events: list[dict[str, Any]], rows: Rows, out: Path | None,
@@ -235,7 +225,7 @@ def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None
             raise CtlUsageError(f"{source}/events.json is missing: not a directory that --keep "
                                 "wrote")
         log = json.loads((source / "events.json").read_text())
-        rows = {p.stem: rows_of(p) for p in sorted(source.glob("*.jsonl"))}
+        rows = {p.stem: records(p) for p in sorted(source.glob("*.jsonl"))}
     else:
         with tempfile.TemporaryDirectory() as tmp:
             try:
