@@ -3,11 +3,13 @@
 An :class:`Output` is one bench's folder (``--out``), created when the first file is written.
 It writes JSON in one format (``indent=1``, a final newline), markdown, and PNGs drawn with
 matplotlib when it is installed (the ``bench`` extra), and says every path it wrote.
+:func:`keep_copy` copies what a run worked in (``--keep``, or a failed run's logs).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,14 @@ def pyplot() -> Any | None:
     except ImportError:
         return None
     return plt
+
+
+def keep_copy(work: Path, dest: Path, say: Say, what: str, *skip: str) -> None:
+    """Copy a run's working folder into ``dest``, its sockets (and ``skip``) left out, and
+    say that ``what`` is kept there."""
+    shutil.copytree(work, dest, dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.sock", *skip))
+    say(f"kept {what} in {dest}")
 
 
 class Output:

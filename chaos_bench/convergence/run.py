@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from chaos_bench.convergence import report
-from chaos_bench.output import Output
+from chaos_bench.output import Output, keep_copy
 from chaos_bench.progress import Say
 from chaos_bench.workers import records
 from chaosctl.client import call_once
@@ -279,9 +279,7 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
                 report.compare(doc["models"][model], plan.at)
         finally:  # the records matter most when a run failed
             if keep is not None:
-                shutil.copytree(tmp, keep, dirs_exist_ok=True,
-                                ignore=shutil.ignore_patterns("*.sock", "*.npz"))
-                say(f"kept the records and logs in {keep}")
+                keep_copy(tmp, keep, say, "the records and logs", "*.npz")
     output = Output(out, say)
     output.json("convergence.json", doc)
     for model, m in doc["models"].items():

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos_bench.output import keep_copy
 from chaos_bench.progress import Say
 from chaos_bench.slowlinks import report
 from chaosctl.testbed.core import Testbed
@@ -123,8 +124,7 @@ def run_one(rate: float, name: str, h: int, opts: Options, say: Say, out: Path,
         docs = {n: json.loads((run_dir / f"{n}.json").read_text()) for n in tb.nodes}
     except BaseException:
         keep = out / f"failed-{rate:g}-{name.replace(' ', '').replace('=', '')}"
-        shutil.copytree(tmp, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
-        say(f"kept the logs of the failed run in {keep}")
+        keep_copy(tmp, keep, say, "the logs of the failed run")
         raise
     finally:
         tb.down(grace_s=5.0)

@@ -45,6 +45,7 @@ from typing import Any
 
 import psutil
 
+from chaos_bench.output import keep_copy
 from chaos_bench.progress import Say
 from chaos_bench.soak import report as soak_report
 from chaosctl.client import ControlFailure, call_once
@@ -380,8 +381,7 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
     doc.update(options={**asdict(opts), "warmup_s": opts.warmup}, timeline=chaos.timeline,
                leftovers=left)
     if keep is not None:
-        shutil.copytree(tmp, keep, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
-        say(f"kept the records and logs in {keep}")
+        keep_copy(tmp, keep, say, "the records and logs")
     shutil.rmtree(tmp, ignore_errors=True)
     soak_report.write(doc, out, say)
     return doc

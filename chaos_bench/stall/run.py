@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chaos_bench.output import Output
+from chaos_bench.output import Output, keep_copy
 from chaos_bench.progress import Say
 from chaos_bench.workers import records
 from chaosctl.client import CtlUsageError, call_once
@@ -233,7 +233,5 @@ def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None
                 (Path(tmp) / "events.json").write_text(json.dumps(log))
             finally:  # the logs matter most when the run failed
                 if keep is not None:
-                    shutil.copytree(tmp, keep, dirs_exist_ok=True,
-                                    ignore=shutil.ignore_patterns("*.sock"))
-                    say(f"kept the records in {keep}")
+                    keep_copy(Path(tmp), keep, say, "the records")
     return report(log, rows, out, say)
