@@ -15,7 +15,7 @@ from chaosctl.common import console
 
 bench_app = typer.Typer(
     name="bench",
-    help="Benchmarks: tables on screen, JSON/markdown/PNG under --out.",
+    help="Benchmarks: tables on screen, JSON/markdown/PNG under --out (./BENCH by default).",
     no_args_is_help=True,
 )
 
@@ -76,7 +76,7 @@ def control(
     repeats: Annotated[int, typer.Option(min=1, max=100, help="Repeats of each fault.")] = 5,
     broker: Annotated[str, typer.Option(help="mosquitto or embedded.")] = "mosquitto",
     load_seconds: Annotated[float, typer.Option(min=1.0, help="Broker-load window.")] = 10.0,
-    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/control"),
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("control"),
 ) -> None:
     """Failure-detection latency (kill -9, SIGSTOP), scheduler failover, broker load."""
     from chaos_bench.control import run as bench_control
@@ -112,7 +112,7 @@ def scaleout(
                                       "node and one neighbour per rate, Mbit/s, e.g. "
                                       "200,400,800 (--sizes, --bw, --degree unused).")] = "",
     out: Annotated[Path, typer.Option(help="Where results go.")]
-    = Path("bench/results/scaleout-testbed"),
+    = Path("scaleout"),
 ) -> None:
     """Scale-out delay and cluster idle time of the strategies on the netns testbed (chaos,
     chaos with the paper's planner, single, multi-source, stop-resume)."""
@@ -169,7 +169,7 @@ def allreduce(
     = 100.0,
     sock_buf: Annotated[int, typer.Option(min=0, help="Socket buffers, bytes; 0 = autotuned.")]
     = 0,
-    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/allreduce"),
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("allreduce"),
 ) -> None:
     """Chaos's all-reduce against torch.distributed gloo, in the same processes, on loopback
     and on a shaped netns full mesh: time, throughput, ratio, CPU seconds per GB."""
@@ -195,7 +195,7 @@ def planner(
     seed: Annotated[int, typer.Option(help="Seed of the neighbours and states.")] = 2024,
     models: Annotated[str, typer.Option(help="Paper models, comma-separated "
                                         "(default: all; with --quick, gpt2-large).")] = "",
-    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/planner"),
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("planner"),
 ) -> None:
     """Planner run time and makespan against water-filling: the default, the paper's
     Algorithms 1 and 2, and the baselines."""
@@ -212,7 +212,7 @@ def signing(
     = False,
     nodes: Annotated[str, typer.Option(help="Cluster sizes of the snapshots and the heartbeat "
                                        "load, comma-separated (default 12,48,1000).")] = "",
-    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("bench/results/signing"),
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("signing"),
 ) -> None:
     """What signing the control plane costs: bytes and CPU per message, plain and signed."""
     from chaos_bench.signing import run as bench_signing
@@ -238,7 +238,7 @@ def loopback(
     planner: Annotated[str, typer.Option(help="Planner of the chaos strategy.")] = "chaos",
     seed: Annotated[int, typer.Option(help="Seed of the caps and states.")] = 1,
     out: Annotated[Path, typer.Option(help="Where results go.")]
-    = Path("bench/results/scaleout-loopback"),
+    = Path("loopback"),
 ) -> None:
     """Scale-out delay of the four strategies on one loopback cluster with capped links."""
     from chaos_bench.scaleout import loopback as bench_loopback
@@ -311,7 +311,7 @@ def convergence(
     = False,
     seed: Annotated[int, typer.Option(help="Seed of the models and the data order.")] = 0,
     out: Annotated[Path, typer.Option(help="Where results go.")]
-    = Path("bench/results/convergence"),
+    = Path("convergence"),
     keep: Annotated[Path | None, typer.Option(help="Copy the workers' records and logs "
                                               "here.")] = None,
     wire: Annotated[str, typer.Option(help="Gradient wire formats ([training] wire): fp32, "
@@ -370,7 +370,7 @@ def soak(
     bw: Annotated[str, typer.Option(help="Link bandwidth range, Mbit/s.")] = "100-400",
     seed: Annotated[int, typer.Option(help="Seed of the testbed and the chaos.")] = 1,
     out: Annotated[Path, typer.Option(help="Where soak.json and soak.png go.")]
-    = Path("bench/results/soak"),
+    = Path("soak"),
     keep: Annotated[Path | None, typer.Option(help="Copy the step records and logs here.")]
     = None,
 ) -> None:
@@ -418,7 +418,7 @@ def slowlinks(
     outer_momentum: Annotated[float, typer.Option(min=0.0, max=0.999, help="Its Nesterov "
                                                   "momentum.")] = 0.9,
     out: Annotated[Path, typer.Option(help="Where slowlinks.json and slowlinks.png go.")]
-    = Path("bench/results/slowlinks"),
+    = Path("slowlinks"),
 ) -> None:
     """Every-step sync against DiLoCo on links shaped to each rate (netns testbed, root):
     wall time, time to a target accuracy, bytes per node, final quality."""

@@ -57,8 +57,7 @@ def simulate(
     broker_rate: Annotated[float | None, typer.Option(
         min=1.0, help="Heartbeat deliveries per second of one broker core (default: "
         "measured here, about 168,000).")] = None,
-    out: Annotated[Path, typer.Option(help="Where results go.")]
-    = Path("bench/results/simulate"),
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("simulate"),
 ) -> None:
     """Discrete-event simulation to 10,000 nodes: scale-out delay and idle time against N,
     broker load and saturation, failover; validated against the netns testbed."""
