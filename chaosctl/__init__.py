@@ -2,7 +2,8 @@
 
 It talks to the daemon only through its control socket, in the ``chaosctl`` process with
 no asyncio (plain threads and subprocesses). Of ``daemon`` it imports only the shared
-contracts (:mod:`daemon.contracts`); its benches alone also drive the data plane directly.
+contracts (:mod:`daemon.contracts`). The benchmarks are a package of their own,
+:mod:`chaos_bench`; only :mod:`chaosctl.main` imports it, to add ``chaosctl bench ...``.
 
 - :mod:`chaosctl.main`: the typer app, global options and the error boundary (exit codes).
 - :mod:`chaosctl.client`: the one control client (from the contracts) and chaosctl's errors.
@@ -12,6 +13,5 @@ contracts (:mod:`daemon.contracts`); its benches alone also drive the data plane
 - :mod:`chaosctl.views`: rich tables and panels.
 - :mod:`chaosctl.cluster`: a local broker plus N ``chaosd`` processes, with teardown.
 - :mod:`chaosctl.demo`: ``chaosctl demo`` (script, training act, view).
-- :mod:`chaosctl.bench`: every ``chaosctl bench ...`` command.
 - :mod:`chaosctl.testbed`: ``chaosctl testbed`` and the ``Testbed`` Python API.
 """

@@ -20,8 +20,8 @@ try:  # typer >= 0.2x vendors its own copy of click as typer._click
 except ImportError:  # pragma: no cover - older typer runs on click itself
     from click import exceptions as click_exc  # type: ignore[no-redef]
 
+from chaos_bench.cli import bench_app
 from chaosctl import actions, read
-from chaosctl.bench.cli import bench_app
 from chaosctl.client import DEFAULT_SOCKET, DEFAULT_TIMEOUT_S, SOCKET_ENV, ControlFailure
 from chaosctl.clusterinit import cluster_app
 from chaosctl.common import CliState

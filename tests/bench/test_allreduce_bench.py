@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl.bench import allreduce as bench_allreduce
+from chaos_bench.allreduce import run as bench_allreduce
 from netprobe import netns
 from tests.testbed.conftest import need_root, run_id
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl.bench import signing
+from chaos_bench.signing import run as signing
 from tests.cli.conftest import assert_one_line_error, run_ctl
 
 pytestmark = pytest.mark.timeout(180)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from chaosctl.bench import slowlinks, slowlinks_report
+from chaos_bench.slowlinks import report as slowlinks_report
+from chaos_bench.slowlinks import run as slowlinks
 from tests.cli.conftest import assert_one_line_error, run_ctl
 
 pytestmark = pytest.mark.timeout(120)

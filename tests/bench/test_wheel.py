@@ -29,11 +29,11 @@ TOP_LEVEL_SKIP = {".git", "bench", "tests", "build", "dist", ".venv"}
 PROBE = """
 import json, sys
 from importlib import resources
-import chaosctl.main, chaosctl.bench.cli, chaosctl.bench.planner, chaosctl.bench.models as m
+import chaosctl.main, chaos_bench.cli, chaos_bench.planner.run, chaos_bench.models as m
 m.paper_models()
 ours = {n: getattr(mod, "__file__", None) or "" for n, mod in list(sys.modules.items())
-        if n.split(".")[0] in ("chaos_edge", "chaosctl", "daemon", "netprobe")}
-data = str(resources.files("chaosctl.bench") / "data" / "paper_models.json")
+        if n.split(".")[0] in ("chaos_edge", "chaosctl", "daemon", "netprobe", "chaos_bench")}
+data = str(resources.files("chaos_bench") / "data" / "paper_models.json")
 print(json.dumps({"prefix": sys.prefix, "modules": ours, "data": data}))
 """
 
@@ -80,7 +80,7 @@ def test_wheel_runs_the_planner_bench_outside_the_checkout(tmp_path: Path) -> No
     stray = {n: f for n, f in probe["modules"].items() if not Path(f).is_relative_to(env_dir)}
     assert stray == {}
     assert Path(probe["data"]).is_relative_to(env_dir)
-    assert "chaosctl" in probe["modules"]
+    assert "chaosctl" in probe["modules"] and "chaos_bench" in probe["modules"]
 
     out = work / "out"
     proc = _run([str(env_dir / "bin" / "chaosctl"), "bench", "planner", "--quick",

@@ -1,78 +1,55 @@
 """The scale-out bench runs the paper's planner beside the default, without root.
 
-The netns bench (``chaosctl bench scaleout``) drives :mod:`chaosctl.bench.scaleout_node`
-processes over their stdin/stdout; here the same processes run on loopback: two real state
-servers and a real joining node that runs ``chaos`` and ``chaos-paper`` on a state of one
-tensor, the shape the paper's planner cannot split, and the ``plain`` baseline (plain sockets,
-the water-filling split). The report puts them beside the bounds.
+The netns bench (``chaosctl bench scaleout``) drives :mod:`chaos_bench.scaleout.node`
+processes over their stdin/stdout (:mod:`chaos_bench.workers`); here the same processes run on
+loopback: two real state servers and a real joining node that runs ``chaos`` and
+``chaos-paper`` on a state of one tensor, the shape the paper's planner cannot split, and the
+``plain`` baseline (plain sockets, the water-filling split). The report puts them beside the
+bounds.
 """
 
 from __future__ import annotations
 
 import json
-import select
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from chaosctl.bench import scaleout_report as report
-from chaosctl.bench.models import make_state
+from chaos_bench.models import make_state
+from chaos_bench.scaleout import report
+from chaos_bench.scaleout.run import NODE_MODULE
+from chaos_bench.workers import LineWorker
 
 pytestmark = pytest.mark.timeout(120)
 
 NODES = ("n1", "n2")
 
 
-class Node:
-    """A ``scaleout_node`` process spoken to one JSON line at a time."""
-
-    def __init__(self, argv: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "chaosctl.bench.scaleout_node", *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-
-    def recv(self, timeout: float = 60.0) -> Any:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        assert ready, "no answer from the bench node"
-        return json.loads(self.proc.stdout.readline())
-
-    def ask(self, line: str) -> Any:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line.encode() + b"\n")
-        self.proc.stdin.flush()
-        return self.recv()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(10)
+def _node(name: str, argv: list[str], tmp: Path) -> LineWorker:
+    """A ``scaleout.node`` process on loopback, through the bench's own worker harness."""
+    return LineWorker(name, NODE_MODULE, argv, tmp / f"{name}.log")
 
 
 @pytest.fixture
-def nodes() -> Iterator[list[Node]]:
-    made: list[Node] = []
+def nodes() -> Iterator[list[LineWorker]]:
+    made: list[LineWorker] = []
     yield made
     for n in made:
         n.close()
 
 
 def test_joiner_runs_the_paper_planner_beside_the_default(
-    tmp_path: Path, nodes: list[Node]
+    tmp_path: Path, nodes: list[LineWorker]
 ) -> None:
     state = tmp_path / "synth.state"
     manifest = make_state("synth-4", state, 1)
     common = ["--state", str(state), "--manifest", str(state.with_suffix(".manifest.json"))]
     addrs, plain = {}, {}
     for n in NODES:
-        nodes.append(Node(["serve", "--node", n, *common, "--port", "0", "--plain-port", "0"]))
-        ready = nodes[-1].recv()
+        nodes.append(_node(n, ["serve", "--node", n, *common, "--port", "0", "--plain-port",
+                               "0"], tmp_path))
+        ready = nodes[-1].recv(60)
         addrs[n] = ["127.0.0.1", ready["ready"][1]]
         plain[n] = ["127.0.0.1", ready["plain"]]
     rates = {"n1": 400e6, "n2": 800e6}  # bit/s
@@ -86,11 +63,11 @@ def test_joiner_runs_the_paper_planner_beside_the_default(
         "planner": "chaos",
     }
     (tmp_path / "job.json").write_text(json.dumps(job))
-    joiner = Node(["join", "--node", "n0", *common, "--job", str(tmp_path / "job.json"),
-                   "--workdir", str(tmp_path)])  # fmt: skip
+    joiner = _node("n0", ["join", "--node", "n0", *common, "--job", str(tmp_path / "job.json"),
+                          "--workdir", str(tmp_path)], tmp_path)  # fmt: skip
     nodes.append(joiner)
-    assert joiner.recv() == {"ready": True}
-    res = {name: joiner.ask(f"run {name}") for name in ("chaos", "chaos-paper", "plain")}
+    assert joiner.recv(60) == {"ready": True}
+    res = {name: joiner.ask(f"run {name}", 60) for name in ("chaos", "chaos-paper", "plain")}
     for name, r in res.items():
         assert "error" not in r and r["verified"], (name, r)
         assert r["strategy"] == name

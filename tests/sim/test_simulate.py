@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import simpy
 
-from chaosctl.bench.models import tensor_sizes
-from chaosctl.bench.sim import broker, failover, rate, scaleout, validate
-from chaosctl.bench.sim.network import MBIT, Net
-from chaosctl.bench.sim.run import Options, run
+from chaos_bench.models import tensor_sizes
+from chaos_bench.sim import broker, failover, rate, scaleout, validate
+from chaos_bench.sim.network import MBIT, Net
+from chaos_bench.sim.run import Options, run
 from tests.cli.conftest import assert_one_line_error, run_ctl
 
 pytestmark = pytest.mark.timeout(120)
@@ -110,7 +110,7 @@ def test_validation_at_6_and_7_nodes_within_15_percent() -> None:
 def test_chaos_never_slower_than_single_and_idles_only_its_neighbours() -> None:
     import random
 
-    from chaosctl.bench.sim.topology import generate
+    from chaos_bench.sim.topology import generate
 
     inst = generate(200, random.Random(3))
     seg = tensor_sizes("resnet101")
@@ -137,7 +137,7 @@ def test_deterministic_for_a_seed() -> None:
 
 
 def test_churn_runs_the_real_scheduler() -> None:
-    from chaosctl.bench.sim import churn
+    from chaos_bench.sim import churn
 
     out = churn.run(60, 2, 600.0, churn.ChurnRates(join=6.0, leave=2.0, fail=2.0),
                     rate.DEFAULT_MODEL, scaleout.Costs())

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl.bench import scaleout as bench_scaleout
-from chaosctl.bench import scaleout_report
+from chaos_bench.scaleout import report as scaleout_report
+from chaos_bench.scaleout import run as bench_scaleout
 from netprobe import netns
 from tests.testbed.conftest import leftovers, need_root, run_id
 

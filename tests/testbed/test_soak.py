@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from chaosctl.bench import soak, soak_report
+from chaos_bench.soak import report as soak_report
+from chaos_bench.soak import run as soak
 from tests.testbed.conftest import leftovers, need_root, run_id
 
 pytestmark = pytest.mark.xdist_group("bench")  # CPU-bound: never beside another bench

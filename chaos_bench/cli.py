@@ -1,0 +1,449 @@
+"""``chaosctl bench ...``: benchmarks that print tables and write JSON and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from chaos_bench.progress import say
+from chaos_bench.sim.cli import simulate as sim_simulate
+from chaosctl.client import CtlUsageError
+from chaosctl.common import console
+
+bench_app = typer.Typer(
+    name="bench",
+    help="Benchmarks: tables on screen, JSON/markdown/PNG under --out (./BENCH by default).",
+    no_args_is_help=True,
+)
+
+
+
+def _ints(text: str, option: str, lo: int, hi: int) -> list[int]:
+    """A comma-separated list of integers in ``[lo, hi]``."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CtlUsageError(f"{option} must be comma-separated integers, not {text!r}") from None
+    if not values or any(v < lo or v > hi for v in values):
+        raise CtlUsageError(f"{option}: each value must be between {lo} and {hi}")
+    return values
+
+
+def _choices(text: str, option: str, allowed: list[str]) -> list[str]:
+    """A comma-separated list of names, each one of ``allowed``."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in allowed]
+    if not names or bad:
+        raise CtlUsageError(f"{option}: {', '.join(bad) or 'nothing given'} is not one of "
+                            f"{', '.join(allowed)}")
+    return names
+
+
+def _models(text: str, synthetic: bool) -> list[str]:
+    """Model names that exist (``synth-MIB`` too where the bench takes it)."""
+    from chaos_bench.models import model_entries, model_names
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise CtlUsageError("--models needs at least one model")
+    for name in names:
+        if not synthetic and name not in model_names():
+            raise CtlUsageError(f"--models: unknown model {name!r}; choose from "
+                                f"{', '.join(model_names())}")
+        try:
+            model_entries(name)
+        except ValueError as exc:
+            raise CtlUsageError(f"--models: {exc}") from None
+    return names
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise CtlUsageError(f"--sizes must be comma-separated integers, not {text!r}") from None
+    if not sizes or any(s < 3 or s > 64 for s in sizes):
+        raise CtlUsageError("--sizes: each cluster size must be between 3 and 64")
+    return sizes
+
+
+@bench_app.command("control")
+def control(
+    sizes: Annotated[str, typer.Option(help="Cluster sizes, comma-separated.")] = "3,6,12",
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Repeats of each fault.")] = 5,
+    broker: Annotated[str, typer.Option(help="mosquitto or embedded.")] = "mosquitto",
+    load_seconds: Annotated[float, typer.Option(min=1.0, help="Broker-load window.")] = 10.0,
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("control"),
+) -> None:
+    """Failure-detection latency (kill -9, SIGSTOP), scheduler failover, broker load."""
+    from chaos_bench.control import run as bench_control
+
+    if broker not in ("mosquitto", "embedded"):
+        raise CtlUsageError(f"--broker must be mosquitto or embedded, not {broker!r}")
+    rows = bench_control.run(_sizes(sizes), repeats, broker, load_seconds, out, say)
+    table = Table(title="chaosd control plane (seconds from the signal)")
+    for col in ("nodes", "metric", "n", "p50", "p95", "max"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for r in rows:
+        table.add_row(str(r["nodes"]), r["metric"], str(r["n"]),
+                      *(f"{r[k]:.3f}" for k in ("p50", "p95", "max")))
+    console.print(table)
+
+
+@bench_app.command("scaleout")
+def scaleout(
+    sizes: Annotated[str, typer.Option(help="Cluster sizes N (N -> N+1), comma-separated.")]
+    = "6,7,8,9,10,11",
+    models: Annotated[str, typer.Option(help="Models (paper_models.json) or synth-MIB.")]
+    = "resnet101,alexnet,vgg11",
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Testbeds per size.")] = 2,
+    bw: Annotated[str, typer.Option(help="Link bandwidth range, Mbit/s.")] = "100-1000",
+    degree: Annotated[int, typer.Option(min=1, max=10, help="The new node's neighbours.")] = 3,
+    iperf_seconds: Annotated[float, typer.Option(min=1.0, help="iperf3 test per link.")] = 2.0,
+    checkpoints: Annotated[int, typer.Option(min=1, help="Stop-resume checkpoints written.")]
+    = 1,
+    stop_runs: Annotated[int, typer.Option(min=1, max=9, help="Stop-resume runs per "
+                                           "instance; the median one is kept.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed of the testbeds and states.")] = 1,
+    star: Annotated[str, typer.Option(help="Instead of random testbeds, one star: the new "
+                                      "node and one neighbour per rate, Mbit/s, e.g. "
+                                      "200,400,800 (--sizes, --bw, --degree unused).")] = "",
+    out: Annotated[Path, typer.Option(help="Where results go.")]
+    = Path("scaleout"),
+) -> None:
+    """Scale-out delay and cluster idle time of the strategies on the netns testbed (chaos,
+    chaos with the paper's planner, single, multi-source, stop-resume)."""
+    from chaos_bench.scaleout import report as bench_scaleout_report
+    from chaos_bench.scaleout import run as bench_scaleout
+    from chaosctl.testbed.topo import TopologyError, parse_bw
+
+    try:
+        rates = parse_bw(bw)
+    except TopologyError as exc:
+        raise CtlUsageError(str(exc)) from None
+    names = [m.strip() for m in models.split(",") if m.strip()]
+    if not names:
+        raise CtlUsageError("--models needs at least one model")
+    star_rates = _ints(star, "--star", 1, 100_000) if star else []
+    doc = bench_scaleout.run(_sizes(sizes), names, repeats, rates, out, say, degree=degree,
+                             iperf_s=iperf_seconds, checkpoints=checkpoints, seed=seed,
+                             star=[float(r) for r in star_rates], stop_runs=stop_runs)
+    table = Table(title="Scale-out on the netns testbed (medians; s, idle in node-s)")
+    for col in bench_scaleout_report.COLUMNS:
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for row in doc["rows"]:
+        table.add_row(*bench_scaleout_report.cells(row))
+    console.print(table)
+
+
+@bench_app.command("allreduce")
+def allreduce(
+    network: Annotated[str, typer.Option(help="loopback, mesh or both, comma-separated.")]
+    = "loopback,mesh",
+    mb: Annotated[int, typer.Option(min=1, max=4000, help="Gradient size on loopback, MB.")]
+    = 100,
+    nodes: Annotated[int, typer.Option(min=2, max=16, help="Processes on loopback.")] = 4,
+    repeats: Annotated[int, typer.Option(min=1, max=100, help="Rounds of each after a warm-up.")]
+    = 5,
+    chunk_kb: Annotated[str, typer.Option(help="Chunk sizes, KiB, comma-separated; 0 sizes "
+                                          "them by the vector (the Trainer's default).")]
+    = "0,1024",
+    result: Annotated[str, typer.Option(help="fresh, reuse or both, comma-separated.")]
+    = "reuse",
+    tree: Annotated[str, typer.Option(help="Loopback trees: chain (rooted at an end), centre "
+                                      "(rooted at its centre), star; comma-separated.")]
+    = "centre,star",
+    wire: Annotated[str, typer.Option(help="Gradient wire formats of Chaos's rounds: fp32, "
+                                      "fp16, bf16, int8; comma-separated.")] = "fp32",
+    samples: Annotated[int, typer.Option(min=1, help="Samples per node (1: gloo's average).")]
+    = 1,
+    mesh_mb: Annotated[int, typer.Option(min=1, max=1000, help="Gradient size on the mesh, MB.")]
+    = 20,
+    mesh_chunk_kb: Annotated[int, typer.Option(min=0, max=1 << 14, help="Chunk size on the "
+                                               "mesh, KiB; 0: sized by the vector.")] = 0,
+    fast_mbit: Annotated[float, typer.Option(min=1.0, help="Mesh: n1's links, Mbit/s.")] = 1000.0,
+    slow_mbit: Annotated[float, typer.Option(min=1.0, help="Mesh: the other links, Mbit/s.")]
+    = 100.0,
+    sock_buf: Annotated[int, typer.Option(min=0, help="Socket buffers, bytes; 0 = autotuned.")]
+    = 0,
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("allreduce"),
+) -> None:
+    """Chaos's all-reduce against torch.distributed gloo, in the same processes, on loopback
+    and on a shaped netns full mesh: time, throughput, ratio, CPU seconds per GB."""
+    from chaos_bench.allreduce import run as bench_allreduce
+    from daemon.contracts.policy import WIRE_FORMATS
+
+    opts = {"networks": _choices(network, "--network", ["loopback", "mesh"]), "mb": mb,
+            "nodes": nodes, "repeats": repeats,
+            "chunk_kbs": _ints(chunk_kb, "--chunk-kb", 0, 1 << 14),
+            "results": _choices(result, "--result", ["fresh", "reuse"]),
+            "trees": _choices(tree, "--tree", list(bench_allreduce.TREES)),
+            "wires": _choices(wire, "--wire", list(WIRE_FORMATS)),
+            "samples": samples, "mesh_mb": mesh_mb, "mesh_chunk_kb": mesh_chunk_kb,
+            "fast_mbit": fast_mbit,
+            "slow_mbit": slow_mbit, "sock_buf": sock_buf}
+    doc = bench_allreduce.run(opts, out, say)
+    console.print(bench_allreduce.table(doc))
+
+
+@bench_app.command("planner")
+def planner(
+    quick: Annotated[bool, typer.Option(help="Fewer sizes, repeats and trials.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the neighbours and states.")] = 2024,
+    models: Annotated[str, typer.Option(help="Paper models, comma-separated "
+                                        "(default: all; with --quick, gpt2-large).")] = "",
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("planner"),
+) -> None:
+    """Planner run time and makespan against water-filling: the default, the paper's
+    Algorithms 1 and 2, and the baselines."""
+    from chaos_bench.planner import run as bench_planner
+
+    names = _models(models, synthetic=False) if models else None
+    result = bench_planner.run(quick, seed, names, out, say)
+    typer.echo(bench_planner.tables(result))
+
+
+@bench_app.command("signing")
+def signing(
+    quick: Annotated[bool, typer.Option(help="Fewer repeats; snapshots of 12 and 48 nodes.")]
+    = False,
+    nodes: Annotated[str, typer.Option(help="Cluster sizes of the snapshots and the heartbeat "
+                                       "load, comma-separated (default 12,48,1000).")] = "",
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("signing"),
+) -> None:
+    """What signing the control plane costs: bytes and CPU per message, plain and signed."""
+    from chaos_bench.signing import run as bench_signing
+
+    sizes = _ints(nodes, "--nodes", 2, 5000) if nodes else None
+    doc = bench_signing.run(quick, sizes, out, say)
+    typer.echo(bench_signing.table(doc))
+
+
+@bench_app.command("loopback")
+def loopback(
+    quick: Annotated[bool, typer.Option(help="ResNet101 and AlexNet, 2 repeats.")] = False,
+    repeats: Annotated[int | None, typer.Option(min=1, max=20, help="Repeats per model "
+                                                "(default 3, 2 with --quick).")] = None,
+    models: Annotated[str, typer.Option(help="Models (paper_models.json) or synth-MIB, "
+                                        "comma-separated.")] = "",
+    nodes: Annotated[int, typer.Option(min=1, max=32, help="Cluster nodes before the join.")]
+    = 6,
+    neighbors: Annotated[int, typer.Option(min=1, max=32, help="The new node's neighbours.")]
+    = 3,
+    bw_scale: Annotated[float, typer.Option(min=0.001, help="Times the 100-1000 Mbit/s caps.")]
+    = 1.0,
+    planner: Annotated[str, typer.Option(help="Planner of the chaos strategy.")] = "chaos",
+    seed: Annotated[int, typer.Option(help="Seed of the caps and states.")] = 1,
+    out: Annotated[Path, typer.Option(help="Where results go.")]
+    = Path("loopback"),
+) -> None:
+    """Scale-out delay of the four strategies on one loopback cluster with capped links."""
+    from chaos_bench.scaleout import loopback as bench_loopback
+    from chaos_edge.replication.planning.planner import PLANNERS
+
+    if neighbors > nodes:
+        raise CtlUsageError(f"--neighbors ({neighbors}) cannot exceed --nodes ({nodes})")
+    _choices(planner, "--planner", list(PLANNERS))
+    names = (_models(models, synthetic=True) if models
+             else bench_loopback.QUICK if quick else bench_loopback.FULL)
+    opts = bench_loopback.Options(repeats or (2 if quick else 3), nodes, neighbors, bw_scale,
+                                  planner, seed)
+    doc = bench_loopback.run(names, opts, out, say)
+    typer.echo(bench_loopback.caption(opts))
+    typer.echo(bench_loopback.table(doc["rows"]))
+
+
+@bench_app.command("stall")
+def stall(
+    nodes: Annotated[int, typer.Option(min=3, max=16, help="Chain length.")] = 4,
+    events: Annotated[int, typer.Option(min=1, max=1000, help="Events of each kind.")] = 50,
+    gap: Annotated[float, typer.Option(min=0.0, help="Seconds between link commands.")] = 0.3,
+    out: Annotated[Path | None, typer.Option(help="Directory for stall.json, .md and .png.")]
+    = None,
+    keep: Annotated[Path | None, typer.Option(help="Copy the step records, events and logs "
+                                              "here.")] = None,
+    source: Annotated[Path | None, typer.Option("--from", help="Report on what a --keep run "
+                                                "left in this directory; run nothing.")] = None,
+    digest_every: Annotated[int | None, typer.Option(
+        min=0, help="The divergence guard's period in steps (default: the Trainer's, 100; "
+        "0: joins only).")] = None,
+) -> None:
+    """The training-loop stall each primitive costs a chain of real workers (Table I)."""
+    from chaos_bench.stall import run as bench_stall
+
+    _, table = bench_stall.run(nodes, events, gap, out, keep, source, say, digest_every)
+    typer.echo(table)
+
+
+@bench_app.command("duty-cycle")
+def duty_cycle(
+    rates: Annotated[str, typer.Option(help="Link rates, Mbit/s, comma-separated.")]
+    = "100,500,1000",
+    gap: Annotated[float, typer.Option(min=0.0, help="Seconds between probes.")] = 0.5,
+    probes: Annotated[int, typer.Option(min=1, max=100, help="Probes per rate.")] = 5,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Also write the rows here.")]
+    = None,
+) -> None:
+    """What periodic bandwidth probing costs a tbf-shaped link (root, namespaces, iperf3)."""
+    from chaos_bench.probes import duty_cycle as bench_duty
+
+    rows = bench_duty.run(_ints(rates, "--rates", 1, 10_000), gap, probes, json_out, say)
+    typer.echo(bench_duty.table(rows))
+
+
+@bench_app.command("convergence")
+def convergence(
+    models: Annotated[str, typer.Option(help="cnn, chartf, comma-separated (default: both; "
+                                        "with --short, cnn).")] = "",
+    nodes: Annotated[int | None, typer.Option(min=2, max=8, help="Starting nodes N: runs "
+                                              "static N, N+1, N->N+1, N+1->N (default 4; "
+                                              "with --short, 2).")] = None,
+    at: Annotated[int | None, typer.Option(min=1, help="Epoch of the scale-out and the "
+                                           "scale-in (default per model).")] = None,
+    epochs: Annotated[int | None, typer.Option(min=2, max=1000, help="Epochs per run "
+                                               "(default per model).")] = None,
+    modes: Annotated[str, typer.Option(help="plain, consistent, comma-separated (default: "
+                                       "both; with --short, consistent).")] = "",
+    short: Annotated[bool, typer.Option(help="CI: tiny models, few steps, checks asserted.")]
+    = False,
+    seed: Annotated[int, typer.Option(help="Seed of the models and the data order.")] = 0,
+    out: Annotated[Path, typer.Option(help="Where results go.")]
+    = Path("convergence"),
+    keep: Annotated[Path | None, typer.Option(help="Copy the workers' records and logs "
+                                              "here.")] = None,
+    wire: Annotated[str, typer.Option(help="Gradient wire formats ([training] wire): fp32, "
+                                      "fp16, bf16, int8; comma-separated; each run in each, "
+                                      "compared with fp32.")] = "fp32",
+    static_only: Annotated[bool, typer.Option(help="Only the static runs (to compare wire "
+                                              "formats).")] = False,
+) -> None:
+    """Loss and accuracy through scale-out and scale-in, with and without consistent mode
+    (Figs. 11-14), in each gradient wire format."""
+    import importlib.util
+
+    from chaos_bench.convergence import report as convergence_report
+    from chaos_bench.convergence import run as bench_convergence
+    from chaosctl.cluster import ClusterError
+
+    names = _choices(models or ("cnn" if short else "cnn,chartf"), "--models",
+                     list(bench_convergence.PLANS))
+    kinds = _choices(modes or ("consistent" if short else "plain,consistent"), "--modes",
+                     list(bench_convergence.MODES))
+    n = nodes or (2 if short else 4)
+    for name in names:
+        plan = bench_convergence.plan_of(name, n, short, at, epochs)
+        if plan.at >= plan.epochs:
+            raise CtlUsageError(f"--at ({plan.at}) must be below the epochs of {name} "
+                                f"({plan.epochs})")
+    if "cnn" in names and importlib.util.find_spec("sklearn") is None:
+        raise ClusterError("--models cnn needs scikit-learn: pip install "
+                           "'chaos-edge[examples]'")
+    from daemon.contracts.policy import WIRE_FORMATS
+
+    wires = _choices(wire, "--wire", list(WIRE_FORMATS))
+    doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, say,
+                                tuple(wires), static_only)
+    console.print(convergence_report.table(doc))
+    bad = [f"{m} {k}: {p}" for m, md in doc["models"].items()
+           for k, r in md["runs"].items() for p in r["problems"]]
+    if bad:
+        raise ClusterError(f"{len(bad)} checks failed, first: {bad[0]}")
+
+
+@bench_app.command("soak")
+def soak(
+    minutes: Annotated[float, typer.Option(min=0.5, max=1440.0, help="Length of the chaos "
+                                           "phase, once every node trains.")] = 10.0,
+    nodes: Annotated[int, typer.Option(min=3, max=8, help="Testbed nodes (a full mesh).")] = 4,
+    rate: Annotated[float, typer.Option(min=0.1, max=120.0, help="Chaos events per minute "
+                                        "(Poisson).")] = 6.0,
+    kinds: Annotated[str, typer.Option(help="Chaos kinds, comma-separated: join, leave, kill, "
+                                       "freeze, cut, broker-restart (default: all).")] = "",
+    sample_seconds: Annotated[float, typer.Option(min=1.0, max=600.0, help="Seconds between "
+                                                  "samples of RSS, fds and threads.")] = 5.0,
+    warmup: Annotated[float | None, typer.Option(min=0.0, help="Seconds left out of the growth "
+                                                 "fits (default: a quarter of the run, at "
+                                                 "most 120).")] = None,
+    bw: Annotated[str, typer.Option(help="Link bandwidth range, Mbit/s.")] = "100-400",
+    seed: Annotated[int, typer.Option(help="Seed of the testbed and the chaos.")] = 1,
+    out: Annotated[Path, typer.Option(help="Where soak.json and soak.png go.")]
+    = Path("soak"),
+    keep: Annotated[Path | None, typer.Option(help="Copy the step records and logs here.")]
+    = None,
+) -> None:
+    """A training cluster on the netns testbed under Poisson joins, leaves, kills, freezes,
+    link cuts and broker restarts: growth per hour and every invariant violation."""
+    from chaos_bench.soak import report as soak_report
+    from chaos_bench.soak import run as bench_soak
+    from chaosctl.cluster import ClusterError
+    from chaosctl.testbed.topo import TopologyError, parse_bw
+
+    chosen = _choices(kinds, "--kinds", list(bench_soak.KINDS)) if kinds else bench_soak.KINDS
+    try:
+        rates = parse_bw(bw)
+    except TopologyError as exc:
+        raise CtlUsageError(str(exc)) from None
+    if warmup is not None and warmup >= minutes * 60:
+        raise CtlUsageError(f"--warmup ({warmup:g} s) must be shorter than the run "
+                            f"({minutes * 60:g} s)")
+    opts = bench_soak.Options(minutes, nodes, rate, sample_seconds, warmup, tuple(chosen),
+                              rates, seed)
+    doc = bench_soak.run(opts, out, say, keep)
+    console.print(soak_report.table(doc))
+    console.print(soak_report.summary(doc))
+    if doc["violations"]:
+        raise ClusterError(f"{len(doc['violations'])} invariant violations, first: "
+                           f"{doc['violations'][0]}")
+
+# Defined in chaos_bench.sim.cli, which loads SimPy and the planners only when it runs.
+bench_app.command("simulate")(sim_simulate)
+
+
+@bench_app.command("slowlinks")
+def slowlinks(
+    rates: Annotated[str, typer.Option(help="Link rates in Mbit/s, comma-separated.")]
+    = "20,50,100",
+    inner_steps: Annotated[str, typer.Option(help="DiLoCo's H values, comma-separated (each "
+                                             "run beside every-step sync).")] = "20,50",
+    steps: Annotated[int, typer.Option(min=10, max=100_000, help="Training steps per run (a "
+                                       "multiple of every H).")] = 300,
+    nodes: Annotated[int, typer.Option(min=2, max=8, help="Nodes in the testbed.")] = 3,
+    target_acc: Annotated[float, typer.Option(min=0.0, max=1.0, help="Test accuracy whose "
+                                              "wall time is reported.")] = 0.95,
+    outer_lr: Annotated[float, typer.Option(min=0.0, max=10.0, help="DiLoCo's outer "
+                                            "learning rate.")] = 0.7,
+    outer_momentum: Annotated[float, typer.Option(min=0.0, max=0.999, help="Its Nesterov "
+                                                  "momentum.")] = 0.9,
+    out: Annotated[Path, typer.Option(help="Where slowlinks.json and slowlinks.png go.")]
+    = Path("slowlinks"),
+) -> None:
+    """Every-step sync against DiLoCo on links shaped to each rate (netns testbed, root):
+    wall time, time to a target accuracy, bytes per node, final quality."""
+    import importlib.util
+
+    from chaos_bench.slowlinks import report as slowlinks_report
+    from chaos_bench.slowlinks import run as bench_slow
+    from chaosctl.cluster import ClusterError
+
+    try:
+        mbps = tuple(float(x) for x in rates.split(",") if x.strip())
+    except ValueError:
+        raise CtlUsageError(f"--rates must be numbers separated by commas, not {rates!r}") from None
+    if not mbps or any(not 0.1 <= r <= 10_000 for r in mbps):
+        raise CtlUsageError("--rates must be Mbit/s values in 0.1..10000")
+    hs = tuple(_ints(inner_steps, "--inner-steps", 2, 10_000))
+    if any(steps % h for h in hs):
+        raise CtlUsageError(f"--steps ({steps}) must be a multiple of every H in --inner-steps")
+    if importlib.util.find_spec("sklearn") is None:
+        raise ClusterError("the slow-links task needs scikit-learn: pip install "
+                           "'chaos-edge[examples]'")
+    opts = bench_slow.Options(mbps, hs, steps, nodes, target_acc=target_acc,
+                              outer_lr=outer_lr, outer_momentum=outer_momentum)
+    try:
+        doc = bench_slow.run(opts, out, say)
+    except (TimeoutError, OSError) as exc:
+        raise ClusterError(f"the slow-links bench failed: {exc}") from None
+    typer.echo(slowlinks_report.table(doc))

@@ -1,0 +1,3 @@
+"""``chaosctl bench signing``: what signing the control plane costs per message
+(:mod:`.run`).
+"""

@@ -1,0 +1,140 @@
+"""The training worker of ``chaosctl bench slowlinks``: one script for every sync mode.
+
+An MLP (64-512-256-10, 167k parameters, 0.67 MB of float32 gradients) learns scikit-learn's
+digits with Adam; the cluster's ``[training] sync`` decides whether ``update()`` all-reduces
+every step or runs DiLoCo. The script does not know which.
+
+The run is the same task in every mode: until the global step ``START`` (read from
+``<dir>/start`` once the bench has seen every node join) the worker trains on no samples
+(``update(samples=0)``: the parameters do not move), so the nodes that joined first do not
+train alone, and at ``START`` it clears Adam's state (warm-up rounds stepped it on zeros);
+from ``START`` to ``START + --steps`` every member takes ``--batch`` samples of its own per
+step. The worker of ``--eval-node`` evaluates the model on the held-out split
+every ``--eval-every`` steps and at the end (at the steps where every member holds the same
+parameters: every step, or the outer steps). Each worker writes ``<dir>/<node>.json`` at the
+end: its evaluations with the wall time since ``START`` (evaluation time excluded) and the
+bytes its data links sent, read from ``/proc/net/dev`` of its namespace (every interface but
+``lo`` and the testbed's ``mgmt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos_bench.workers import tx_bytes
+
+WARMUP_SLEEP_S = 0.05  # between no-sample steps: the bench needs time to name START
+SKIP_DEVICES = ("lo", "mgmt")
+
+
+def data_tx_bytes() -> int:
+    """Bytes sent by this namespace's data links."""
+    return tx_bytes(SKIP_DEVICES)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Chaos slow-links bench worker.")
+    ap.add_argument("--dir", required=True, help="the run's shared directory")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--eval-node", default="n1")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    import torch
+    from sklearn.datasets import load_digits
+
+    from chaos_edge import ChaosError, Trainer
+
+    torch.set_num_threads(1)  # three workers and their daemons share a small box
+    torch.manual_seed(0)
+    d = load_digits()
+    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(d.target, dtype=torch.long)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    test, train = order[:360], order[360:]
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    run = Path(args.dir)
+    try:
+        trainer = Trainer(model, opt, samples_per_step=args.batch, timeout=300.0)
+    except ChaosError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    me = trainer.node_id
+    gen = torch.Generator().manual_seed(1000 + int(me.lstrip("n") or 0))
+    evals: list[dict[str, Any]] = []
+    start = end = -1
+    t0 = spent_eval = 0.0
+    tx0 = 0
+    began = -1  # the step this worker began training at (START unless it read it late)
+
+    def evaluate() -> None:
+        nonlocal spent_eval
+        t = time.monotonic()
+        with torch.no_grad():
+            out = model(x[test])
+            loss = float(torch.nn.functional.cross_entropy(out, y[test]))
+            acc = float((out.argmax(1) == y[test]).float().mean())
+        evals.append({"step": trainer.step - start, "t": round(t - t0 - spent_eval, 4),
+                      "tx": data_tx_bytes() - tx0, "loss": loss, "acc": acc})
+        spent_eval += time.monotonic() - t
+
+    outer, started = 1, False
+    while end < 0 or trainer.step < end:
+        if start < 0 and (run / "start").exists():
+            start = int((run / "start").read_text())
+            end = start + args.steps
+        if not started and start >= 0 and trainer.step >= start:
+            # (A worker that read START late starts at its step; the bench reports it.)
+            started, t0, tx0 = True, time.monotonic(), data_tx_bytes()
+            began = trainer.step
+            # Every-step warm-up rounds stepped Adam on zero gradients (its step count, and
+            # so its bias correction, moved); every mode starts from a fresh Adam. All
+            # members do this at START, so their states stay identical.
+            opt.state.clear()
+            if me == args.eval_node:
+                evaluate()
+        if not started:  # warm-up: no samples, so the parameters stay put
+            opt.zero_grad(set_to_none=True)
+            trainer.update(samples=0)
+            trainer.check_state_replication()
+            time.sleep(WARMUP_SLEEP_S)
+            continue
+        idx = train[torch.randint(len(train), (args.batch,), generator=gen)]
+        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss.backward()
+        trainer.update()
+        trainer.check_state_replication()
+        o = trainer._outer  # the bench's one look inside: evaluate only synced parameters
+        outer = 1 if o is None else o.inner_steps
+        synced = trainer.step % outer == 0
+        if me == args.eval_node and synced and (
+                (trainer.step - start) % args.eval_every == 0 or outer > 1
+                or trainer.step == end):
+            evaluate()
+    wall = time.monotonic() - t0 - spent_eval
+    doc = {"node": me, "start": start, "began": began, "steps": args.steps, "inner_steps": outer,
+           "wall_s": round(wall, 4), "tx_bytes": data_tx_bytes() - tx0, "evals": evals}
+    tmp = run / f".{me}.json"
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, run / f"{me}.json")
+    time.sleep(1.0)  # the last round's COMMIT reaches every member before our links close
+    trainer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
