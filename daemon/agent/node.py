@@ -59,6 +59,10 @@ from daemon.contracts.signing import AuthError
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
 SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, swap storm)
+# We hear our own heartbeats back from the broker (we subscribe to them). Silent this long,
+# our path to the broker is broken even if the connection has not noticed yet (a keepalive
+# takes seconds): everyone else's silence is then ours, and we judge nobody.
+ECHO_S = 1.6
 # A broker that shuts down may publish every client's last will as it goes. A will that is
 # not followed by the loss of our own connection within this window is a real crash.
 WILL_CONFIRM_S = 0.5
@@ -113,6 +117,8 @@ class NodeAgent(Leadership):
         self._last_leader: str | None = None
         # Until then, silence is not judged: peers may reconnect up to one backoff after us.
         self._judge_after = 0.0
+        self._echo_at: float | None = None  # when our own last heartbeat came back
+        self._deaf = False  # our heartbeats stopped coming back (see ECHO_S)
         self._pending: list[Outgoing] = []
         self._wills: dict[str, tuple[Status, float]] = {}
         # Last heartbeat per node; unlike the detector's history it survives a last will,
@@ -150,7 +156,8 @@ class NodeAgent(Leadership):
 
     def _wanted_topics(self) -> set[str]:
         t = self.topics
-        wanted = {f"{t.root}/node/+/status", t.cmd(self.me), t.leader, t.state}
+        # Our own heartbeats too: hearing them back is how we know the broker hears us.
+        wanted = {f"{t.root}/node/+/status", t.cmd(self.me), t.leader, t.state, t.hb(self.me)}
         if self.role is not None:
             return wanted | {f"{t.root}/node/+/hb", t.req}
         return wanted | {t.hb(n) for n in (self.election.leader, self._last_leader)
@@ -253,6 +260,7 @@ class NodeAgent(Leadership):
         # than grace_s on top, and a peer failed for it costs a whole re-replication. So
         # forgive two backoffs (a node that died in the outage is found 5 s later).
         self.detector.reset_all()
+        self._echo_at = self.clock.monotonic()  # our first heartbeat is on its way back
         if self.bus.connects > 1:
             self._judge_after = (self.clock.monotonic() + 2 * self.cfg.mqtt.reconnect_max_s
                                  + self.cfg.election.grace_s)
@@ -305,8 +313,12 @@ class NodeAgent(Leadership):
     def _on_heartbeat(self, node: str, hb: Heartbeat) -> None:
         if hb.node != node:
             raise MessageError(f"heartbeat for {hb.node!r} on the topic of {node!r}")
-        if node == self.me or not self.watches(node):
-            return  # ours, or one in flight from before an unsubscribe
+        if node == self.me:
+            if hb.incarnation == self.incarnation:
+                self._echo_at = self.clock.monotonic()
+            return
+        if not self.watches(node):
+            return  # one in flight from before an unsubscribe
         now = self.clock.monotonic()
         self.detector.heartbeat(node)
         prev = self.beats.get(node)
@@ -530,7 +542,7 @@ class NodeAgent(Leadership):
         if gap > SELF_PAUSE_S:
             log.warning("this daemon was paused for %.1f s; not judging peers this tick", gap)
             self.detector.reset_all()
-        elif self.bus.connected:
+        elif self.bus.connected and self._hears_itself(now):
             self._decide(now)
         self._check_worker(paused=gap > SELF_PAUSE_S)
         self.memory.save(self.election.term, self.election.leader)
@@ -560,6 +572,22 @@ class NodeAgent(Leadership):
         # The pause check measures from here: time spent awaiting the broker above is ours,
         # not a sign that the process was frozen.
         self._last_tick = self.clock.monotonic()
+
+    def _hears_itself(self, now: float) -> bool:
+        """Whether our own heartbeats still come back from the broker (ECHO_S). A node whose
+        path to the broker broke keeps a connection it believes in for a keepalive or more;
+        judging peers then failed every one of them, and a scheduler cut off alone scaled
+        the others in and trained on by itself (found by the simulator, seed 3)."""
+        deaf = self._echo_at is None or now - self._echo_at > ECHO_S
+        if deaf and not self._deaf:
+            self.counters["deaf"] += 1
+            log.warning("our heartbeats stopped coming back from the broker; judging nobody "
+                        "until they do")
+        elif self._deaf and not deaf:
+            log.info("our heartbeats come back again")
+            self.detector.reset_all()  # their silence was our path's
+        self._deaf = deaf
+        return not deaf
 
     def _stamped(self, snap: ClusterState) -> ClusterState:
         """The snapshot with each node's step and last heartbeat as the scheduler heard them:

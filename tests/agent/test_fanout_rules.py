@@ -18,7 +18,10 @@ HB_ALL = f"{T.root}/node/+/hb"
 
 
 def hb_topics(fab: Fabric, node: str) -> set[str]:
-    return {t for t in fab.agents[node].bus.subscriptions if t.endswith("/hb")}
+    """The heartbeats ``node`` hears, but for its own (every node hears itself come back)."""
+    subs = fab.agents[node].bus.subscriptions
+    assert T.hb(node) in subs
+    return {t for t in subs if t.endswith("/hb") and t != T.hb(node)}
 
 
 async def test_subscriptions_follow_the_role() -> None:

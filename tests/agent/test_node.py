@@ -59,10 +59,14 @@ class FakeBus(Bus):
         self.connected = True
         self.connects = 1
         self.sent: list[Outgoing] = []
+        self.own_hb = agent.topics.hb(agent.me)
+        self.echo = True  # False: our heartbeats no longer come back (a cut path)
 
     async def publish(self, topic: str, payload: bytes, *, qos: int = 0,
                       retain: bool = False, reliable: bool = False) -> bool:
         self.sent.append(Outgoing(topic, payload, qos, retain))
+        if topic == self.own_hb and self.echo:
+            self._on_message(topic, payload)  # the broker echoes what we subscribe to
         return True
 
     def deliver(self, topic: str, msg: Message | bytes) -> None:
@@ -113,6 +117,7 @@ async def run(agent: NodeAgent, clock: FakeClock, seconds: float,
     for i in range(round(seconds / TICK_S)):
         clock.advance(TICK_S)
         if i % 5 == 4:
+            await agent.heartbeat()  # as chaosd's heartbeat task does (and it comes back)
             for peer in beating:
                 bus.deliver(T.hb(peer.node), peer.hb())
         await agent.tick()
@@ -391,6 +396,24 @@ async def test_a_daemon_that_was_paused_does_not_blame_its_peers() -> None:
     clock.advance(5.0)  # we were frozen: b's silence is ours
     await run(agent, clock, 1.0, [b])
     assert agent.scheduler is not None and agent.scheduler.nodes["b"].state == "standby"
+
+
+async def test_a_node_that_no_longer_hears_itself_judges_nobody() -> None:
+    """The broker path breaks before the connection notices (a keepalive takes seconds): our
+    own heartbeats stop coming back, and the silence of everyone else is ours. Found by the
+    simulator (seed 3): a scheduler cut off alone failed every follower and trained alone,
+    committing the same steps as the other side."""
+    agent, bus, clock = await elected("a")
+    b = Peer("b")
+    bus.deliver(T.status("b"), b.status())
+    await run(agent, clock, 1.0, [b])
+    bus.echo = False  # cut: nothing we send arrives, nothing arrives for us
+    await run(agent, clock, 6.0)
+    assert agent.scheduler is not None and agent.scheduler.nodes["b"].state == "standby"
+    assert agent.counters["deaf"] == 1
+    bus.echo = True  # the path is back, b really is gone: it is failed after its grace
+    await run(agent, clock, 6.0)
+    assert agent.scheduler.nodes["b"].state == "failed"
 
 
 async def test_a_second_daemon_with_our_id_makes_this_one_exit() -> None:
