@@ -118,6 +118,7 @@ class NodeAgent(Leadership):
         # Until then, silence is not judged: peers may reconnect up to one backoff after us.
         self._judge_after = 0.0
         self._echo_at: float | None = None  # when our own last heartbeat came back
+        self._held_requests: list[tuple[Request, RequestBody]] = []  # during a contest
         self._deaf = False  # our heartbeats stopped coming back (see ECHO_S)
         self._pending: list[Outgoing] = []
         self._wills: dict[str, tuple[Status, float]] = {}
@@ -423,6 +424,13 @@ class NodeAgent(Leadership):
                 # A request is a sign of life: a node that asks to join right after a healed
                 # partition must not be failed for the silence that the partition was.
                 self.detector.heartbeat(req.node, seed=True)
+            if self.election.contested is not None:
+                # A better claim holds our seat in doubt: act on nothing until the contest is
+                # decided (the simulator's seed 3: a scheduler back from a cut, contesting
+                # a claim whose count was stale, scaled in the others for its own worker,
+                # which trained alone on steps the other side had committed).
+                self._held_requests.append((req, body))
+                return
             self.role.on_request(req, body)
 
     def request(self, body: RequestBody, reply: bool = False) -> str:
@@ -625,5 +633,13 @@ class NodeAgent(Leadership):
             self._ask_new_leader(before)
         else:
             self._settled(verdict, before, term)
+        if self.election.contested is not None:
+            return  # nothing is judged or changed while our seat is in doubt
+        held, self._held_requests = self._held_requests, []
         if self.role is not None:
+            for req, body in held:  # the contest is won: what waited is done now
+                self.role.on_request(req, body)
             self.role.judge(live)
+        else:
+            for req, _ in held:  # the contest is lost: the winner gets them (requests go to
+                self.queue(self.topics.req, encode(req))  # whoever schedules)

@@ -156,3 +156,34 @@ async def test_heartbeats_name_the_policy_the_worker_last_committed_under() -> N
     assert bus.published(T.hb("m"))[-1][1].policy_version == 5
     with pytest.raises(ControlError, match="committed_version"):
         worker_poll(agent, {"step": 4, "state": "active", "committed_version": -3})
+
+
+async def test_a_contesting_scheduler_holds_requests_until_the_contest_is_decided() -> None:
+    """While a better claim holds our seat in doubt we act on nothing; the requests that came
+    meanwhile are done if we win and handed to the winner if we lose. Found by the simulator
+    (seed 3): a scheduler back from a cut, contesting a claim whose count was stale, scaled
+    the others in on its own worker's link reports and let it train alone."""
+    agent, bus, clock = await elected("m")
+    peer = Peer("p")
+    bus.deliver(T.status("p"), peer.status())
+    await run(agent, clock, 1.0, [peer])
+    bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
+                               args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
+    await run(agent, clock, 0.2, [peer])
+    sched = agent.scheduler
+    assert sched is not None and sched.policy is not None
+    peer.version = sched.policy.version
+    await run(agent, clock, 1.0, [peer])
+    assert agent.training_count() == 1
+    version = sched.policy_version
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=0))  # a stale count: contest
+    assert agent.election.contested is not None
+    bus.deliver(T.req, Request(node="p", req_id="p-2", op="leave", args={"step": 3}))
+    await run(agent, clock, 0.3, [peer])
+    assert sched.policy_version == version and sched.nodes["p"].state == "active"
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=5))  # the fresh count wins
+    await run(agent, clock, 1.5, [peer])
+    assert agent.role is None and agent.election.leader == "z"
+    assert sched.policy_version == version  # the leave was never done here...
+    forwarded = [r for _, r in bus.published(T.req) if isinstance(r, Request)]
+    assert [(r.node, r.req_id) for r in forwarded][-1:] == [("p", "p-2")]  # ...but passed on
