@@ -505,12 +505,15 @@ class NodeAgent(Leadership):
         return hb.step + int(rate * (self.clock.monotonic() - heard) + 0.999)
 
     def daemon_alive(self, node: str) -> bool:
-        """Up as far as we know: no last will pending or applied, and heard recently."""
+        """Up as far as we know: no last will pending or applied, and heard recently, or not
+        judged yet (a scheduler elected a moment ago hears the others only from now on: its
+        silence so far is no news of theirs, and presence says they are up)."""
         if node == self.me:
             return True
         st = self.presence.get(node)
-        return (node not in self._wills and (st is None or st.online)
-                and self.detector.is_alive(node))
+        if node in self._wills or (st is not None and not st.online):
+            return False
+        return self.detector.is_alive(node) or node not in self.detector.known()
 
     def silence(self, node: str) -> float | None:
         """Seconds since ``node``'s last heartbeat: an upper bound on a detection delay."""

@@ -255,15 +255,22 @@ class Negotiator:
         return policy
 
     def _keep(self, parts: tuple[frozenset[str], ...]) -> frozenset[str]:
-        """The part that trains on: the most members up, then the most members, then ours.
+        """The part that trains on: the most holders of the state up (active members, not
+        joiners), then the most members up, then the most members, then ours.
 
-        Members counted up are those whose daemons we still hear: a part whose members are
-        about to be declared failed would take the state with it. Our own part wins a tie,
-        since we are surely up and reach it: a scheduler cut off with one peer used to keep
-        that peer (the lower id), put itself aside to rejoin from it, and then waited for a
-        source that was gone.
+        A part of joiners alone holds no state: keeping it over one with an active member threw
+        the state away (the simulator's seed 1: the hub of a star froze, the new scheduler
+        found its own joining node cut off from the rest, and bootstrapped it from a fresh
+        model while the holder was set aside). Members counted up are those whose daemons we
+        still hear: a part whose members are about to be declared failed would take the state
+        with it. Our own part wins a tie, since we are surely up and reach it: a scheduler cut
+        off with one peer used to keep that peer (the lower id), put itself aside to rejoin
+        from it, and then waited for a source that was gone.
         """
-        return min(parts, key=lambda p: (-sum(map(self.alive, p)), -len(p),
+        def holders(p: frozenset[str]) -> int:
+            return sum(1 for n in p if self.alive(n) and self.sched.nodes[n].state == "active")
+
+        return min(parts, key=lambda p: (-holders(p), -sum(map(self.alive, p)), -len(p),
                                          self.sched.me not in p, min(p)))
 
     # --- primitives -----------------------------------------------------------------------

@@ -376,3 +376,21 @@ def test_no_connect_command_names_a_node_without_a_worker() -> None:
     connects = cmds(neg, "connect")
     assert [n for n, _ in connects] == ["c"]  # a is not told to dial a worker that is gone
     assert all(args["addr"] == neg.sched.nodes["a"].data_addr for _, args in connects)
+
+
+def test_a_part_of_joiners_alone_is_never_kept_over_a_holder_of_the_state() -> None:
+    """The simulator's seed 1: the hub of a star died; the new scheduler's own node, still
+    joining (no state), was cut off from the holder; keeping it (our own part, a tie on
+    size) bootstrapped a fresh model and set the holder aside."""
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("b", 2, None, clock), clock, lambda n: 0)
+    grow(neg, "a", "c")
+    neg.join("b", "127.0.0.1:2", ["a"])  # b joins from a alone: its only link is to a
+    assert neg.sched.nodes["b"].state == "joining"
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    assert neg.sched.nodes["c"].state == "active"
+    assert neg.sched.policy is not None and "c" in neg.sched.policy.members
+    assert not any(e.kind == "scale-out" and e.detail.get("bootstrap") and e.node == "b"
+                   for e in neg.sched.events)
+    assert neg.joins["b"].command.sources == {"c": neg.sched.nodes["c"].data_addr}
