@@ -40,6 +40,8 @@ EVENT_STYLES: dict[str, str] = {
     "scheduler-elected": "bold blue",
     "partition": "bold magenta",
     "state-diverged": "bold red",
+    "state-restored": "bold green",
+    "state-lost": "bold red",
 }
 # Shown in this order in status; unknown states follow, sorted.
 STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")
@@ -318,10 +320,20 @@ def _diverged(ev: dict[str, Any]) -> str:
             f"{short(ev.get('majority'))}")
 
 
+def _state(ev: dict[str, Any]) -> str:
+    """``state-lost`` / ``state-restored``: where training goes on from, and what it cost."""
+    where = f"from step {cell(ev.get('step'))}"
+    if ev.get("source"):
+        where += f" of {ev['source']}"
+    lost = ev.get("steps_lost")
+    return f"{where}; {lost} steps lost" if _num(lost) and lost > 0 else where
+
+
 SUMMARIES = {
     "scale-out": _scale_out, "scale-in": _scale_in, "connect-link": _link,
     "disconnect-link": _link, "link-failed": _link, "node-failed": _node_failed,
     "scheduler-elected": _elected, "partition": _partition, "state-diverged": _diverged,
+    "state-restored": _state, "state-lost": _state,
 }
 
 

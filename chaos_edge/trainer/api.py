@@ -378,7 +378,7 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
                 log.warning("%s is not in policy v%d; asking to rejoin", self.node_id,
                             pub.version)
                 self._state = "joining"
-                self._s.attach()  # a fresh join request: the scheduler sends a replicate
+                self._s.attach(self.step)  # a fresh join request: a replicate comes back
                 self._join(self._clock.monotonic() + self.join_timeout)
                 continue
             if self._clock.monotonic() > deadline:

@@ -99,12 +99,13 @@ class Session:
         self.links.add_down_listener(self._on_down)
         self.poller = Poller(self.client, self.flush_reports)
 
-    def attach(self) -> dict[str, Any]:
-        """``worker.attach``; sets this node's identity on the data plane."""
+    def attach(self, step: int = 0) -> dict[str, Any]:
+        """``worker.attach`` (which asks to join, saying we hold the state of ``step``; 0: a
+        fresh model); sets this node's identity on the data plane."""
         data = self.client.call(
             "worker.attach",
             {"pid": os.getpid(), "host": "" if self.host == "0.0.0.0" else self.host,
-             "port": self.port},
+             "port": self.port, "step": step},
         )
         try:
             node, cluster, secret = str(data["node"]), str(data["cluster"]), str(data["secret"])

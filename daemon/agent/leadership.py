@@ -108,7 +108,7 @@ class Leadership:
         if leader is None or leader == before or not w.attached or w.state != "joining":
             return
         log.info("asking the new scheduler %s to let our worker join", leader)
-        self.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors))
+        self.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, step=w.step))
 
     def _settled(self, verdict: Verdict, before: str | None, term: int) -> None:
         """A contest or a deferral ended (Election.tick) with a STEP_DOWN or a FOLLOW."""

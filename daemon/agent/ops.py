@@ -99,13 +99,14 @@ async def link(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
 async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     port = _int(args, "port")
     pid = _int(args, "pid")
+    step = _int(args, "step", 0)  # the state the worker holds (0: a fresh model)
     host = args.get("host") or agent.cfg.advertise
     if not isinstance(host, str) or not 0 < port < 65536 or not pid:
         raise ControlError("worker.attach needs 'pid', 'host' and a 'port' in 1..65535")
     w = agent.worker
     if w.attached and w.pid != pid:
         raise ControlError(f"another worker (pid {w.pid}) is attached", code="failed")
-    w.pid, w.data_addr, w.state = pid, f"{host}:{port}", "joining"
+    w.pid, w.data_addr, w.state, w.step = pid, f"{host}:{port}", "joining", step
     w.attached_at = w.last_poll = agent.clock.monotonic()
     rtts: dict[str, float] = {}
     if agent.monitor is not None and not w.neighbors:
@@ -113,7 +114,7 @@ async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
         peers = {n: ep for n in agent.presence if (ep := agent.endpoint(n)) is not None}
         with w.serving(agent.clock):  # the worker waits on us: no hang
             rtts = await agent.monitor.rtts(peers)
-    agent.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, rtts=rtts))
+    agent.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, rtts=rtts, step=step))
     await agent.flush()
     rep = agent.cfg.replication
     return {"node": agent.me, "cluster": agent.cfg.cluster, "secret": agent.cfg.data_key.hex(),

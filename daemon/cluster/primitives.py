@@ -56,6 +56,10 @@ AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
 STEP_MARGIN = 2        # at least this many steps of slack before a planned change
 POLICY_LEAD_S = 0.5    # and at least this much time: the policy must reach every worker first
 RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
+# When no member is left, a joiner without the cluster's newest state waits this long for a
+# holder of it to come back (a cut site, a box that reboots) before the cluster starts over
+# from the best state that did come, and says so (a state-lost event).
+HOLD_S = 60.0
 
 
 def link_key(a: str, b: str) -> tuple[str, str]:
@@ -126,6 +130,10 @@ class Negotiator:
         self.out: list[tuple[str, CommandBody]] = []  # (node, command) for the agent to send
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
         self.joins: dict[str, Join] = {}  # joining node -> its scale-out in flight
+        # With no member left: joiners waiting for a holder of the state (node -> its step),
+        # and since when the cluster has had no member.
+        self.held: dict[str, int] = {}
+        self._empty_since: float | None = None
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
 
     # --- helpers --------------------------------------------------------------------------
@@ -275,8 +283,10 @@ class Negotiator:
 
     # --- primitives -----------------------------------------------------------------------
     def join(self, node: str, data_addr: str, wanted: list[str],
-             rtts: dict[str, float] | None = None) -> None:
-        """Scale-out: admit ``node``; the first member bootstraps the cluster."""
+             rtts: dict[str, float] | None = None, step: int = 0) -> None:
+        """Scale-out: admit ``node`` (its worker holds the state of ``step``; 0: a fresh
+        model). The first member bootstraps the cluster; with no member left, only one that
+        holds the cluster's newest state does so at once (see :meth:`tick`)."""
         rec = self.sched.nodes.get(node)
         if rec is None:
             self.sched.set_node(node, state="standby")
@@ -291,15 +301,17 @@ class Negotiator:
             return
         self._leaving.pop(node, None)
         if not members:
-            self.sched.set_node(node, state="active")
-            policy = self.publish_policy(effective_step=0)
-            version = policy.version if policy else 0
-            # Said, not left to the worker to infer from a policy naming it alone: joins that
-            # came a moment later publish newer policies naming them too, and a worker that
-            # first looked then waited for a replica nobody could send.
-            self._cmd(node, Bootstrap(new=node, policy_version=version))
-            self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
-                              policy_version=version)
+            if step >= self.sched.step or self._empty_for() >= HOLD_S:
+                self._bootstrap(node, step)
+            else:
+                # The state's holders are gone for now (failed, cut off, rebooting): a fresh or
+                # older state must not start the cluster over while one may come back (the
+                # simulator's seed 4: a site back first bootstrapped a fresh model while the
+                # other site, still cut off, held the state).
+                self.held[node] = step
+                self.sched.set_node(node, state="standby")
+                log.warning("%s holds step %d, the cluster was at %d: waiting up to %gs for a "
+                            "holder of the state", node, step, self.sched.step, HOLD_S)
             return
         requested_at = self.clock.monotonic()
         # Self-loops and strangers are dropped; without a valid wish, the nearest members by
@@ -324,6 +336,46 @@ class Negotiator:
         policy = self.publish_policy(effective_step=join.member_from)
         join.command = replace(command, policy_version=policy.version if policy else 0)
         self._send_replicate(join)
+
+    def _empty_for(self) -> float:
+        """How long the cluster has had no active member (0 while it has one)."""
+        if self._active():
+            self._empty_since = None
+            return 0.0
+        now = self.clock.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+        return now - self._empty_since
+
+    def _bootstrap(self, node: str, step: int) -> None:
+        """``node`` becomes the only member, from the state its worker holds."""
+        held = self.held.pop(node, None)
+        known = self.sched.step
+        self.sched.set_node(node, state="active")
+        policy = self.publish_policy(effective_step=0)
+        version = policy.version if policy else 0
+        # Said, not left to the worker to infer from a policy naming it alone: joins that came
+        # a moment later publish newer policies naming them too, and a worker that first looked
+        # then waited for a replica nobody could send.
+        self._cmd(node, Bootstrap(new=node, policy_version=version))
+        self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
+                          policy_version=version)
+        if known > 0:  # a cluster that had a state goes on from this one
+            kind: EventKind = "state-restored" if step >= known else "state-lost"
+            self.sched.record(kind, node=node, step=step, source=node,
+                              steps_lost=max(0, known - step), held=held is not None)
+        self.sched.step = step
+        self._empty_since = None
+        for other, their in sorted(self.held.items()):  # those who waited pull from it now
+            del self.held[other]
+            self.join(other, self.sched.nodes[other].data_addr, [node], step=their)
+
+    def tick(self) -> None:
+        """Called every tick: start over from the best state held back, once no holder of
+        the newest one has come back within HOLD_S."""
+        if self.held and self._empty_for() >= HOLD_S:
+            best = max(self.held, key=lambda n: (self.held[n], n))  # most steps, then id
+            self._bootstrap(best, self.held[best])
 
     def _send_replicate(self, join: Join) -> None:
         """Send ``join``'s command to the new node and its sources (again, after a lost
@@ -377,6 +429,7 @@ class Negotiator:
             return
         t0 = self.clock.monotonic()
         self.joins.pop(node, None)
+        self.held.pop(node, None)
         effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
         # First, so only survivors are told; and without its worker's address, so that no
         # later link report rejoins a node whose worker has gone (it asks to join anew).
@@ -398,6 +451,7 @@ class Negotiator:
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
         self.joins.pop(node, None)
+        self.held.pop(node, None)
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:
             self.sched.set_node(node, state="standby")  # the worker went, the daemon stays
@@ -456,7 +510,7 @@ class Negotiator:
     def handle(self, node: str, body: RequestBody) -> str | None:
         """Apply one request from ``node``; returns an error line for the requester."""
         if isinstance(body, JoinRequest):
-            self.join(node, body.addr, body.neighbors, body.rtts)
+            self.join(node, body.addr, body.neighbors, body.rtts, body.step)
         elif isinstance(body, LeaveRequest):
             self.leave(node, body.step)
         elif isinstance(body, LinkRequest):

@@ -157,7 +157,10 @@ class SchedulerRole:
         self.flush()
 
     def judge(self, live: set[str]) -> None:
-        """Fail every admitted node that is not ``live``."""
+        """Every tick: fail every admitted node that is not ``live``, and let the negotiator
+        decide what waits on time (a join held for a holder of the state)."""
+        self.neg.tick()
+        self.flush()
         agent = self.agent
         for node in self.sched.live():
             if node == agent.me:

@@ -69,7 +69,7 @@ CONTROL_OPS: tuple[ControlOp, ...] = (*get_args(ReadOp), *get_args(ActionOp),
 # --- events (``chaosctl events``) -------------------------------------------------------------
 EventKind = Literal[
     "scale-out", "scale-in", "connect-link", "disconnect-link", "node-failed", "link-failed",
-    "scheduler-elected", "partition", "state-diverged",
+    "scheduler-elected", "partition", "state-diverged", "state-restored", "state-lost",
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 

@@ -76,12 +76,15 @@ class JoinRequest(_Body):
         neighbors: The neighbours the operator asked for (``chaosctl join --neighbor``);
             empty: the scheduler picks the nearest by ``rtts``.
         rtts: Milliseconds to each live peer, as the joining node measured them.
+        step: The step of the state the worker holds (0: a fresh model). When no member is
+            left, only a node holding the cluster's newest state may start it again at once.
     """
 
     OP: ClassVar[str] = "join"
     addr: str
     neighbors: list[str] = field(default_factory=list)
     rtts: dict[str, float] = field(default_factory=dict)
+    step: int = 0
 
     def check(self) -> str | None:
         if not valid_addr(self.addr):

@@ -15,7 +15,7 @@ import pytest
 from chaosctl.views import event_summary
 from daemon.agent import views as daemon_views
 from daemon.agent.node import NodeAgent
-from daemon.cluster.primitives import Negotiator
+from daemon.cluster.primitives import HOLD_S, Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.kinds import EVENT_KINDS
@@ -64,12 +64,35 @@ def real_events() -> list[dict[str, Any]]:
     return daemon_views.events(cast(NodeAgent, agent), {})
 
 
+def state_events() -> list[dict[str, Any]]:
+    """Every member goes; a former one comes back with the newest state (state-restored),
+    then goes too, and no holder comes back in time: a fresh model (state-lost)."""
+    clock = FakeClock()
+    sched = Scheduler("node-9", 5, None, clock)
+    neg = Negotiator(sched, clock, lambda _n: 150)
+    neg.join("node-5", "127.0.0.1:5000", [])
+    neg.replicated("node-5", Replicated(version=0))
+    sched.step = 150
+    for node in ("node-5",):
+        sched.fail(node, "heartbeat", 2.0)
+        neg.gone(node, "failure")
+    neg.join("node-5", "127.0.0.1:5000", [], step=150)
+    sched.fail("node-5", "heartbeat", 2.0)
+    neg.gone("node-5", "failure")
+    neg.join("node-6", "127.0.0.1:6000", [], step=0)
+    clock.advance(HOLD_S)
+    neg.tick()
+    agent = SimpleNamespace(events={(ev.seq, ev.ts): ev for ev in sched.events})
+    return [ev for ev in daemon_views.events(cast(NodeAgent, agent), {})
+            if ev["kind"] in ("state-restored", "state-lost")]
+
+
 def by_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [ev for ev in events if ev["kind"] == kind]
 
 
 def test_every_kind_has_a_summary() -> None:
-    events = real_events()
+    events = real_events() + state_events()
     assert {ev["kind"] for ev in events} == set(EVENT_KINDS)
     for ev in events:
         assert "=" not in event_summary(ev), ev  # no raw key=value dump for a known kind
@@ -96,6 +119,9 @@ def test_the_other_kinds() -> None:
     assert ins[0].startswith("left gracefully at step ")
     assert ins[1:] == ["dropped: its worker hung and was killed",
                        "dropped: its state diverged"]
+    states = {ev["kind"]: event_summary(ev) for ev in state_events()}
+    assert states == {"state-restored": "from step 150 of node-5",
+                      "state-lost": "from step 0 of node-6; 150 steps lost"}
     stalled = [ev for ev in events if ev.get("stall_ms")]
     assert stalled and event_summary(stalled[0]).endswith("; stall 42 ms")
 

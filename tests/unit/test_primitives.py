@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cluster.primitives import JoinPhase, Negotiator
+from daemon.cluster.primitives import HOLD_S, JoinPhase, Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import MessageError
@@ -394,3 +394,45 @@ def test_a_part_of_joiners_alone_is_never_kept_over_a_holder_of_the_state() -> N
     assert not any(e.kind == "scale-out" and e.detail.get("bootstrap") and e.node == "b"
                    for e in neg.sched.events)
     assert neg.joins["b"].command.sources == {"c": neg.sched.nodes["c"].data_addr}
+
+
+def test_with_no_member_left_a_fresh_joiner_waits_for_a_holder_of_the_state() -> None:
+    """The simulator's seed 4: every member was cut off with its site; a site back first
+    bootstrapped a fresh model while the holders were alive. A joiner behind the cluster's
+    step now waits for a holder (it starts the cluster again, state-restored), or HOLD_S,
+    after which the best state held back starts it over (state-lost, with the steps lost)."""
+    neg, _ = make()
+    grow(neg, "a", "b")
+    neg.sched.step = 500  # what the heartbeats said
+    for node in ("a", "b"):
+        neg.sched.fail(node, "heartbeat", 2.0)
+        neg.gone(node, "failure")
+    neg.out.clear()
+    neg.join("c", "127.0.0.1:3", [], step=0)
+    assert neg.held == {"c": 0} and neg.sched.nodes["c"].state == "standby"
+    assert cmds(neg, "bootstrap") == []
+    neg.join("a", "127.0.0.1:1", [], step=500)  # a holder is back: it starts the cluster again
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["a"]
+    restored = [e for e in neg.sched.events if e.kind == "state-restored"]
+    assert restored and restored[-1].detail["steps_lost"] == 0
+    assert neg.sched.nodes["c"].state == "joining" and neg.joins["c"].command.sources == {
+        "a": "127.0.0.1:1"}
+    assert neg.held == {}
+
+
+def test_with_no_holder_back_in_time_the_best_state_starts_over_and_says_so() -> None:
+    neg, clock = make()
+    grow(neg, "a")
+    neg.sched.step = 300
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    neg.join("c", "127.0.0.1:3", [], step=0)
+    neg.join("d", "127.0.0.1:4", [], step=280)  # a former member, a little behind
+    neg.tick()
+    assert neg.held == {"c": 0, "d": 280}
+    clock.advance(HOLD_S)
+    neg.tick()
+    assert neg.sched.nodes["d"].state == "active" and neg.sched.step == 280
+    lost = [e for e in neg.sched.events if e.kind == "state-lost"]
+    assert lost and lost[-1].node == "d" and lost[-1].detail["steps_lost"] == 20
+    assert neg.joins["c"].command.sources == {"d": "127.0.0.1:4"}
