@@ -178,6 +178,42 @@ class Negotiator:
         self.sched.dirty = True
         return dropped
 
+    def _heal_overlay(self) -> None:
+        """A member that went took its links along: reconnect the members it held together.
+
+        Links are the overlay the all-reduce tree runs on, not the network: when the hub of a
+        star fails, its survivors lose every link while their boxes still reach each other.
+        Left so, the partition rule kept one of them and made the others rejoin by scale-out
+        (the simulator's seed 3). Each split-off part is linked to the largest one; if the
+        network is truly cut there, the new link fails and its report is a partition.
+        """
+        members = self.members()
+        adj: dict[str, set[str]] = {m: set() for m in members}
+        for lk in self.sched.links:
+            if lk.a in adj and lk.b in adj:
+                adj[lk.a].add(lk.b)
+                adj[lk.b].add(lk.a)
+        parts: list[set[str]] = []
+        seen: set[str] = set()
+        for start in members:
+            if start in seen:
+                continue
+            part, todo = set(), [start]
+            while todo:
+                n = todo.pop()
+                if n not in part:
+                    part.add(n)
+                    todo.extend(adj[n] - part)
+            seen |= part
+            parts.append(part)
+        if len(parts) < 2:
+            return
+        parts.sort(key=lambda p: (-len(p), min(p)))
+        main = parts[0]
+        for part in parts[1:]:
+            self._add_link(min(part), min(main))
+            main |= part
+
     def _set_neighbors(self) -> None:
         adj: dict[str, set[str]] = {}
         for lk in self.sched.links:  # once over the links, not once per node
@@ -435,6 +471,7 @@ class Negotiator:
         # later link report rejoins a node whose worker has gone (it asks to join anew).
         self.sched.set_node(node, state="left", data_addr="")
         self._drop_links(node)
+        self._heal_overlay()
         self._leaving[node] = effective
         policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="leave",
@@ -458,6 +495,7 @@ class Negotiator:
         # Before the policy: a joiner left with no source (and so no link) would otherwise be
         # cut off as a partition of its own.
         self._replan_orphans()
+        self._heal_overlay()
         if was_member:
             policy = self.publish_policy(effective_step=0)
             self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,

@@ -436,3 +436,23 @@ def test_with_no_holder_back_in_time_the_best_state_starts_over_and_says_so() ->
     lost = [e for e in neg.sched.events if e.kind == "state-lost"]
     assert lost and lost[-1].node == "d" and lost[-1].detail["steps_lost"] == 20
     assert neg.joins["c"].command.sources == {"d": "127.0.0.1:4"}
+
+
+def test_the_hub_of_a_star_fails_and_its_survivors_are_linked_again() -> None:
+    """The simulator's seed 3: b and c hung off a alone; a failed and took every link, and the
+    partition rule kept one survivor and made the other rejoin by scale-out. The overlay is
+    healed instead: the survivors are linked to each other and both train on."""
+    neg, _ = make()
+    grow(neg, "a")
+    for node in ("b", "c"):
+        neg.join(node, f"127.0.0.1:{ord(node)}", ["a"])
+        neg.replicated(node, done())
+    assert {(lk.a, lk.b) for lk in neg.sched.links} == {("a", "b"), ("a", "c")}
+    neg.out.clear()
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    assert {(lk.a, lk.b) for lk in neg.sched.links} == {("b", "c")}
+    assert sorted(n for n, _ in cmds(neg, "connect")) == ["b", "c"]
+    assert neg.sched.policy is not None and neg.sched.policy.members == ("b", "c")
+    assert not any(e.kind == "partition" for e in neg.sched.events)
+    assert neg.sched.nodes["b"].state == neg.sched.nodes["c"].state == "active"
