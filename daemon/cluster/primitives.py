@@ -268,9 +268,18 @@ class Negotiator:
         self._set_neighbors()
         members = [m for m in self.members() if m not in exclude]
         if not members:
-            self.sched.policy = None
+            # Said, not left unsaid: a worker whose newest policy still named it waited for
+            # a round that could never come, while the scheduler, holding joiners back for a
+            # holder of the state, never heard from it (the simulator's seed 52).
+            if self.sched.policy is None or not self.sched.policy.members:
+                return self.sched.policy
+            empty = SyncPolicy.build(self.sched.policy_version + 1, [], [], "", effective_step,
+                                     wire=self.wire, sync=self.sync)
+            self.sched.policy_version = empty.version
+            self.sched.policy = empty
+            self.sched.policies.append(empty)
             self.sched.dirty = True
-            return None
+            return empty
         weights = {link_key(lk.a, lk.b): (lk.bandwidth_mbps or 1.0)
                    for lk in self.sched.links if lk.state == "up"}
         plan = spanning_tree(members, weights)
@@ -383,6 +392,14 @@ class Negotiator:
             self._empty_since = now
         return now - self._empty_since
 
+    def _note_members(self) -> None:
+        """After a member went: the clock of an empty cluster starts when the last one goes
+        (a clock left running from an earlier empty spell let a joiner start over at once)."""
+        if self._active():
+            self._empty_since = None
+        elif self._empty_since is None:
+            self._empty_since = self.clock.monotonic()
+
     def _bootstrap(self, node: str, step: int) -> None:
         """``node`` becomes the only member, from the state its worker holds."""
         held = self.held.pop(node, None)
@@ -445,6 +462,7 @@ class Negotiator:
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
             return
         self.sched.set_node(node, state="active")
+        self._empty_since = None
         delay = None if join is None else (self.clock.monotonic() - join.requested_at) * 1000.0
         detail = report.detail()
         # Who declined: the sources' own reports, and what the new node heard from them (a
@@ -472,6 +490,7 @@ class Negotiator:
         self.sched.set_node(node, state="left", data_addr="")
         self._drop_links(node)
         self._heal_overlay()
+        self._note_members()
         self._leaving[node] = effective
         policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="leave",
@@ -496,6 +515,7 @@ class Negotiator:
         # cut off as a partition of its own.
         self._replan_orphans()
         self._heal_overlay()
+        self._note_members()
         if was_member:
             policy = self.publish_policy(effective_step=0)
             self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,

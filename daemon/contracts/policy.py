@@ -114,7 +114,9 @@ class SyncPolicy:
 
     Attributes:
         version: Monotonic policy version; every data frame carries it.
-        members: Nodes taking part, sorted.
+        members: Nodes taking part, sorted. None is a policy too: the cluster has no member
+            left, and a worker that finds itself outside it asks to join again (saying which
+            state it holds), as after any drop.
         edges: Undirected tree edges, each sorted, the list sorted.
         root: The node that finishes the reduction and starts the broadcast.
         effective_step: The first round it governs (0: at once, rounds in flight rerun).
@@ -166,6 +168,10 @@ class SyncPolicy:
             raise PolicyError(f"wire format {self.wire!r} is not one of "
                               f"{', '.join(WIRE_FORMATS)}")
         self.sync.validate()
+        if not self.members:  # the cluster has no member left: every worker is outside it
+            if self.root or self.edges:
+                raise PolicyError("a policy with no members has no root and no edges")
+            return
         if self.root not in self.members:
             raise PolicyError(f"root {self.root!r} is not a member")
         nodes = set(self.members)

@@ -456,3 +456,36 @@ def test_the_hub_of_a_star_fails_and_its_survivors_are_linked_again() -> None:
     assert neg.sched.policy is not None and neg.sched.policy.members == ("b", "c")
     assert not any(e.kind == "partition" for e in neg.sched.events)
     assert neg.sched.nodes["b"].state == neg.sched.nodes["c"].state == "active"
+
+
+def test_the_hold_counts_from_when_the_last_member_went() -> None:
+    """The simulator's seed 52: an earlier empty spell left the clock running; when the last
+    member went again much later, a fresh joiner started the cluster over at once."""
+    neg, clock = make()
+    grow(neg, "a")
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    neg.join("a", "127.0.0.1:1", [], step=0)  # the empty spell: a is back at once
+    clock.advance(2 * HOLD_S)
+    neg.sched.step = 40
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    neg.join("c", "127.0.0.1:3", [], step=0)
+    assert neg.held == {"c": 0}  # held: the clock started when a went, just now
+
+
+def test_when_the_last_member_goes_a_policy_without_members_says_so() -> None:
+    """The simulator's seed 52: the scheduler dropped the last member and published nothing,
+    so a worker still holding the state waited for a round under the old policy, never asked
+    to join, and the joiners held back for a holder waited in vain."""
+    neg, _ = make()
+    grow(neg, "a", "b")
+    version = neg.sched.policy_version
+    for node in ("a", "b"):
+        neg.sched.fail(node, "heartbeat", 2.0)
+        neg.gone(node, "failure")
+    empty = neg.sched.policy
+    assert empty is not None and empty.members == () and empty.version > version
+    assert neg.sched.policies[-1] is empty
+    neg.gone("a", "failure")  # nothing more to say
+    assert neg.sched.policy is empty
