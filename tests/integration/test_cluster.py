@@ -89,8 +89,10 @@ def test_sigstop_scheduler_no_split_brain(make_cluster: MakeCluster, broker: str
         assert new != old and new_term > term
         wait_until(lambda: (r := node_row(c, new, old)) and r["state"] == "failed", 10,
                    "frozen scheduler marked failed")
-        reason = [e["reason"] for e in events_of(c, new, "node-failed") if e["node"] == old]
-        assert reason  # heartbeat silence, or the broker's keepalive will if that came first
+        # Waited for, not read once: a control query that times out on a loaded box reads as
+        # no events. Heartbeat silence, or the broker's keepalive will if that came first.
+        wait_until(lambda: [e for e in events_of(c, new, "node-failed") if e["node"] == old],
+                   10, "the frozen scheduler's node-failed event")
     finally:
         c.kill(old, signal.SIGCONT)
     # After the thaw: watch who claims to lead, and in which term, until things settle.
