@@ -203,7 +203,7 @@ class NodeAgent(Leadership):
         mon = self.monitor
         ts = self.clock.wall() if reason == "left" else self._conn_ts
         return Status(node=self.me, online=online, reason=reason, incarnation=self.incarnation,
-                      addr=self.cfg.advertise, ts=ts,
+                      addr=self.cfg.advertise, ts=ts, term=self.election.term,
                       probe_port=mon.probe_port if mon else 0, bw_port=mon.bw_port if mon else 0,
                       bw_kind=mon.bandwidth.kind if mon else "")
 
@@ -626,7 +626,11 @@ class NodeAgent(Leadership):
         rival = self.election.contested
         # Counted only while a contest runs: it walks every live node, and this is every tick.
         own = self.training_count(live) if rival is not None else 0
-        verdict = self.election.tick(live, has_state=self.view is not None, own=own)
+        # The best term a live peer knows: above 0, a cluster exists, and a node that holds
+        # none of its state lets a peer that may hold it lead first.
+        known = max((st.term for n, st in self.presence.items() if n in live), default=0)
+        verdict = self.election.tick(live, has_state=self.view is not None, own=own,
+                                     cluster_term=known)
         if verdict.action is Action.CLAIM and self.role is not None and rival is not None:
             self.role.outbid(verdict.term, rival.leader, own, rival.training)
             self._queue_claim()

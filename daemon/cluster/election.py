@@ -22,10 +22,11 @@ Rules (all nodes apply the same ones, so they converge without talking more):
   two contest windows (the leader may outbid the claim), and goes as soon as its leader dies.
 * Commands carry the term: a node drops a command whose term is below the best it knows.
 * The term outlives the process (the agent keeps it in the data dir and :meth:`restore` s it).
-  A node that remembers a cluster (term > 0) but holds none of its state stands only after
-  ``orphan_s`` of vacancy: a broker that restarted without persistence has lost every retained
-  claim and snapshot, and the peers that still hold the state must get the first chance to
-  lead, or this node would bootstrap a second cluster beside them.
+  A node that remembers a cluster (term > 0), or sees a live peer that does (its presence
+  says which term it knew), but holds none of its state stands only after ``orphan_s`` of
+  vacancy: a broker that restarted without persistence has lost every retained claim and
+  snapshot, and the peers that still hold the state must get the first chance to lead, or this
+  node would bootstrap a second cluster beside them (the simulator's seed 66: a new box did).
 """
 
 from __future__ import annotations
@@ -206,13 +207,15 @@ class Election:
         if not self.is_leader:
             self.leader = None
 
-    def tick(self, live: set[str], has_state: bool = True, own: int = 0) -> Verdict:
+    def tick(self, live: set[str], has_state: bool = True, own: int = 0,
+             cluster_term: int = 0) -> Verdict:
         """Decide whether to stand, given the nodes we currently believe alive.
 
         Args:
             live: ids of live nodes as this node sees them (``me`` is implied).
             has_state: this node holds a cluster snapshot that a new scheduler can start from.
             own: the nodes training under our policies, if we lead (a contest's count).
+            cluster_term: the best term a live peer says it knows (its presence).
         """
         now = self._clock.monotonic()
         self._live = set(live)
@@ -228,7 +231,7 @@ class Election:
             self._vacant_since = now
         rank = sorted(live | {self.me}).index(self.me)
         wait = rank * self._cfg.stagger_s
-        if self.term > 0 and not has_state:
+        if max(self.term, cluster_term) > 0 and not has_state:
             wait = max(wait, self._cfg.orphan_s)  # let a peer that holds the state lead
         if now - self._vacant_since < wait:
             return self._verdict(Action.NONE)

@@ -109,6 +109,9 @@ class Status:
     probe_port: int = 0   # UDP RTT responder
     bw_port: int = 0      # bandwidth probe server
     bw_kind: str = ""     # "iperf3" or "bulk": both ends must speak the same tool
+    # The best election term the node knew when it connected (0: it knows no cluster): a
+    # newcomer that sees one above 0 knows a cluster with a state exists, and lets it lead.
+    term: int = 0
 
 
 @dataclass(frozen=True)

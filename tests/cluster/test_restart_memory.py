@@ -84,3 +84,22 @@ def test_a_member_back_as_a_new_process_is_scaled_in_then_admitted() -> None:
     assert role.sched.nodes["1"].state == "standby" and role.sched.nodes["1"].incarnation == 2
     assert role.sched.policy_version > version
     assert "1" not in (role.sched.policy.members if role.sched.policy else [])
+
+
+def test_a_newcomer_that_sees_a_peer_knowing_a_cluster_lets_it_lead_first() -> None:
+    """The simulator's seed 66: the broker restarted and lost the retained claim and snapshot;
+    a new box, remembering nothing, stood at once and bootstrapped a fresh model beside the
+    peers that held the state. A peer's presence says which term it knew: above 0, a cluster
+    exists, and the newcomer waits orphan_s for one of its members to lead."""
+    clock = FakeClock()
+    el = Election("z", CFG, clock)
+    el.connected()
+    clock.advance(CFG.grace_s)
+    assert el.tick({"a"}, has_state=False, cluster_term=3).action is Action.NONE
+    assert el.on_claim("a", 4).action is Action.FOLLOW
+    fresh = Election("z", CFG, clock)  # peers that know no cluster: a new one, no wait
+    fresh.connected()
+    clock.advance(CFG.grace_s)
+    assert fresh.tick({"a"}, has_state=False, cluster_term=0).action is Action.NONE  # rank 1
+    clock.advance(CFG.stagger_s + 0.05)
+    assert fresh.tick({"a"}, has_state=False, cluster_term=0).action is Action.CLAIM
