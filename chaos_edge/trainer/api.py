@@ -50,10 +50,10 @@ from chaos_edge.trainer.control import (
 from chaos_edge.trainer.epochs import Epochs
 from chaos_edge.trainer.joining import Joining
 from chaos_edge.trainer.leaving import Leaving, _Left
-from chaos_edge.trainer.local import LocalSteps
 from chaos_edge.trainer.objects import Registry
 from chaos_edge.trainer.outer import Outer
 from chaos_edge.trainer.poller import POLL_S
+from chaos_edge.trainer.replica import Replica
 from chaos_edge.trainer.serving import Serving
 from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handlers
 from chaos_edge.trainer.shares import SLOTS, SPEED_EMA, Shard, shard_of
@@ -61,7 +61,7 @@ from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
 from chaos_edge.trainer.timing import StepTiming, Timing
 from daemon.contracts import protocol
 from daemon.contracts.clock import Clock, SystemClock
-from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.policy import SyncMode, SyncPolicy
 
 __all__ = ["Shard", "StateDiverged", "StateMismatch", "StepTiming", "Trainer", "TrainerError",
            "UnserialisableState", "capture_exit_event"]
@@ -74,7 +74,7 @@ def capture_exit_event() -> bool:
     return EXIT_EVENT.is_set()
 
 
-class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
+class Trainer(Joining, Serving, Timing, Epochs, Leaving):
     """Synchronous data-parallel training on the Chaos overlay.
 
     Args:
@@ -156,10 +156,8 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
         self.samples_per_step = samples_per_step or 1
         self.global_batch, self.digest_every = global_batch, digest_every
         self.timeout, self.join_timeout = timeout, join_timeout
-        self.step = 0
+        self._replica = Replica(model, optimizer, self._objects, self._stepper)
         self.stalls: list[StepTiming] = []  # the last 10,000 updates
-        self._pending: Any = None  # uncertain result of round step + 1
-        self._pending_version = -1  # the policy version of the round that produced it
         self._agreed: tuple[int, int] | None = None
         self._attempt: dict[int, int] = {}
         self._state = "joining"
@@ -174,7 +172,6 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
         self._speeds: tuple[int, list[float]] | None = None  # (policy version, members' speeds)
         self._last_end: float | None = None  # when the last update() returned
         self._shard: Shard | None = None
-        self._outer: Outer | None = None  # diloco mode: the synced state (outer.py)
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
         try:
@@ -186,6 +183,16 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
         except BaseException:
             self._s.close()
             raise
+
+    @property
+    def step(self) -> int:
+        """The number of committed updates, the same on every member (module docstring)."""
+        return self._replica.step
+
+    @property
+    def _outer(self) -> Outer | None:
+        """diloco mode's outer state (read by the diloco test worker and the slowlinks bench)."""
+        return self._replica.outer
 
     @property
     def state(self) -> dict[str, Any]:
@@ -236,7 +243,7 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
         joins = self._joins
         pub = self._policy(deadline)
         # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
-        if self._inner(pub, n if self._joins == joins else 0):
+        if self._replica.inner_step(pub, n if self._joins == joins else 0):
             self._account(t0, 0.0, 0, "")
             self._last_end = self._clock.monotonic()
             return
@@ -252,9 +259,9 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
             # A gradient of a state we no longer hold (rejoined in this call) or one the guard
             # found out of line counts for nothing.
             void = self._diverged or self._joins != joins
-            rn = 0 if void else self._round_samples(n)  # diloco: the window's samples
+            rn = 0 if void else self._replica.round_samples(n)  # diloco: the window's samples
             flat = self._gather(pub, rn)
-            self._round_input(flat, rn)  # diloco: the pseudo-gradient
+            self._replica.round_input(flat, rn)  # diloco: the pseudo-gradient
             try:
                 # Our digest is local work, so it is timed as stall, not as the collective.
                 # Only a member who was not in the last agreement brings a state that no
@@ -272,9 +279,9 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
                         break  # the agreement committed the result we held for this round
                 t1 = self._clock.monotonic()
                 # The reused result buffer must never be the one a held result lives in.
-                out = self._stepper.result if self._pending is None else None
-                res = self.reducer.allreduce(flat, rn, step=self._rstep() + 1, policy=pub,
-                                             attempt=epoch[1], out=out,
+                out = self._stepper.result if self._replica.held is None else None
+                res = self.reducer.allreduce(flat, rn, step=self._replica.round_step() + 1,
+                                             policy=pub, attempt=epoch[1], out=out,
                                              lossy=self._stepper.n_grad)  # fmt: skip
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
@@ -283,7 +290,7 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
             except RoundAborted as exc:
                 reruns, reason = reruns + 1, exc.reason
                 if exc.result is not None:
-                    self._pending, self._pending_version = exc.result, exc.policy_version
+                    self._replica.held, self._replica.held_version = exc.result, exc.policy_version
                 self._s.report(protocol.RoundAborted(step=self.step + 1, reason=exc.reason[:200]))
                 nxt = self._next_epoch(pub, deadline, exc)
                 if nxt is not None and self._catch_up(pub, nxt):
@@ -330,13 +337,13 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
     def state_digest(self) -> str:
         """SHA-256 of the whole state: parameters, buffers (as agreed at the last step),
         optimizer state and every registered object. Equal on every member at a step."""
-        return self._digest().hex()
+        return self._replica.digest().hex()
 
     def _own_digest(self) -> bytes:
         """What this member brings to the guard's comparison (b"": nothing)."""
         # A leaver's script has stopped stepping its scheduler and counters: it is no longer
         # compared (the others' rounds ignore its samples anyway).
-        return b"" if self._state == "leaving" else self._digest()
+        return b"" if self._state == "leaving" else self._replica.digest()
 
     def _poll(self) -> None:
         """Take in what the poller fetched (no I/O). Every call happens at a step boundary,
@@ -388,12 +395,14 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
 
     def _apply(self, values: Any, version: int) -> None:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
-        if self._outer is None:
-            self._stepper.apply(values)
-        else:
-            self._apply_outer(values, version)
-        self.step += 1
-        self._pending = None
+        mode = self._mode_of(version) if self._replica.outer is not None else None
+        self._replica.commit(values, mode)
         if self.global_batch is not None:
             speeds = self._stepper.speeds(values)
             self._speeds = None if speeds is None else (version, speeds.tolist())
+
+    def _mode_of(self, version: int) -> SyncMode:
+        """The sync mode of the policy a round ran under (the newest if it is forgotten)."""
+        pub = self._s.book.get(version) or self._s.book.newest
+        assert pub is not None
+        return pub.sync

@@ -20,7 +20,6 @@ from typing import Any
 from chaos_edge.dataplane import AllReducer, RoundAborted
 from chaos_edge.dataplane.agree import Decision
 from chaos_edge.trainer.control import StateDiverged, TrainerError
-from chaos_edge.trainer.outer import Outer
 from chaos_edge.trainer.parts import TrainerParts
 from chaos_edge.trainer.poller import POLL_S
 from daemon.contracts import protocol
@@ -36,7 +35,6 @@ class Epochs(TrainerParts):
     reducer: AllReducer
     timeout: float
     digest_every: int
-    _outer: Outer | None
     _agreed: tuple[int, int] | None
     _agreed_members: tuple[str, ...] | None
     _attempt: dict[int, int]
@@ -48,7 +46,7 @@ class Epochs(TrainerParts):
 
     def _rstep(self) -> int:
         """The data plane's step: the last committed round (module docstring)."""
-        return self.step if self._outer is None else self.step // self._outer.inner_steps
+        return self._replica.round_step()
 
     def _epoch(self, pub: SyncPolicy) -> tuple[int, int]:
         return (pub.version, self._attempt.get(pub.version, 0))
@@ -61,11 +59,11 @@ class Epochs(TrainerParts):
     def _check_due(self) -> bool:
         """Whether this round's epoch compares digests: every ``digest_every`` steps (in
         ``diloco`` mode, every outer step at or past such a multiple)."""
-        every, r = self.digest_every, self._rstep()
-        if every <= 0 or self.step <= 0:
+        every, r, outer = self.digest_every, self._rstep(), self._replica.outer
+        if every <= 0 or self._replica.step <= 0:
             return False
-        if self._outer is not None:
-            every = max(1, round(every / self._outer.inner_steps))
+        if outer is not None:
+            every = max(1, round(every / outer.inner_steps))
         return r % every == 0 and self._checked != r
 
     def _agree(self, pub: SyncPolicy, attempt: int, digest: bytes) -> bool:
@@ -82,19 +80,19 @@ class Epochs(TrainerParts):
         """
         r = self._rstep()
         dec = self.reducer.agree(policy=pub, committed=r, digest=digest,
-                                 holds=self._pending is not None, attempt=attempt)  # fmt: skip
+                                 holds=self._replica.held is not None, attempt=attempt)  # fmt: skip
         self._agreed, self._agreed_members = (pub.version, attempt), pub.members
-        if dec.step == r + 1 and self._pending is not None:
-            self._apply(self._pending, self._pending_version)
+        if dec.step == r + 1 and self._replica.held is not None:
+            self._apply(self._replica.held, self._replica.held_version)
             self._checked = self._rstep()  # compared without us this time; next time with us
             return True
         if dec.step == r:
-            self._pending = None  # nobody alive applied it: everyone reruns the round
+            self._replica.held = None  # nobody alive applied it: everyone reruns the round
             self._checked = r
             if digest and dec.digest and dec.digest != digest:
                 self._diverge(dec, digest)
             return False
-        unit = "step" if self._outer is None else "outer step"
+        unit = "step" if self._replica.outer is None else "outer step"
         if dec.step > r:
             lacks = " and lacks the result of the next one" if dec.step == r + 1 else ""
             raise StateDiverged(f"{self.node_id} is at {unit} {r}{lacks} but the cluster "
@@ -109,9 +107,9 @@ class Epochs(TrainerParts):
             return
         self._diverged = True
         log.error("%s: state of step %d differs from the cluster's (%s, majority %s); "
-                  "re-replicating", self.node_id, self.step, digest.hex()[:16],
+                  "re-replicating", self.node_id, self._replica.step, digest.hex()[:16],
                   dec.digest.hex()[:16])  # fmt: skip
-        self._s.report(protocol.StateDiverged(step=self.step, digest=digest.hex(),
+        self._s.report(protocol.StateDiverged(step=self._replica.step, digest=digest.hex(),
                                      majority=dec.digest.hex(), variants=dec.digests))
         self._s.flush_reports()
 
@@ -119,9 +117,9 @@ class Epochs(TrainerParts):
         """The policy of the round after ours, if it is newer than ``pub`` and a peer is
         already in its epoch: that peer committed our round (a new node under it restored
         the state of our round), so rerunning ours is pointless. Every-step mode only."""
-        if self._outer is not None:
+        if self._replica.outer is not None:
             return None
-        nxt = self._s.book.for_round(self.step + 2)
+        nxt = self._s.book.for_round(self._replica.step + 2)
         if (nxt is None or nxt.version <= pub.version or self.node_id not in nxt.members
                 or self.reducer.newest_epoch()[0] < nxt.version):
             return None
@@ -154,18 +152,18 @@ class Epochs(TrainerParts):
         """
         self._s.redial()
         wait_until = min(deadline, self._clock.monotonic() + RERUN_WAIT_S)
-        while self._s.book.for_round(self.step + 1) is pub:
+        while self._s.book.for_round(self._replica.step + 1) is pub:
             nxt = self._past_us(pub)
             if nxt is not None:
-                if self._pending is None:
+                if self._replica.held is None:
                     raise StateDiverged(
-                        f"{self.node_id} is at step {self.step} and lacks the result of the "
-                        f"next one, which peers committed before opening policy "
+                        f"{self.node_id} is at step {self._replica.step} and lacks the result "
+                        f"of the next one, which peers committed before opening policy "
                         f"v{nxt.version}; restart the worker to rejoin")  # fmt: skip
                 return nxt
             # First: past the deadline, every rerun would abort at once (a spin), not wait.
             if self._clock.monotonic() > deadline:
-                raise TrainerError(f"step {self.step + 1} could not complete within "
+                raise TrainerError(f"step {self._replica.step + 1} could not complete within "
                                    f"{self.timeout:g}s; last abort: {exc.reason}")  # fmt: skip
             # A newer version on the wire means its policy is on its way to us too.
             now = self._clock.monotonic()

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from chaos_edge.replication.state import StateSpace, tensor_bytes
+from chaos_edge.replication.state import StateSpace
 from chaos_edge.trainer.control import StateMismatch, TrainerError
 from chaos_edge.trainer.join import pull_state
 from chaos_edge.trainer.parts import TrainerParts
@@ -53,8 +53,8 @@ class Joining(TrainerParts):
                 # and source went. A former member's own state, perhaps a little behind,
                 # beats none.
                 log.info("%s bootstraps the cluster from its own %s", self.node_id,
-                         f"state of step {self.step}" if self._was_member else "model")
-                self._pending = None
+                         f"state of step {self._replica.step}" if self._was_member else "model")
+                self._replica.start_alone()
                 self._await_policy(rep, deadline)
                 break
             if rep is not None:
@@ -70,7 +70,7 @@ class Joining(TrainerParts):
                     "no replicate command arrived; check `chaosctl nodes` and the scheduler"
                 )
             self._s.wait(POLL_S)
-        # (_pending: what the snapshot held)
+        # (the replica holds what the snapshot held)
         self._state, self._agreed, self._agreed_members = "active", None, None
         self._was_member = True
         self._joins += 1
@@ -87,8 +87,9 @@ class Joining(TrainerParts):
                                        self.node_id in newest.members):  # fmt: skip
                 return
             if self._clock.monotonic() > deadline:
-                raise TrainerError(f"{self.node_id} restored step {self.step}, but the policy "
-                                   f"v{rep.policy_version} that adds it never arrived")
+                raise TrainerError(f"{self.node_id} restored step {self._replica.step}, but "
+                                   f"the policy v{rep.policy_version} that adds it never "
+                                   "arrived")
             self._s.wait(POLL_S)
             self._poll()
 
@@ -104,33 +105,23 @@ class Joining(TrainerParts):
         Raises:
             StateMismatch: The state does not fit this script; nothing was loaded.
         """
-        tensors, _ = self._objects.capture()
-        local = tensor_bytes(self.model, self.optimizer, tensors)
         try:
-            got = pull_state(self._s, rep, deadline, local, self._superseded)
+            got = pull_state(self._s, rep, deadline, self._replica.local_bytes(),
+                             self._superseded)
             loaded = StateSpace.load(got.manifest, got.buffer)
         except ChaosError as exc:  # TransferFailed among them
             log.warning("replicating the state from %s failed: %s", sorted(rep.sources), exc)
             return False
-        runtime = loaded.runtime
-        objects = runtime.get("objects", {})
-        why = (loaded.fit_error(self.model, self.optimizer)
-               or self._objects.mismatch(objects, loaded.extra))  # fmt: skip
+        why = self._replica.fit_error(loaded)
         if why is not None:
-            msg = f"{self.node_id} cannot join cluster state of step {runtime.get('step')}: {why}"
+            step = loaded.runtime.get("step")
+            msg = f"{self.node_id} cannot join cluster state of step {step}: {why}"
             self._s.report(StateRefused(reason=msg))
             self._s.flush_reports()  # before the raise ends the script: chaosd must not restart it
             raise StateMismatch(msg)
-        loaded.apply(self.model, self.optimizer)
-        self._objects.restore(objects, loaded.extra)
-        self._stepper.restored()
-        self._restore_outer(runtime, loaded.extra)
-        self.step = int(runtime["step"])
-        held = loaded.extra.get("held")
-        self._pending = None if held is None else held.clone()
-        self._pending_version = int(runtime.get("held_version", -1))
+        self._replica.restore(loaded)
         self._speeds, self._shard = None, None
-        log.info("restored step %d (%d bytes) from %s in %.0f ms", self.step,
+        log.info("restored step %d (%d bytes) from %s in %.0f ms", self._replica.step,
                  got.report.bytes, ", ".join(got.report.sources), got.report.delay_ms)
         self._s.report(got.report)
         return True

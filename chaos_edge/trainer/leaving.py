@@ -43,7 +43,7 @@ class Leaving(TrainerParts):
         """
         try:
             self._s.flush_reports()
-            self._s.client.call("worker.leave", {"step": self.step})
+            self._s.client.call("worker.leave", {"step": self._replica.step})
             self._state = "leaving"
             if not self._drain(self._clock.monotonic() + min(self.timeout, DRAIN_MAX_S)):
                 return  # still attached: our exit is a worker-exit, which drops us at once
@@ -61,7 +61,7 @@ class Leaving(TrainerParts):
         that did not happen in time."""
         while self._clock.monotonic() < deadline:
             self._poll()
-            pub, newest = self._s.book.for_round(self.step + 1), self._s.book.newest
+            pub, newest = self._s.book.for_round(self._replica.step + 1), self._s.book.newest
             if pub is None or self.node_id not in pub.members:
                 return True
             if newest is not None and newest.members == (self.node_id,):

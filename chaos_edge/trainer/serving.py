@@ -10,9 +10,7 @@ when the script has yet to step its scheduler).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
-from chaos_edge.replication.state import tensor_bytes
 from chaos_edge.trainer.parts import TrainerParts
 from chaos_edge.trainer.poller import POLL_S
 from chaos_edge.trainer.transfer import snapshot_room
@@ -34,7 +32,7 @@ class Serving(TrainerParts):
         our offer, and both stall until the round times out."""
         if pub.version == self._version:
             return  # the policy of our last round: nobody new (the common, per-step case)
-        prev = self._s.book.for_round(self._last_round_step())
+        prev = self._s.book.for_round(self._replica.last_round_step())
         if prev is None or prev is pub or self.node_id not in prev.members:
             return  # no change, or we are new ourselves (a new node is nobody's source)
         p = pub
@@ -44,7 +42,7 @@ class Serving(TrainerParts):
         while new and not set(new) <= self._s.transfer.answered():
             if self._clock.monotonic() > until:
                 log.warning("no replicate command for %s arrived in %gs; running round %d "
-                            "without serving it", new, SERVE_WAIT_S, self.step + 1)
+                            "without serving it", new, SERVE_WAIT_S, self._replica.step + 1)
                 return
             self._s.wait(POLL_S)
             self._poll()
@@ -63,42 +61,33 @@ class Serving(TrainerParts):
         every such round and run the next one under the new policy.
 
         In diloco mode inner steps are no rounds, so sources may serve different steps of one
-        window; each serves the outer state (the same all window long, :meth:`_snapshot`) and
+        window; each serves the outer state (the same all window long, :meth:`Replica.snapshot`) and
         the new node takes the state most sources offer.
         """
         keep = []
-        nxt = self._s.book.for_round(self.step + 1)
+        step = self._replica.step
+        nxt = self._s.book.for_round(step + 1)
         for rep in self._s.replications:
             if rep.new == self.node_id:
                 keep.append(rep)  # ours to fetch (a rejoin); handled by _join
                 continue
             if not isinstance(rep, Replicate) or self.node_id not in rep.sources:
                 continue
-            if (rep.version_step > self.step or nxt is None or nxt.version < rep.policy_version
+            if (rep.version_step > step or nxt is None or nxt.version < rep.policy_version
                     or rep.new not in nxt.members):  # fmt: skip
                 keep.append(rep)
                 continue
-            if rep.version_step < self.step:
+            if rep.version_step < step:
                 # The command or its policy came late: every member ran the rounds since
                 # under the old policy (rounds are synchronous), so the new one takes effect
                 # for all of them at our next round, and the new node starts from our step.
                 log.info("replicate for %s names step %d; serving step %d", rep.new,
-                         rep.version_step, self.step)
-            tensors, doc = self._objects.capture()
-            why = snapshot_room(tensor_bytes(self.model, self.optimizer, tensors),
-                                self._s.transfer.reserve_bytes)  # fmt: skip
+                         rep.version_step, step)
+            why = snapshot_room(self._replica.local_bytes(), self._s.transfer.reserve_bytes)
             if why is not None:
                 self._s.transfer.decline(rep.new, why)  # the new node plans without us
                 self._s.report(ServeDeclined(new=rep.new, reason=why))
                 continue
-            runtime: dict[str, Any] = {"step": self.step, "objects": doc}
-            if self._pending is not None:
-                # We are uncertain about round step + 1 (held, not committed): so is the new
-                # node, with the same held result, and the first agreement settles it for
-                # both exactly as for us.
-                tensors.append(("held", self._pending))
-                runtime["held_version"] = self._pending_version
-            state = self._snapshot(runtime, tensors)  # diloco: the outer state
-            self._s.transfer.offer(rep.new, state)
+            self._s.transfer.offer(rep.new, self._replica.snapshot())  # diloco: the outer state
         self._s.replications = keep
 

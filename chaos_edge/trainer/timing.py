@@ -36,7 +36,7 @@ class Timing(TrainerParts):
     def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
         total_ms = (self._clock.monotonic() - t0) * 1e3
         stall_ms = max(0.0, total_ms - spent * 1e3)
-        self.stalls.append(StepTiming(self.step, stall_ms, reruns, total_ms, spent * 1e3))
+        self.stalls.append(StepTiming(self._replica.step, stall_ms, reruns, total_ms, spent * 1e3))
         self._s.poller.record_sync(spent * 1e3)
         del self.stalls[:-10_000]
         # The scheduler adds a stall to the event that made its policy, so only the first
@@ -46,5 +46,5 @@ class Timing(TrainerParts):
         first = self._version != self._timed_version
         self._timed_version = self._version
         if reruns or (first and stall_ms > 1.0):
-            self._s.report(Stall(step=self.step, ms=round(stall_ms, 3), reruns=reruns,
+            self._s.report(Stall(step=self._replica.step, ms=round(stall_ms, 3), reruns=reruns,
                                  policy_version=self._version, reason=reason[:200]))
