@@ -48,7 +48,7 @@ from chaos_edge.trainer.control import (
     UnserialisableState,
 )
 from chaos_edge.trainer.epochs import Epochs
-from chaos_edge.trainer.joining import Joining
+from chaos_edge.trainer.joiner import Joiner
 from chaos_edge.trainer.leaving import Leaving, _Left
 from chaos_edge.trainer.objects import Registry
 from chaos_edge.trainer.outer import Outer
@@ -74,7 +74,7 @@ def capture_exit_event() -> bool:
     return EXIT_EVENT.is_set()
 
 
-class Trainer(Joining, Serving, Timing, Epochs, Leaving):
+class Trainer(Serving, Timing, Epochs, Leaving):
     """Synchronous data-parallel training on the Chaos overlay.
 
     Args:
@@ -177,6 +177,8 @@ class Trainer(Joining, Serving, Timing, Epochs, Leaving):
         try:
             self._s.attach()
             self.node_id = self._s.node_id
+            self._joiner = Joiner(self.node_id, self._s, self._s.transfer, self._replica,
+                                  self._clock, poll=self._poll)
             self.reducer = AllReducer(self._s.links, chunk_bytes=chunk_bytes, timeout=timeout / 4)
             self._s.poller.on_policy = self._on_policy
             self._join(self._clock.monotonic() + join_timeout)
@@ -352,6 +354,11 @@ class Trainer(Joining, Serving, Timing, Epochs, Leaving):
         for this snapshot)."""
         self._s.poll(self.step, self._state, self._version)
         self._s.settle(self.step + 1)
+        mine = [r for r in self._s.replications if r.new == self.node_id]
+        if mine:  # ours to fetch: the joiner keeps the newest for the join under way or next
+            self._s.replications = [r for r in self._s.replications if r not in mine]
+            for cmd in mine:
+                self._joiner.offer(cmd)
         self._serve_due()
 
     def _on_policy(self, pub: SyncPolicy) -> None:
@@ -368,6 +375,16 @@ class Trainer(Joining, Serving, Timing, Epochs, Leaving):
                 self._s.drop(gone, f"dropped by policy v{pub.version}")
 
     # -- joining ---------------------------------------------------------------------------
+    def _join(self, deadline: float) -> None:
+        """Block until this node is a member (:class:`~chaos_edge.trainer.joiner.Joiner`);
+        then it trains as one: a fresh epoch, and nothing the guard held against it."""
+        if self._joiner.join(deadline, self._was_member):
+            self._speeds, self._shard = None, None  # measured before the restored step
+        self._state, self._agreed, self._agreed_members = "active", None, None
+        self._was_member = True
+        self._joins += 1
+        self._diverged = False
+
     def _policy(self, deadline: float) -> SyncPolicy:
         """The policy of round ``step + 1``; rejoins if this node was dropped from it."""
         while True:
