@@ -53,10 +53,11 @@ from chaos_edge.trainer.leaving import Leaving, _Left
 from chaos_edge.trainer.objects import Registry
 from chaos_edge.trainer.outer import Outer
 from chaos_edge.trainer.poller import POLL_S
+from chaos_edge.trainer.rendezvous import StateTransfer
 from chaos_edge.trainer.replica import Replica
-from chaos_edge.trainer.serving import Serving
 from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handlers
 from chaos_edge.trainer.shares import SLOTS, SPEED_EMA, Shard, shard_of
+from chaos_edge.trainer.source import Source
 from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
 from chaos_edge.trainer.timing import StepTiming, Timing
 from daemon.contracts import protocol
@@ -74,7 +75,7 @@ def capture_exit_event() -> bool:
     return EXIT_EVENT.is_set()
 
 
-class Trainer(Serving, Timing, Epochs, Leaving):
+class Trainer(Timing, Epochs, Leaving):
     """Synchronous data-parallel training on the Chaos overlay.
 
     Args:
@@ -174,16 +175,23 @@ class Trainer(Serving, Timing, Epochs, Leaving):
         self._shard: Shard | None = None
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
+        rendezvous = StateTransfer(self._s.links, host=self._s.bind)
         try:
             self._s.attach()
             self.node_id = self._s.node_id
-            self._joiner = Joiner(self.node_id, self._s, self._s.transfer, self._replica,
-                                  self._clock, poll=self._poll)
+            # Both scale-out sides see the state only through the replica, and come back to
+            # the Trainer only through the documented poll callback.
+            self._source = Source(self.node_id, self._s, rendezvous, self._replica, self._clock,
+                                  poll=self._poll)
+            self._s.serves = self._source.knows
+            self._joiner = Joiner(self.node_id, self._s, rendezvous, self._replica, self._clock,
+                                  poll=self._poll)
             self.reducer = AllReducer(self._s.links, chunk_bytes=chunk_bytes, timeout=timeout / 4)
             self._s.poller.on_policy = self._on_policy
             self._join(self._clock.monotonic() + join_timeout)
         except BaseException:
             self._s.close()
+            rendezvous.close()
             raise
 
     @property
@@ -251,7 +259,7 @@ class Trainer(Serving, Timing, Epochs, Leaving):
             return
         while True:
             pub = self._policy(deadline)
-            self._serve_first(pub, deadline)
+            self._source.before_round(pub, self._version, deadline)
             if self._check_due() and self._epoch(pub) == self._agreed:
                 # The guard's turn: a fresh epoch opens with an agreement that compares digests.
                 # Every member is at this step in this epoch, so all bump alike.
@@ -298,7 +306,7 @@ class Trainer(Serving, Timing, Epochs, Leaving):
                 if nxt is not None and self._catch_up(pub, nxt):
                     break  # the peers' next epoch committed the result we held
         # Every member of the epoch that committed has its state: it needs no offer any more.
-        self._s.transfer.withdraw(pub.members)
+        self._source.withdraw(pub.members)
         self._account(t0, spent, reruns, reason)
         self._last_end = self._clock.monotonic()
 
@@ -330,6 +338,7 @@ class Trainer(Serving, Timing, Epochs, Leaving):
         """Close links and the control connection (idempotent)."""
         self.reducer.close()
         self._s.close()
+        self._source.close()
 
     @property
     def policy_version(self) -> int:
@@ -354,12 +363,11 @@ class Trainer(Serving, Timing, Epochs, Leaving):
         for this snapshot)."""
         self._s.poll(self.step, self._state, self._version)
         self._s.settle(self.step + 1)
-        mine = [r for r in self._s.replications if r.new == self.node_id]
-        if mine:  # ours to fetch: the joiner keeps the newest for the join under way or next
-            self._s.replications = [r for r in self._s.replications if r not in mine]
-            for cmd in mine:
-                self._joiner.offer(cmd)
-        self._serve_due()
+        for cmd in self._s.take_replications():
+            # Ours to fetch (the joiner keeps it for the join under way or the next one), or
+            # another node's, which we may be a source of.
+            (self._joiner if cmd.new == self.node_id else self._source).offer(cmd)
+        self._source.serve_due()
 
     def _on_policy(self, pub: SyncPolicy) -> None:
         """(The poller's thread.) A new policy that governs the round in flight aborts it

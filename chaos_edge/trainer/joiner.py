@@ -36,9 +36,7 @@ from chaos_edge.replication.transfer.strategies import ScaleOutJob, run_strategy
 from chaos_edge.trainer.control import StateMismatch, TrainerError
 from chaos_edge.trainer.policy import parse_addr
 from chaos_edge.trainer.poller import POLL_S
-from chaos_edge.trainer.scaleout import Fetch, GiveUp, Joined, JoinMachine, StartAlone, Wait
-from chaos_edge.trainer.session import Session
-from chaos_edge.trainer.transfer import (
+from chaos_edge.trainer.rendezvous import (
     LINK_WAIT_S,
     OFFER_WAIT_S,
     Offer,
@@ -46,6 +44,8 @@ from chaos_edge.trainer.transfer import (
     StateTransfer,
     TransferFailed,
 )
+from chaos_edge.trainer.scaleout import Fetch, GiveUp, Joined, JoinMachine, StartAlone, Wait
+from chaos_edge.trainer.session import Session
 from daemon.contracts.clock import Clock
 from daemon.contracts.errors import ChaosError, ControlFailure
 from daemon.contracts.protocol import (
@@ -282,7 +282,7 @@ class Joiner:
             return {}
         need = [src for src in sources
                 if not rep.links.get(src, LinkEstimate()).bandwidth_mbps]
-        if not need or self._state.local_bytes() < self._s.probe_min_bytes:
+        if not need or self._state.local_bytes() < self._s.limits.probe_min_bytes:
             return {}
         try:
             data = self._s.client.call("worker.probe", {"peers": need}, timeout=PROBE_TIMEOUT_S)

@@ -1,4 +1,4 @@
-"""What the Trainer's mixins (joining, serving, timing) share: its parts, declared once."""
+"""What the Trainer's mixins (timing, epochs, leaving) share: its parts, declared once."""
 
 from __future__ import annotations
 
