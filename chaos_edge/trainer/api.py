@@ -24,7 +24,8 @@ is a round. The Trainer owns its collaborators and is made of none of them: the
 :class:`~chaos_edge.trainer.epochs.Epochs` (agreements, the guard, reruns), the
 :class:`~chaos_edge.trainer.membership.Membership` (the worker's states: joining, active,
 leaving), the :class:`~chaos_edge.trainer.joiner.Joiner` and
-:class:`~chaos_edge.trainer.source.Source` (scale-out's two sides) and the
+:class:`~chaos_edge.trainer.source.Source` (scale-out's two sides),
+:class:`~chaos_edge.trainer.shares.Shares` (consistent mode) and the
 :class:`~chaos_edge.trainer.timing.StallMeter`. They call back into the Trainer only through the
 callbacks their constructors document (``poll``, ``commit``, ...).
 
@@ -60,7 +61,7 @@ from chaos_edge.trainer.outer import Outer
 from chaos_edge.trainer.rendezvous import StateTransfer
 from chaos_edge.trainer.replica import Replica
 from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handlers
-from chaos_edge.trainer.shares import SLOTS, SPEED_EMA, Shard, shard_of
+from chaos_edge.trainer.shares import Shard, Shares
 from chaos_edge.trainer.source import Source
 from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
 from chaos_edge.trainer.timing import StallMeter, StepTiming
@@ -157,15 +158,9 @@ class Trainer:
                                 speeds=global_batch is not None)  # fmt: skip
         self._clock = clock or SystemClock()
         self.model, self.optimizer = model, optimizer
-        self.samples_per_step = samples_per_step or 1
-        self.global_batch, self.digest_every = global_batch, digest_every
-        self.timeout, self.join_timeout = timeout, join_timeout
+        self.digest_every, self.timeout, self.join_timeout = digest_every, timeout, join_timeout
         self._replica = Replica(model, optimizer, self._objects, self._stepper)
         self._version = 0  # policy version of the last committed round
-        self._speed = 0.0  # our samples/s (smoothed), for consistent mode's shares
-        self._speeds: tuple[int, list[float]] | None = None  # (policy version, members' speeds)
-        self._last_end: float | None = None  # when the last update() returned
-        self._shard: Shard | None = None
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
         self._meter = StallMeter(self._s, self._clock)
@@ -173,6 +168,7 @@ class Trainer:
         try:
             self._s.attach()
             self.node_id = me = self._s.node_id
+            self._shares = Shares(me, samples_per_step or 1, global_batch)
             # Both sides of scale-out see the state only through the replica, and come back
             # to the Trainer only through the poll callback.
             self._source = Source(me, self._s, rendezvous, self._replica, self._clock,
@@ -215,16 +211,21 @@ class Trainer:
         """This member's part of the next step: the members, its index, the global batch and
         its slice of it (see :mod:`chaos_edge.trainer.shares`). Read it before loading the batch;
         ``update()`` then counts ``shard.size`` samples by default."""
-        pub = self._s.book.for_round(self.step + 1) or self._s.book.newest
-        members = pub.members if pub is not None and self.node_id in pub.members else (
-            self.node_id,)
-        speeds = None
-        if pub is not None and self._speeds is not None and self._speeds[0] == pub.version:
-            speeds = self._speeds[1]
-        self._shard = shard_of(self.step + 1, members, self.node_id,
-                               per_member=self.samples_per_step, global_batch=self.global_batch,
-                               speeds=speeds)  # fmt: skip
-        return self._shard
+        return self._shares.shard(self.step + 1, self._next_policy())
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples behind one local gradient when ``update()`` names none (no global batch)."""
+        return self._shares.per_member
+
+    @samples_per_step.setter
+    def samples_per_step(self, n: int) -> None:
+        self._shares.per_member = n
+
+    @property
+    def global_batch(self) -> int | None:
+        """The fixed global batch of consistent mode, or None."""
+        return self._shares.global_batch
 
     @property
     def policy_version(self) -> int:
@@ -251,12 +252,8 @@ class Trainer:
             DaemonUnreachable: chaosd stopped answering.
         """
         t0 = self._clock.monotonic()
-        n = self._samples(samples)
-        if self._last_end is not None and n > 0 and t0 > self._last_end:
-            # Our compute speed: samples per second between two updates (smoothed).
-            seen = n / (t0 - self._last_end)
-            self._speed = seen if not self._speed else (
-                (1 - SPEED_EMA) * self._speed + SPEED_EMA * seen)
+        n = self._shares.samples(self.step + 1, self._next_policy) if samples is None else samples
+        self._shares.began(t0, n)
         self._poll()
         deadline = t0 + self.timeout
         reruns, spent, reason = 0, 0.0, ""
@@ -265,7 +262,7 @@ class Trainer:
         # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
         if self._replica.inner_step(pub, n if self._membership.joins == joins else 0):
             self._meter.account(t0, 0.0, 0, "", step=self.step, version=self._version)
-            self._last_end = self._clock.monotonic()
+            self._shares.ended(self._clock.monotonic())
             return
         while True:
             pub = self._membership.policy(deadline)
@@ -310,7 +307,7 @@ class Trainer:
         # Every member of the epoch that committed has its state: it needs no offer any more.
         self._source.withdraw(pub.members)
         self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version)
-        self._last_end = self._clock.monotonic()
+        self._shares.ended(self._clock.monotonic())
 
     def check_state_replication(self) -> None:
         """Serve a snapshot if a ``replicate`` command names this node as a source."""
@@ -337,22 +334,13 @@ class Trainer:
         return self._replica.digest().hex()
 
     # -- the round's parts -----------------------------------------------------------------
-    def _samples(self, samples: int | None) -> int:
-        if samples is not None:
-            return samples
-        if self.global_batch is None:
-            return self.samples_per_step
-        shard = self._shard if self._shard is not None and self._shard.step == self.step + 1 \
-            else self.shard
-        return shard.size
+    def _next_policy(self) -> SyncPolicy | None:
+        """The policy of round ``step + 1``, else the newest (what a shard is computed for)."""
+        return self._s.book.for_round(self.step + 1) or self._s.book.newest
 
     def _gather(self, pub: SyncPolicy, n: int) -> Any:
         """Our input to the round under ``pub``."""
-        slot = None
-        if self.global_batch is not None:
-            ms = sorted(pub.members)
-            slot = ms.index(self.node_id) if ms.index(self.node_id) < SLOTS else None
-        flat = self._stepper.gather(slot, self._speed, n)
+        flat = self._stepper.gather(self._shares.slot(pub), self._shares.speed, n)
         if not n:
             flat.zero_()  # times zero samples is zero, unless it is inf or NaN
         return flat
@@ -367,9 +355,7 @@ class Trainer:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
         mode = self._mode_of(version) if self._replica.outer is not None else None
         self._replica.commit(values, mode)
-        if self.global_batch is not None:
-            speeds = self._stepper.speeds(values)
-            self._speeds = None if speeds is None else (version, speeds.tolist())
+        self._shares.committed(version, self._stepper.speeds(values))
 
     def _mode_of(self, version: int) -> SyncMode:
         """The sync mode of the policy a round ran under (the newest if it is forgotten)."""
@@ -400,7 +386,7 @@ class Trainer:
         """(After each join.) A fresh epoch, nothing the guard held against us, and no
         speeds or shard measured before a restored state."""
         if restored:
-            self._speeds, self._shard = None, None  # measured before the restored step
+            self._shares.forget()
         self._epochs.joined()
 
     def _on_policy(self, pub: SyncPolicy) -> None:
