@@ -5,7 +5,7 @@
 and says what to do next; :class:`ServeMachine` is a source's side: it keeps the commands
 that name this node a source and says at which step boundary to snapshot for each new node.
 Both are driven by an owner that does the I/O: the ``Trainer``'s
-:class:`~chaos_edge.trainer.joiner.Joiner` and :class:`~chaos_edge.trainer.source.Server` over
+:class:`~chaos_edge.trainer.joiner.Joiner` and :class:`~chaos_edge.trainer.source.Source` over
 the real data plane, and the deterministic simulator over a modelled one. Time is passed in,
 never read, so a run replays exactly.
 
