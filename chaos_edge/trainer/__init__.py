@@ -6,17 +6,28 @@ its peers through :mod:`chaos_edge.dataplane` and :mod:`chaos_edge.replication`.
 package it imports only :mod:`daemon.contracts`. Scripts import it as :mod:`chaos_edge`.
 
 - :mod:`~chaos_edge.trainer.api`: ``Trainer`` (``update``, ``check_state_replication``,
-  ``request_node_exit``) and ``capture_exit_event``.
+  ``request_node_exit``) and ``capture_exit_event``; it owns the objects below and is made of
+  none of them (they call back only through the callbacks their constructors document).
+- :mod:`~chaos_edge.trainer.replica`: ``Replica``, this member's state (model, optimizer,
+  registered objects, step, held result, diloco's outer state) and what a round does to it.
+- :mod:`~chaos_edge.trainer.epochs`: ``Epochs``, the agreements, the divergence guard, reruns.
+- :mod:`~chaos_edge.trainer.membership`: ``Membership``, the worker's states (joining, active,
+  leaving), rejoining when dropped, and the graceful leave.
+- :mod:`~chaos_edge.trainer.scaleout`: the join and serve state machines (no I/O).
+- :mod:`~chaos_edge.trainer.joiner`: ``Joiner``, the new node's side of scale-out (offers,
+  plan, pull, restore).
+- :mod:`~chaos_edge.trainer.source`: ``Source``, a source's side (when to snapshot, serving).
+- :mod:`~chaos_edge.trainer.rendezvous`: ``StateTransfer``, the STATE_* exchange on the peer
+  links that both sides use, and the memory guard.
 - :mod:`~chaos_edge.trainer.session`: the worker's session with chaosd (polling, commands, links).
 - :mod:`~chaos_edge.trainer.poller`: the thread that polls chaosd, even while a round blocks.
 - :mod:`~chaos_edge.trainer.policy`: the policies a worker holds and which governs a round.
-- :mod:`~chaos_edge.trainer.join`: the new node's side of scale-out (offers, plan, pull).
-- :mod:`~chaos_edge.trainer.transfer`: the sources' side of scale-out (snapshot and serve).
 - :mod:`~chaos_edge.trainer.stepper`: what a round reduces (gradients, buffers) and the step
   that applies it (unscale, transform, clip, scaler).
+- :mod:`~chaos_edge.trainer.outer`: diloco's outer loop (synced parameters, outer optimizer).
 - :mod:`~chaos_edge.trainer.objects`: the registered objects (schedulers, scaler, EMA, counters).
-- :mod:`~chaos_edge.trainer.shares`: each member's shard of the global batch.
-- :mod:`~chaos_edge.trainer.serving`: when a source snapshots, and serving it.
+- :mod:`~chaos_edge.trainer.shares`: each member's shard of the global batch (``Shares``).
+- :mod:`~chaos_edge.trainer.timing`: ``StallMeter``, where each ``update()`` spent its time.
 - :mod:`~chaos_edge.trainer.control`: the worker's errors over the control client.
 """
 

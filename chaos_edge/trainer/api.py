@@ -19,8 +19,15 @@ bounded by ``timeout``, and account the stall. :mod:`~chaos_edge.trainer.stepper
 round and applies its result; :mod:`~chaos_edge.trainer.objects` carries the registered objects;
 the divergence guard compares digests of the whole state inside the agreement. In ``diloco``
 mode (the policy's ``sync``) most ``update()`` calls are local steps and every ``inner_steps``-th
-is a round (:mod:`~chaos_edge.trainer.local`); :mod:`~chaos_edge.trainer.epochs` opens epochs and
-reruns; :mod:`~chaos_edge.trainer.leaving` is the graceful leave.
+is a round. The Trainer owns its collaborators and is made of none of them: the
+:class:`~chaos_edge.trainer.replica.Replica` (the state, and what a round does to it),
+:class:`~chaos_edge.trainer.epochs.Epochs` (agreements, the guard, reruns), the
+:class:`~chaos_edge.trainer.membership.Membership` (the worker's states: joining, active,
+leaving), the :class:`~chaos_edge.trainer.joiner.Joiner` and
+:class:`~chaos_edge.trainer.source.Source` (scale-out's two sides),
+:class:`~chaos_edge.trainer.shares.Shares` (consistent mode) and the
+:class:`~chaos_edge.trainer.timing.StallMeter`. They call back into the Trainer only through the
+callbacks their constructors document (``poll``, ``commit``, ...).
 
 **The step boundary.** The state of step ``t`` is the model and optimizer as ``update()`` left
 them (the buffers as averaged in round ``t``), plus the registered objects as the script
@@ -33,7 +40,6 @@ statistics, which is why the agreed copies are used).
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -48,24 +54,23 @@ from chaos_edge.trainer.control import (
     UnserialisableState,
 )
 from chaos_edge.trainer.epochs import Epochs
-from chaos_edge.trainer.joining import Joining
-from chaos_edge.trainer.leaving import Leaving, _Left
-from chaos_edge.trainer.local import LocalSteps
+from chaos_edge.trainer.joiner import Joiner
+from chaos_edge.trainer.membership import Membership
 from chaos_edge.trainer.objects import Registry
 from chaos_edge.trainer.outer import Outer
-from chaos_edge.trainer.poller import POLL_S
-from chaos_edge.trainer.serving import Serving
+from chaos_edge.trainer.rendezvous import StateTransfer
+from chaos_edge.trainer.replica import Replica
 from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handlers
-from chaos_edge.trainer.shares import SLOTS, SPEED_EMA, Shard, shard_of
+from chaos_edge.trainer.shares import Shard, Shares
+from chaos_edge.trainer.source import Source
 from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
-from chaos_edge.trainer.timing import StepTiming, Timing
+from chaos_edge.trainer.timing import StallMeter, StepTiming
 from daemon.contracts import protocol
 from daemon.contracts.clock import Clock, SystemClock
-from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.policy import SyncMode, SyncPolicy
 
 __all__ = ["Shard", "StateDiverged", "StateMismatch", "StepTiming", "Trainer", "TrainerError",
            "UnserialisableState", "capture_exit_event"]
-log = logging.getLogger("chaos.trainer")
 DIGEST_EVERY = 100  # steps between the guard's comparisons (and whenever a member joins)
 
 
@@ -74,7 +79,7 @@ def capture_exit_event() -> bool:
     return EXIT_EVENT.is_set()
 
 
-class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
+class Trainer:
     """Synchronous data-parallel training on the Chaos overlay.
 
     Args:
@@ -153,39 +158,47 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
                                 speeds=global_batch is not None)  # fmt: skip
         self._clock = clock or SystemClock()
         self.model, self.optimizer = model, optimizer
-        self.samples_per_step = samples_per_step or 1
-        self.global_batch, self.digest_every = global_batch, digest_every
-        self.timeout, self.join_timeout = timeout, join_timeout
-        self.step = 0
-        self.stalls: list[StepTiming] = []  # the last 10,000 updates
-        self._pending: Any = None  # uncertain result of round step + 1
-        self._pending_version = -1  # the policy version of the round that produced it
-        self._agreed: tuple[int, int] | None = None
-        self._attempt: dict[int, int] = {}
-        self._state = "joining"
-        self._was_member = False
+        self.digest_every, self.timeout, self.join_timeout = digest_every, timeout, join_timeout
+        self._replica = Replica(model, optimizer, self._objects, self._stepper)
         self._version = 0  # policy version of the last committed round
-        self._timed_version = 0  # policy version of the step _account saw last
-        self._checked = -1  # the last step whose digest the members compared
-        self._agreed_members: tuple[str, ...] | None = None  # the members of that epoch
-        self._diverged = False  # the guard found us out of line: no samples until rejoined
-        self._joins = 0  # completed joins (a rejoin inside update() voids its gradient)
-        self._speed = 0.0  # our samples/s (smoothed), for consistent mode's shares
-        self._speeds: tuple[int, list[float]] | None = None  # (policy version, members' speeds)
-        self._last_end: float | None = None  # when the last update() returned
-        self._shard: Shard | None = None
-        self._outer: Outer | None = None  # diloco mode: the synced state (outer.py)
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
+        self._meter = StallMeter(self._s, self._clock)
+        rendezvous = StateTransfer(self._s.links, host=self._s.bind)
         try:
             self._s.attach()
-            self.node_id = self._s.node_id
+            self.node_id = me = self._s.node_id
+            self._shares = Shares(me, samples_per_step or 1, global_batch)
+            # Both sides of scale-out see the state only through the replica, and come back
+            # to the Trainer only through the poll callback.
+            self._source = Source(me, self._s, rendezvous, self._replica, self._clock,
+                                  poll=self._poll)
+            self._s.serves = self._source.knows
+            self._joiner = Joiner(me, self._s, rendezvous, self._replica, self._clock,
+                                  poll=self._poll)
             self.reducer = AllReducer(self._s.links, chunk_bytes=chunk_bytes, timeout=timeout / 4)
+            self._epochs = Epochs(me, self.reducer, self._s, self._replica, self._clock,
+                                  digest_every=digest_every, timeout=timeout, poll=self._poll,
+                                  commit=self._apply)  # fmt: skip
+            self._membership = Membership(me, self._s, self._joiner, self._clock,
+                                          join_timeout=join_timeout, step=lambda: self.step,
+                                          poll=self._poll, joined=self._joined)  # fmt: skip
             self._s.poller.on_policy = self._on_policy
-            self._join(self._clock.monotonic() + join_timeout)
+            self._membership.join(self._clock.monotonic() + join_timeout)
         except BaseException:
             self._s.close()
+            rendezvous.close()
             raise
+
+    @property
+    def step(self) -> int:
+        """The number of committed updates, the same on every member (module docstring)."""
+        return self._replica.step
+
+    @property
+    def stalls(self) -> list[StepTiming]:
+        """Where each of the last 10,000 ``update()`` calls spent its time."""
+        return self._meter.stalls
 
     @property
     def state(self) -> dict[str, Any]:
@@ -198,16 +211,31 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
         """This member's part of the next step: the members, its index, the global batch and
         its slice of it (see :mod:`chaos_edge.trainer.shares`). Read it before loading the batch;
         ``update()`` then counts ``shard.size`` samples by default."""
-        pub = self._s.book.for_round(self.step + 1) or self._s.book.newest
-        members = pub.members if pub is not None and self.node_id in pub.members else (
-            self.node_id,)
-        speeds = None
-        if pub is not None and self._speeds is not None and self._speeds[0] == pub.version:
-            speeds = self._speeds[1]
-        self._shard = shard_of(self.step + 1, members, self.node_id,
-                               per_member=self.samples_per_step, global_batch=self.global_batch,
-                               speeds=speeds)  # fmt: skip
-        return self._shard
+        return self._shares.shard(self.step + 1, self._next_policy())
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples behind one local gradient when ``update()`` names none (no global batch)."""
+        return self._shares.per_member
+
+    @samples_per_step.setter
+    def samples_per_step(self, n: int) -> None:
+        self._shares.per_member = n
+
+    @property
+    def global_batch(self) -> int | None:
+        """The fixed global batch of consistent mode, or None."""
+        return self._shares.global_batch
+
+    @property
+    def policy_version(self) -> int:
+        """Version of the sync policy our last committed round ran under."""
+        return self._version
+
+    @property
+    def _outer(self) -> Outer | None:
+        """diloco mode's outer state (read by the diloco test worker and the slowlinks bench)."""
+        return self._replica.outer
 
     # -- public API ------------------------------------------------------------------------
     def update(self, samples: int | None = None) -> None:
@@ -224,57 +252,44 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
             DaemonUnreachable: chaosd stopped answering.
         """
         t0 = self._clock.monotonic()
-        n = self._samples(samples)
-        if self._last_end is not None and n > 0 and t0 > self._last_end:
-            # Our compute speed: samples per second between two updates (smoothed).
-            seen = n / (t0 - self._last_end)
-            self._speed = seen if not self._speed else (
-                (1 - SPEED_EMA) * self._speed + SPEED_EMA * seen)
+        n = self._shares.samples(self.step + 1, self._next_policy) if samples is None else samples
+        self._shares.began(t0, n)
         self._poll()
         deadline = t0 + self.timeout
         reruns, spent, reason = 0, 0.0, ""
-        joins = self._joins
-        pub = self._policy(deadline)
+        epochs, joins = self._epochs, self._membership.joins
+        pub = self._membership.policy(deadline)
         # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
-        if self._inner(pub, n if self._joins == joins else 0):
-            self._account(t0, 0.0, 0, "")
-            self._last_end = self._clock.monotonic()
+        if self._replica.inner_step(pub, n if self._membership.joins == joins else 0):
+            self._meter.account(t0, 0.0, 0, "", step=self.step, version=self._version)
+            self._shares.ended(self._clock.monotonic())
             return
         while True:
-            pub = self._policy(deadline)
-            self._serve_first(pub, deadline)
-            if self._check_due() and self._epoch(pub) == self._agreed:
-                # The guard's turn: a fresh epoch opens with an agreement that compares digests.
-                # Every member is at this step in this epoch, so all bump alike.
-                a = self._attempt.get(pub.version, 0)
-                self._attempt[pub.version] = max(a + 1, self.reducer.newest_attempt(pub.version))
-            epoch = self._epoch(pub)
+            pub = self._membership.policy(deadline)
+            self._source.before_round(pub, self._version, deadline)
+            epochs.guard_turn(pub)
+            epoch = epochs.epoch(pub)
             # A gradient of a state we no longer hold (rejoined in this call) or one the guard
             # found out of line counts for nothing.
-            void = self._diverged or self._joins != joins
-            rn = 0 if void else self._round_samples(n)  # diloco: the window's samples
+            void = epochs.diverged or self._membership.joins != joins
+            rn = 0 if void else self._replica.round_samples(n)  # diloco: the window's samples
             flat = self._gather(pub, rn)
-            self._round_input(flat, rn)  # diloco: the pseudo-gradient
+            self._replica.round_input(flat, rn)  # diloco: the pseudo-gradient
             try:
                 # Our digest is local work, so it is timed as stall, not as the collective.
-                # Only a member who was not in the last agreement brings a state that no
-                # guard has compared yet; a link change or a scale-in opens an epoch of
-                # members who agreed before and committed the same rounds since.
-                compare = epoch != self._agreed and (
-                    self._admits_newcomer(pub) or self._check_due())
-                digest = self._own_digest() if compare else b""
+                digest = self._own_digest() if epochs.compares(pub) else b""
                 t1 = self._clock.monotonic()
-                if epoch != self._agreed:
-                    agreed = self._agree(pub, epoch[1], digest)
+                if epoch != epochs.agreed:
+                    agreed = epochs.agree(pub, epoch[1], digest)
                     spent += self._clock.monotonic() - t1  # a collective: its waits are the peers'
                     if agreed:
                         self._version = pub.version
                         break  # the agreement committed the result we held for this round
                 t1 = self._clock.monotonic()
                 # The reused result buffer must never be the one a held result lives in.
-                out = self._stepper.result if self._pending is None else None
-                res = self.reducer.allreduce(flat, rn, step=self._rstep() + 1, policy=pub,
-                                             attempt=epoch[1], out=out,
+                out = self._stepper.result if self._replica.held is None else None
+                res = self.reducer.allreduce(flat, rn, step=self._replica.round_step() + 1,
+                                             policy=pub, attempt=epoch[1], out=out,
                                              lossy=self._stepper.n_grad)  # fmt: skip
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
@@ -283,69 +298,96 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
             except RoundAborted as exc:
                 reruns, reason = reruns + 1, exc.reason
                 if exc.result is not None:
-                    self._pending, self._pending_version = exc.result, exc.policy_version
+                    self._replica.held, self._replica.held_version = exc.result, exc.policy_version
                 self._s.report(protocol.RoundAborted(step=self.step + 1, reason=exc.reason[:200]))
-                nxt = self._next_epoch(pub, deadline, exc)
-                if nxt is not None and self._catch_up(pub, nxt):
+                nxt = epochs.next_epoch(pub, deadline, exc)
+                if nxt is not None and epochs.catch_up(pub, nxt):
+                    self._version = pub.version
                     break  # the peers' next epoch committed the result we held
         # Every member of the epoch that committed has its state: it needs no offer any more.
-        self._s.transfer.withdraw(pub.members)
-        self._account(t0, spent, reruns, reason)
-        self._last_end = self._clock.monotonic()
-
-    def _samples(self, samples: int | None) -> int:
-        if samples is not None:
-            return samples
-        if self.global_batch is None:
-            return self.samples_per_step
-        shard = self._shard if self._shard is not None and self._shard.step == self.step + 1 \
-            else self.shard
-        return shard.size
-
-    def _gather(self, pub: SyncPolicy, n: int) -> Any:
-        """Our input to the round under ``pub``."""
-        slot = None
-        if self.global_batch is not None:
-            ms = sorted(pub.members)
-            slot = ms.index(self.node_id) if ms.index(self.node_id) < SLOTS else None
-        flat = self._stepper.gather(slot, self._speed, n)
-        if not n:
-            flat.zero_()  # times zero samples is zero, unless it is inf or NaN
-        return flat
+        self._source.withdraw(pub.members)
+        self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version)
+        self._shares.ended(self._clock.monotonic())
 
     def check_state_replication(self) -> None:
         """Serve a snapshot if a ``replicate`` command names this node as a source."""
         self._poll()
 
+    def request_node_exit(self) -> None:
+        """Leave gracefully (scale-in), then close the links. Until the policy without us
+        governs our next round we take part in the rounds with no samples, so the leave
+        costs the others no stall (:meth:`Membership.leave`)."""
+        try:
+            self._membership.leave(self.timeout, self._empty_round)
+        finally:
+            self.close()
+
     def close(self) -> None:
         """Close links and the control connection (idempotent)."""
         self.reducer.close()
         self._s.close()
-
-    @property
-    def policy_version(self) -> int:
-        """Version of the sync policy our last committed round ran under."""
-        return self._version
+        self._source.close()
 
     def state_digest(self) -> str:
         """SHA-256 of the whole state: parameters, buffers (as agreed at the last step),
         optimizer state and every registered object. Equal on every member at a step."""
-        return self._digest().hex()
+        return self._replica.digest().hex()
+
+    # -- the round's parts -----------------------------------------------------------------
+    def _next_policy(self) -> SyncPolicy | None:
+        """The policy of round ``step + 1``, else the newest (what a shard is computed for)."""
+        return self._s.book.for_round(self.step + 1) or self._s.book.newest
+
+    def _gather(self, pub: SyncPolicy, n: int) -> Any:
+        """Our input to the round under ``pub``."""
+        flat = self._stepper.gather(self._shares.slot(pub), self._shares.speed, n)
+        if not n:
+            flat.zero_()  # times zero samples is zero, unless it is inf or NaN
+        return flat
 
     def _own_digest(self) -> bytes:
         """What this member brings to the guard's comparison (b"": nothing)."""
         # A leaver's script has stopped stepping its scheduler and counters: it is no longer
         # compared (the others' rounds ignore its samples anyway).
-        return b"" if self._state == "leaving" else self._digest()
+        return b"" if self._membership.state == "leaving" else self._replica.digest()
 
+    def _apply(self, values: Any, version: int) -> None:
+        """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
+        mode = self._mode_of(version) if self._replica.outer is not None else None
+        self._replica.commit(values, mode)
+        self._shares.committed(version, self._stepper.speeds(values))
+
+    def _mode_of(self, version: int) -> SyncMode:
+        """The sync mode of the policy a round ran under (the newest if it is forgotten)."""
+        pub = self._s.book.get(version) or self._s.book.newest
+        assert pub is not None
+        return pub.sync
+
+    def _empty_round(self) -> None:
+        """One round with no samples (a leaver's drain)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.update(samples=0)
+
+    # -- the callbacks its collaborators are given -----------------------------------------
     def _poll(self) -> None:
         """Take in what the poller fetched (no I/O). Every call happens at a step boundary,
         so a snapshot that a new replicate command asks for can be taken right here (waiting
         for the next commit could deadlock: that round may need the very node that waits
         for this snapshot)."""
-        self._s.poll(self.step, self._state, self._version)
+        self._s.poll(self.step, self._membership.state, self._version)
         self._s.settle(self.step + 1)
-        self._serve_due()
+        for cmd in self._s.take_replications():
+            # Ours to fetch (the joiner keeps it for the join under way or the next one), or
+            # another node's, which we may be a source of.
+            (self._joiner if cmd.new == self.node_id else self._source).offer(cmd)
+        self._source.serve_due()
+
+    def _joined(self, restored: bool) -> None:
+        """(After each join.) A fresh epoch, nothing the guard held against us, and no
+        speeds or shard measured before a restored state."""
+        if restored:
+            self._shares.forget()
+        self._epochs.joined()
 
     def _on_policy(self, pub: SyncPolicy) -> None:
         """(The poller's thread.) A new policy that governs the round in flight aborts it
@@ -359,41 +401,3 @@ class Trainer(Joining, Serving, Timing, Epochs, LocalSteps, Leaving):
             gone = [p for p in neighbours if p not in pub.members]
             if gone:
                 self._s.drop(gone, f"dropped by policy v{pub.version}")
-
-    # -- joining ---------------------------------------------------------------------------
-    def _policy(self, deadline: float) -> SyncPolicy:
-        """The policy of round ``step + 1``; rejoins if this node was dropped from it."""
-        while True:
-            pub = self._s.book.for_round(self.step + 1)
-            if pub is not None and self.node_id in pub.members:
-                return pub
-            if pub is not None:
-                if self._state == "leaving":
-                    raise _Left  # the policy without us governs: the leave is done
-                # Dropped (declared failed, or on the losing side of a partition): our state
-                # may be stale, so only a fresh replica lets us back in. That holds even when
-                # a newer policy adds us back (a link back to a partitioned node): the rounds
-                # before it run without us, and we used to wait for them until the step
-                # timeout. A newer policy that leaves us out too changes nothing either.
-                log.warning("%s is not in policy v%d; asking to rejoin", self.node_id,
-                            pub.version)
-                self._state = "joining"
-                self._s.attach(self.step)  # a fresh join request: a replicate comes back
-                self._join(self._clock.monotonic() + self.join_timeout)
-                continue
-            if self._clock.monotonic() > deadline:
-                raise TrainerError(f"no sync policy for step {self.step + 1} arrived in time")
-            self._s.wait(POLL_S)
-            self._poll()
-
-    def _apply(self, values: Any, version: int) -> None:
-        """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
-        if self._outer is None:
-            self._stepper.apply(values)
-        else:
-            self._apply_outer(values, version)
-        self.step += 1
-        self._pending = None
-        if self.global_batch is not None:
-            speeds = self._stepper.speeds(values)
-            self._speeds = None if speeds is None else (version, speeds.tolist())

@@ -5,7 +5,7 @@
 and says what to do next; :class:`ServeMachine` is a source's side: it keeps the commands
 that name this node a source and says at which step boundary to snapshot for each new node.
 Both are driven by an owner that does the I/O: the ``Trainer``'s
-:class:`~chaos_edge.trainer.joiner.Joiner` and :class:`~chaos_edge.trainer.source.Server` over
+:class:`~chaos_edge.trainer.joiner.Joiner` and :class:`~chaos_edge.trainer.source.Source` over
 the real data plane, and the deterministic simulator over a modelled one. Time is passed in,
 never read, so a run replays exactly.
 
@@ -103,6 +103,13 @@ class JoinMachine:
             self._newest = cmd
 
     @property
+    def unused(self) -> Replicate | Bootstrap | None:
+        """The newest command that came after the one carried out (it arrived while the pull
+        ran or the policy was awaited): the owner keeps it for the next join, as it keeps
+        every command for this node that comes between joins."""
+        return self._newest
+
+    @property
     def superseded(self) -> bool:
         """(While fetching.) A newer command arrived: the pull in flight is moot."""
         return self.phase is JoinPhase.FETCHING and self._newest is not None
@@ -152,6 +159,8 @@ class JoinMachine:
         topic): without that policy, the first round would find us in none and ask again."""
         if newest is None or self.command is None:
             return False
+        if self.command.policy_version < 0:  # no version named: the policy must name us
+            return self.me in newest.members
         return newest.version >= self.command.policy_version
 
     def _late(self, phase: JoinPhase) -> str:
@@ -176,9 +185,14 @@ class ServeMachine:
         self.me = me
         self.waiting: dict[str, Replicate] = {}  # new node -> its newest command
 
-    def offer(self, cmd: Replicate) -> None:
-        """A replicate command arrived; kept if it names us a source of another node."""
-        if cmd.new != self.me and self.me in cmd.sources:
+    def offer(self, cmd: Replicate | Bootstrap) -> None:
+        """A command for another node arrived; kept if it names us a source. The newest
+        command for a node replaces the older ones, so one that does not name us (another
+        plan, or a bootstrap) ends our wait to serve that node."""
+        if cmd.new == self.me:
+            return
+        self.waiting.pop(cmd.new, None)  # the newest goes last: due ones serve in arrival order
+        if isinstance(cmd, Replicate) and self.me in cmd.sources:
             self.waiting[cmd.new] = cmd
 
     def forget(self, new: str) -> None:

@@ -1,10 +1,11 @@
 """The worker's link to its daemon: polling, commands, links to neighbours, exit signals.
 
-:class:`Session` owns the control-socket client, the PeerLinks, the policy book and the
-state transfer. Its :class:`Poller` polls chaosd on a thread of its own; at each step boundary
-the training thread takes in what it fetched, turning it into policies and command effects
-(``connect``/``disconnect``/``replicate``), and keeps the tree links up (the lower id dials).
-Reports from any thread are queued and sent with the next poll.
+:class:`Session` owns the control-socket client, the PeerLinks and the policy book. Its
+:class:`Poller` polls chaosd on a thread of its own; at each step boundary the training thread
+takes in what it fetched, turning it into policies and command effects
+(``connect``/``disconnect``; ``replicate`` and ``bootstrap`` wait in
+:meth:`Session.take_replications` for the Trainer's joiner and source), and keeps the tree
+links up (the lower id dials). Reports from any thread are queued and sent with the next poll.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -25,7 +27,6 @@ from chaos_edge.dataplane.threads import ThreadSet
 from chaos_edge.trainer.control import TrainerError
 from chaos_edge.trainer.policy import PolicyBook, parse_addr
 from chaos_edge.trainer.poller import Poller
-from chaos_edge.trainer.transfer import StateTransfer
 from daemon.contracts.clock import SystemClock
 from daemon.contracts.control import ControlClient
 from daemon.contracts.errors import ControlFailure, MessageError
@@ -61,6 +62,29 @@ def install_signal_handlers() -> None:
     signal.signal(signal.SIGTERM, on_signal)
 
 
+@dataclass(frozen=True)
+class ReplicationLimits:
+    """chaosd's ``[replication]`` settings that a worker follows (from ``worker.attach``).
+
+    Attributes:
+        serve_bps: Cap, in bytes/s, on what a source sends one new node (None: uncapped).
+        probe_min_bytes: A joiner measures unmeasured source links only for a state this big.
+        reserve_bytes: Memory a source's snapshot must leave available (the memory guard).
+    """
+
+    serve_bps: float | None = None
+    probe_min_bytes: int = 16 << 20
+    reserve_bytes: int = 256 << 20
+
+    @classmethod
+    def from_attach(cls, doc: Mapping[str, Any]) -> ReplicationLimits:
+        """The limits in ``worker.attach``'s ``replication`` section (MiB and Mbit/s)."""
+        mbps = doc.get("serve_mbps") or 0
+        return cls(serve_bps=float(mbps) * 1e6 / 8 if mbps else None,
+                   probe_min_bytes=int(float(doc.get("probe_min_mib", 16)) * (1 << 20)),
+                   reserve_bytes=int(float(doc.get("snapshot_reserve_mib", 256)) * (1 << 20)))
+
+
 class Session:
     """Everything between the Trainer and the outside world.
 
@@ -74,16 +98,18 @@ class Session:
         self.book = PolicyBook()
         # Bind where told (CHAOS_DATA_BIND), else everywhere; an empty host in worker.attach
         # makes the daemon advertise its own --advertise address for us.
-        bind = os.environ.get("CHAOS_DATA_BIND", "0.0.0.0")
+        self.bind = os.environ.get("CHAOS_DATA_BIND", "0.0.0.0")
         # The credentials come from worker.attach, which needs our address first: listen under
         # a placeholder identity that no peer can authenticate against, then set the real one.
         self.links = PeerLinks("unattached", "unattached", os.urandom(32),
-                               is_member=self._admit, host=bind)  # fmt: skip
+                               is_member=self._admit, host=self.bind)  # fmt: skip
         self.host, self.port = self.links.start()
-        self.transfer = StateTransfer(self.links, host=bind)
-        self.probe_min_bytes = 16 << 20  # from chaosd's [replication] at attach
+        self.limits = ReplicationLimits()  # chaosd's, from worker.attach
+        #: Whether ``peer`` is a new node this worker is to serve (it may dial us for the
+        #: state before a policy names it); set by the Trainer to its source's ``knows``.
+        self.serves: Callable[[str], bool] = lambda peer: False
         self.node_id = ""
-        self.replications: list[Replicate | Bootstrap] = []  # not yet handled
+        self._replications: list[Replicate | Bootstrap] = []  # not yet taken
         self.leave_requested = False
         self._lock = threading.Lock()
         self._reports: list[WorkerReport] = []
@@ -113,11 +139,7 @@ class Session:
         except (KeyError, TypeError, ValueError) as exc:
             raise TrainerError(f"chaosd sent a malformed worker.attach reply: {exc!r}") from None
         self.node_id = node
-        rep = data.get("replication") or {}
-        mbps = rep.get("serve_mbps") or 0
-        self.transfer.serve_bps = float(mbps) * 1e6 / 8 if mbps else None
-        self.probe_min_bytes = int(float(rep.get("probe_min_mib", 16)) * (1 << 20))
-        self.transfer.reserve_bytes = int(float(rep.get("snapshot_reserve_mib", 256)) * (1 << 20))
+        self.limits = ReplicationLimits.from_attach(data.get("replication") or {})
         self.poller.start()
         return dict(data)
 
@@ -147,6 +169,12 @@ class Session:
             self.leave_requested = True
             EXIT_EVENT.set()
         return new
+
+    def take_replications(self) -> list[Replicate | Bootstrap]:
+        """The ``replicate`` and ``bootstrap`` commands taken in since the last call, oldest
+        first (a newer command for a node has replaced the older ones)."""
+        out, self._replications = self._replications, []
+        return out
 
     def wait(self, timeout: float) -> None:
         """Sleep up to ``timeout``, waking early when the poller fetched something new."""
@@ -189,7 +217,6 @@ class Session:
         self.poller.stop(self.client.timeout + 1.0)
         self._threads.join(DIAL_RETRY_S + 1.0)  # dialers see _closed and stop
         self.links.close()
-        self.transfer.close()
         self.client.close()
 
     # -- commands and links ----------------------------------------------------------------
@@ -211,8 +238,8 @@ class Session:
             if cmd.new != self.node_id:
                 self.links.allow(cmd.new)  # the new node may dial us for the state
             # A newer command for the same node supersedes the older ones.
-            self.replications = [r for r in self.replications if r.new != cmd.new]
-            self.replications.append(cmd)
+            self._replications = [r for r in self._replications if r.new != cmd.new]
+            self._replications.append(cmd)
         else:
             assert_never(cmd)
 
@@ -286,9 +313,7 @@ class Session:
                 self._dial(peer)
 
     def _admit(self, peer: str) -> bool:
-        return self.book.knows(peer) or any(r.new == peer for r in self.replications) or (
-            peer in self._wanted
-        )
+        return self.book.knows(peer) or self.serves(peer) or peer in self._wanted
 
     def _on_down(self, peer: str, reason: str) -> None:
         if peer in self._quiet_down or self._closed.is_set() or self.links.state(peer) == "up":

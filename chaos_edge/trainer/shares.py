@@ -16,8 +16,12 @@ step split evenly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import torch
+
+from daemon.contracts.policy import SyncPolicy
 
 SLOTS = 64  # speed slots per round: beyond this many members the split is even
 SPEED_EMA = 0.3  # weight of the newest measurement in a member's own speed estimate
@@ -82,3 +86,67 @@ def shard_of(step: int, members: Sequence[str], me: str, *, per_member: int,
     weights = list(speeds) if speeds is not None and len(ms) <= SLOTS else [0.0] * len(ms)
     sizes = split(global_batch, weights[: len(ms)] + [0.0] * (len(ms) - len(weights)))
     return Shard(step, ms, index, global_batch, sizes[index], sum(sizes[:index]))
+
+
+class Shares:
+    """This member's shares of the steps, and the speed they follow in consistent mode.
+
+    Args:
+        me: This node's id.
+        per_member: Samples behind one member's gradient without a global batch.
+        global_batch: The fixed global batch (consistent mode), or None.
+    """
+
+    def __init__(self, me: str, per_member: int, global_batch: int | None) -> None:
+        self.me, self.per_member, self.global_batch = me, per_member, global_batch
+        self.speed = 0.0  # our samples/s (smoothed)
+        self._speeds: tuple[int, list[float]] | None = None  # (policy version, members' speeds)
+        self._shard: Shard | None = None  # the last one handed out
+        self._last_end: float | None = None  # when the last update() returned
+
+    def shard(self, step: int, pub: SyncPolicy | None) -> Shard:
+        """Our shard of ``step`` under ``pub`` (the policy of that round, else the newest)."""
+        members = pub.members if pub is not None and self.me in pub.members else (self.me,)
+        speeds = None
+        if pub is not None and self._speeds is not None and self._speeds[0] == pub.version:
+            speeds = self._speeds[1]
+        self._shard = shard_of(step, members, self.me, per_member=self.per_member,
+                               global_batch=self.global_batch, speeds=speeds)  # fmt: skip
+        return self._shard
+
+    def samples(self, step: int, pub: Callable[[], SyncPolicy | None]) -> int:
+        """The samples behind our gradient of ``step`` when the script names none: our shard's
+        (the one it read, else ``pub()``'s), or ``per_member`` without a global batch."""
+        if self.global_batch is None:
+            return self.per_member
+        if self._shard is not None and self._shard.step == step:
+            return self._shard.size
+        return self.shard(step, pub()).size
+
+    def began(self, now: float, n: int) -> None:
+        """An ``update()`` with ``n`` samples began: our compute speed is ``n`` over the time
+        since the last one returned (smoothed)."""
+        if self._last_end is not None and n > 0 and now > self._last_end:
+            seen = n / (now - self._last_end)
+            self.speed = seen if not self.speed else (
+                (1 - SPEED_EMA) * self.speed + SPEED_EMA * seen)
+
+    def ended(self, now: float) -> None:
+        """The ``update()`` returned."""
+        self._last_end = now
+
+    def slot(self, pub: SyncPolicy) -> int | None:
+        """Our speed slot in a round under ``pub`` (None: none, or not consistent mode)."""
+        if self.global_batch is None:
+            return None
+        index = sorted(pub.members).index(self.me)
+        return index if index < SLOTS else None
+
+    def committed(self, version: int, speeds: torch.Tensor | None) -> None:
+        """A round under policy ``version`` committed the members' ``speeds`` (its slots)."""
+        if self.global_batch is not None:
+            self._speeds = None if speeds is None else (version, speeds.tolist())
+
+    def forget(self) -> None:
+        """A replicated state replaced ours: the speeds and shard we knew are from before."""
+        self._speeds, self._shard = None, None

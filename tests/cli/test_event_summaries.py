@@ -24,7 +24,7 @@ from tests.cli.conftest import FakeDaemon, ok, run_ctl
 
 pytestmark = pytest.mark.timeout(60)
 MIB = 1 << 20
-# What a joining worker reports when its state is in (chaos_edge/trainer/join.py), abridged.
+# What a joining worker reports when its state is in (chaos_edge/trainer/joiner.py), abridged.
 REPLICATED = {
     "kind": "replicated", "version": 3, "bytes": 512 * MIB, "delay_ms": 3500.0,
     "transfer_ms": 3400.0, "decision_ms": 2.0, "strategy": "chaos",

@@ -10,7 +10,7 @@ import torch
 
 from chaos_edge.dataplane import LinkConfig, PeerLinks
 from chaos_edge.replication.state import StateSpace, tensor_bytes
-from chaos_edge.trainer.transfer import Refusal, StateTransfer, snapshot_room
+from chaos_edge.trainer.rendezvous import Refusal, StateTransfer, snapshot_room
 
 pytestmark = pytest.mark.timeout(60)
 MIB = 1 << 20

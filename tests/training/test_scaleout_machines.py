@@ -136,6 +136,46 @@ def test_a_newer_command_replaces_an_older_and_forget_drops_it() -> None:
     assert not s.waiting
 
 
+def test_a_newer_command_that_does_not_name_us_ends_the_wait_to_serve() -> None:
+    s = ServeMachine("a")
+    s.offer(rep(new="c", sources=("a", "b")))
+    s.offer(rep(new="c", sources=("b",)))  # another plan for c: b serves it alone
+    assert not s.knows("c")
+    s.offer(rep(new="d"))
+    s.offer(Bootstrap(new="d", policy_version=7))  # d starts alone: nobody serves it
+    assert not s.knows("d")
+
+
+def test_due_commands_come_in_arrival_order() -> None:
+    s = ServeMachine("a")
+    c, d = rep(new="c"), rep(new="d")
+    s.offer(c)
+    s.offer(d)
+    c2 = rep(new="c", version_step=11)
+    s.offer(c2)  # c's newer command arrived after d's
+    assert s.due(12, policy(5, ("a", "b", "c", "d"))) == [d, c2]
+
+
+def test_a_command_that_names_no_policy_waits_for_a_policy_naming_us() -> None:
+    m = JoinMachine("c", deadline=100.0)
+    m.offer(rep(policy_version=-1))
+    m.advance(0.0, None)
+    m.fetched(True, 0.1)
+    assert m.advance(0.2, policy(9, ("a", "b"))) == Wait()
+    assert m.advance(0.3, policy(9, ("a", "b", "c"))) == Joined()
+
+
+def test_a_command_that_came_after_the_pull_is_left_for_the_next_join() -> None:
+    m = JoinMachine("c", deadline=100.0)
+    first, resent = rep(), rep(version_step=12)
+    m.offer(first)
+    m.advance(0.0, None)
+    assert m.unused is None
+    m.fetched(True, 0.1)
+    m.offer(resent)  # while the policy is awaited
+    assert m.advance(0.2, policy(5, ("a", "b", "c"))) == Joined() and m.unused == resent
+
+
 def test_new_neighbours_are_tree_neighbours_that_were_no_members() -> None:
     prev, pub = policy(4, ("a", "b")), policy(5, ("a", "b", "c"))
     assert new_neighbours("a", pub, prev) == ["c"]

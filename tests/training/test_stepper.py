@@ -12,8 +12,9 @@ import copy
 import pytest
 import torch
 
-from chaos_edge.trainer.shares import SLOTS, shard_of, split
+from chaos_edge.trainer.shares import SLOTS, Shares, shard_of, split
 from chaos_edge.trainer.stepper import Stepper
+from daemon.contracts.policy import SyncPolicy
 
 
 def _net() -> torch.nn.Module:
@@ -193,3 +194,21 @@ def test_shards_tile_the_global_batch_on_every_member() -> None:
         assert [s.start for s in shards] == [0, shards[0].size, shards[0].size + shards[1].size]
     plain = shard_of(5, ms, "b", per_member=8, global_batch=None, speeds=None)
     assert (plain.global_batch, plain.size, plain.start) == (24, 8, 8)
+
+
+def test_shares_follow_the_speeds_of_the_policy_they_were_measured_under() -> None:
+    ms = ["a", "b"]
+    v3 = SyncPolicy.build(3, ms, [("a", "b")], "a", 0, {m: "127.0.0.1:1" for m in ms})
+    v4 = SyncPolicy.build(4, ms, [("a", "b")], "a", 0, {m: "127.0.0.1:1" for m in ms})
+    shares = Shares("b", per_member=8, global_batch=30)
+    assert shares.shard(5, v3).size == 15  # no speeds yet: an even split
+    assert shares.samples(5, lambda: None) == 15  # the shard the script read, not a new one
+    shares.committed(3, torch.tensor([1.0, 2.0]))
+    assert shares.shard(6, v3).size == 20 and shares.shard(6, v4).size == 15
+    shares.forget()  # a restored state: speeds from before it count for nothing
+    assert shares.shard(6, v3).size == 15
+    assert shares.slot(v3) == 1 and Shares("b", 8, None).slot(v3) is None
+    shares.began(10.0, 4)  # the first update: nothing to time yet
+    shares.ended(11.0)
+    shares.began(13.0, 4)  # 4 samples in 2 s
+    assert shares.speed == 2.0

@@ -1,13 +1,15 @@
-"""State replication for the Trainer: every neighbour serves, the new node plans and pulls.
+"""The scale-out rendezvous on the peer links: a new node asks its sources, each offers.
 
-Rendezvous runs on the authenticated PeerLinks link. The new node sends ``STATE_REQ`` (the
-step it wants, in ``aux``) to each source. A source answers once it holds a snapshot of that
-step or a later one: ``STATE_MANIFEST`` carries ``{"port", "manifest"}``, where ``port`` is a
-:class:`~chaos_edge.replication.transfer.serve.StateServer` that the source runs for this one
-new node. ``STATE_END`` carries the reason it cannot serve. The bytes then move on the
-replication wire (:mod:`chaos_edge.replication.transfer.fetch`): the planned ranges from every
-source at once, each block verified as it lands, and a failed source's undelivered bytes
-re-planned onto the others.
+It runs on the authenticated PeerLinks link. One :class:`StateTransfer` per worker handles
+both sides: the :class:`~chaos_edge.trainer.source.Source` offers through it (and owns it),
+the :class:`~chaos_edge.trainer.joiner.Joiner` asks through it. The new node sends
+``STATE_REQ`` (the step it wants, in ``aux``) to each source. A source answers once it holds
+a snapshot of that step or a later one: ``STATE_MANIFEST`` carries ``{"port", "manifest"}``,
+where ``port`` is a :class:`~chaos_edge.replication.transfer.serve.StateServer` that the
+source runs for this one new node. ``STATE_END`` carries the reason it cannot serve. The bytes
+then move on the replication wire (:mod:`chaos_edge.replication.transfer.fetch`): the planned
+ranges from every source at once, each block verified as it lands, and a failed source's
+undelivered bytes re-planned onto the others.
 
 A source serves from the snapshot it took at the step boundary, on the server's own threads,
 while its training loop goes on with the next steps (the overlap of the paper's Fig. 5). Its
@@ -39,7 +41,7 @@ from chaos_edge.replication.transfer.serve import StateServer
 from chaos_edge.replication.transfer.snapshot import Snapshot
 from chaos_edge.trainer.control import TrainerError
 
-log = logging.getLogger("chaos.trainer.transfer")
+log = logging.getLogger("chaos.trainer.transfer")  # the name its log lines have always had
 MAX_OFFER = 8 << 20  # bytes of one STATE_MANIFEST/STATE_END payload
 STOP_CHECK_S = 0.2  # how often a wait for offers asks whether it is still wanted
 OFFER_WAIT_S = 60.0  # a source waits this long for its own snapshot of the asked step
@@ -89,13 +91,10 @@ class StateTransfer:
     Args:
         links: This node's PeerLinks (the STATE_* kinds are handled here).
         host: Where state servers listen (the data plane's bind address).
-        serve_bps: Cap, in bytes/s, on what we send to one new node (None: uncapped).
     """
 
-    def __init__(self, links: PeerLinks, host: str = "0.0.0.0",
-                 serve_bps: float | None = None) -> None:
-        self.links, self.host, self.serve_bps = links, host, serve_bps
-        self.reserve_bytes = 256 << 20  # the memory guard's (``snapshot_reserve_mib``)
+    def __init__(self, links: PeerLinks, host: str = "0.0.0.0") -> None:
+        self.links, self.host = links, host
         self._cond = threading.Condition()
         self._servers: dict[str, StateServer] = {}  # new node -> the server of its snapshot
         self._declined: dict[str, str] = {}  # new node -> why we cannot serve it
@@ -108,11 +107,12 @@ class StateTransfer:
         links.add_down_listener(self._on_down)
 
     # -- source side -----------------------------------------------------------------------
-    def offer(self, new_node: str, state: StateSpace) -> None:
-        """Serve ``state`` to ``new_node`` (replacing an older offer to it)."""
+    def offer(self, new_node: str, state: StateSpace, serve_bps: float | None = None) -> None:
+        """Serve ``state`` to ``new_node`` (replacing an older offer to it), sending it at most
+        ``serve_bps`` bytes/s (None: uncapped)."""
         rate: Callable[[str], float | None] | None = None
-        if self.serve_bps:
-            bps = self.serve_bps
+        if serve_bps:
+            bps = serve_bps
             rate = lambda _peer: bps  # noqa: E731 - the server's per-peer rate hook
         server = StateServer(Snapshot.of(state), self.links.me, host=self.host, rate=rate,
                              is_allowed=lambda peer: peer == new_node)  # fmt: skip

@@ -1,0 +1,212 @@
+"""This member's replica of the run's state, and what a committed round does to it.
+
+:class:`Replica` holds the state that the members keep bit-identical: the model and optimizer,
+the registered objects (:mod:`~chaos_edge.trainer.objects`), the last committed step, the
+result of round ``step + 1`` while its commit is uncertain (*held*), and in ``diloco`` mode the
+outer state (:mod:`~chaos_edge.trainer.outer`). The Trainer's collaborators see it through
+narrow views: the joiner restores it, a source snapshots it, the divergence guard digests it,
+and every committed round moves it on.
+
+**diloco mode.** Under a policy whose ``sync`` is ``diloco`` every ``update()`` steps the
+script's optimizer on the local gradient (the inner step; no collective), and every
+``inner_steps``-th ``update()`` then runs a round through the same agreement, all-reduce and
+commit as ``every-step`` mode: its input is the pseudo-gradient ``synced - current`` weighted
+by the samples this member saw since the last outer step, plus the buffers (averaged as every
+step in ``every-step`` mode), and its committed result is applied by the outer optimizer.
+What members share mid-window, and so what the divergence guard compares and a new node
+receives, is the outer state: the synced parameters, the agreed buffers, the outer momentum,
+the inner optimizer's hyper-parameters and the registered objects (:meth:`Replica._shared`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from chaos_edge.replication.state import Loaded, StateSpace, state_digest_bytes, tensor_bytes
+from chaos_edge.trainer.control import TrainerError
+from chaos_edge.trainer.objects import Registry
+from chaos_edge.trainer.outer import Outer, inner_state_hidden
+from chaos_edge.trainer.stepper import Stepper
+from daemon.contracts.policy import SyncMode, SyncPolicy
+
+Extra = list[tuple[str, torch.Tensor]]
+
+
+class Replica:
+    """The state this member holds, as every member holds it at a step.
+
+    Args:
+        model: The model.
+        optimizer: The script's optimizer (the inner one in diloco mode).
+        objects: The registered objects.
+        stepper: The round vector's layout and the step that applies a result.
+
+    Attributes:
+        step: The last committed step (``trainer.step``).
+        held: The result of round ``step + 1`` when its commit is uncertain (an abort after
+            the result was in), else None; the next agreement settles it.
+        held_version: The policy version of the round that produced :attr:`held`.
+        outer: The outer state in diloco mode, else None.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 objects: Registry, stepper: Stepper) -> None:  # fmt: skip
+        self.model, self.optimizer = model, optimizer
+        self.objects, self.stepper = objects, stepper
+        self.step = 0
+        self.held: Any = None
+        self.held_version = -1
+        self.outer: Outer | None = None
+
+    # -- rounds ----------------------------------------------------------------------------
+    def round_step(self) -> int:
+        """The data plane's step: the last committed round (in diloco mode, outer step)."""
+        return self.step if self.outer is None else self.step // self.outer.inner_steps
+
+    def last_round_step(self) -> int:
+        """The step of our last round: the last step, or the last outer step."""
+        if self.outer is None:
+            return self.step
+        return self.step // self.outer.inner_steps * self.outer.inner_steps
+
+    def inner_step(self, pub: SyncPolicy, n: int) -> bool:
+        """In ``diloco`` mode, this ``update()``'s inner step; True if no round follows it
+        (:attr:`step` has moved on), False if this is an outer round (or every-step mode).
+
+        Raises:
+            TrainerError: A mode this worker cannot follow (see the messages).
+        """
+        mode = pub.sync
+        if not mode.diloco:
+            if self.outer is not None:
+                # Mid-window the members' parameters differ; every-step rounds would average
+                # gradients of different models. Only a fresh start can switch back.
+                raise TrainerError(f"the cluster's sync mode changed from diloco to "
+                                   f"{mode.mode} at step {self.step + 1} (policy "
+                                   f"v{pub.version}); restart the training to switch back")
+            return False
+        if self.stepper.scaler is not None:
+            raise TrainerError("diloco mode does not support a GradScaler (its scale would "
+                               "be each member's own); drop scaler= or use every-step sync")
+        if self.outer is None:
+            # Entering diloco: the parameters are agreed at this step boundary (a fresh
+            # cluster, an every-step cluster switching, or a joiner's restored state).
+            self.outer = Outer(self.stepper.params, mode.inner_steps)
+        elif self.outer.inner_steps != mode.inner_steps:
+            raise TrainerError(f"the cluster's inner_steps changed from "
+                               f"{self.outer.inner_steps} to {mode.inner_steps} at step "
+                               f"{self.step + 1}; restart the training to change it")
+        if n > 0:
+            self.stepper.step()  # clip, transform, the script's optimizer.step(), zero
+        else:
+            self.optimizer.zero_grad(set_to_none=True)  # a leaver's drain: nothing to step
+        self.outer.samples += n
+        if self.outer.outer_round(self.step + 1):
+            return False
+        self.step += 1
+        return True
+
+    def round_samples(self, n: int) -> int:
+        """Samples behind this round's input: the window's in diloco mode."""
+        return n if self.outer is None else self.outer.samples
+
+    def round_input(self, flat: torch.Tensor, n: int) -> None:
+        """Put the pseudo-gradient into the gradient segment of an outer round's input."""
+        if self.outer is not None and n:
+            self.outer.pseudo_gradient(flat[: self.stepper.n_grad])
+
+    def commit(self, values: torch.Tensor, mode: SyncMode | None) -> None:
+        """Apply the committed result of round ``step + 1``; ``mode`` is the sync mode of the
+        policy it ran under (needed in diloco mode only)."""
+        if self.outer is None:
+            self.stepper.apply(values)
+        else:
+            # The agreed buffers, then the outer step (skipped when no member had samples)
+            # and the synced parameters into the model.
+            self.stepper.apply_buffers(values)
+            if float(values[self.stepper.live_at]) > 0:
+                assert mode is not None
+                self.outer.step(values[: self.stepper.n_grad], mode)
+            else:
+                self.outer.settle()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.held = None
+
+    # -- the shared state ------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _shared(self, model_state: dict[str, torch.Tensor], extra: Extra
+                ) -> Iterator[tuple[torch.optim.Optimizer, dict[str, torch.Tensor], Extra]]:
+        """The state every member holds alike: as given in every-step mode; in diloco mode
+        the outer state in place of the live parameters and the inner optimizer's state."""
+        if self.outer is None:
+            yield self.optimizer, model_state, extra
+            return
+        with inner_state_hidden(self.optimizer) as opt:
+            yield (opt, self.outer.model_state(self.model, model_state),
+                   [*extra, *self.outer.tensors()])
+
+    def digest(self) -> bytes:
+        """SHA-256 of the shared state (what the divergence guard compares)."""
+        tensors, doc = self.objects.capture()
+        with self._shared(self.stepper.digest_state(), tensors) as (opt, state, extra):
+            return state_digest_bytes(self.model, opt, model_state=state, extra=extra,
+                                      meta=doc)  # fmt: skip
+
+    def local_bytes(self) -> int:
+        """Bytes of the model's, the optimizer's and the objects' tensors: what a snapshot
+        copies (the memory guard), and whether probing the links pays (a join)."""
+        tensors, _ = self.objects.capture()
+        return tensor_bytes(self.model, self.optimizer, tensors)
+
+    def snapshot(self) -> StateSpace:
+        """The state a source serves a new node, at this step boundary.
+
+        A held result travels with it: the new node is then as uncertain about round
+        ``step + 1`` as we are, and the first agreement settles it for both alike. In diloco
+        mode it is the outer state, the same all window long, so sources at different steps
+        of one window serve the same state.
+        """
+        tensors, doc = self.objects.capture()
+        runtime: dict[str, Any] = {"step": self.step, "objects": doc}
+        if self.held is not None:
+            tensors.append(("held", self.held))
+            runtime["held_version"] = self.held_version
+        if self.outer is not None:
+            runtime["outer"] = {"inner_steps": self.outer.inner_steps}
+        with self._shared(self.stepper.model_state(), tensors) as (opt, state, extra):
+            return StateSpace.capture(self.model, opt, runtime, model_state=state, extra=extra,
+                                      rng=False)  # fmt: skip
+
+    def fit_error(self, loaded: Loaded) -> str | None:
+        """What keeps a replicated state from loading here (one line), or None."""
+        objects = loaded.runtime.get("objects", {})
+        return (loaded.fit_error(self.model, self.optimizer)
+                or self.objects.mismatch(objects, loaded.extra))  # fmt: skip
+
+    def restore(self, loaded: Loaded) -> None:
+        """Load a replicated state that fits (:meth:`fit_error`): model, optimizer, objects,
+        the outer state, the step and the held result.
+
+        Raises:
+            StateMismatch: A registered object's ``load_state_dict`` refused its state.
+        """
+        runtime = loaded.runtime
+        loaded.apply(self.model, self.optimizer)
+        self.objects.restore(runtime.get("objects", {}), loaded.extra)
+        self.stepper.restored()
+        doc = runtime.get("outer")
+        self.outer = None if not doc else Outer.restore(
+            self.stepper.params, int(doc["inner_steps"]), loaded.extra)
+        self.step = int(runtime["step"])
+        held = loaded.extra.get("held")
+        self.held = None if held is None else held.clone()
+        self.held_version = int(runtime.get("held_version", -1))
+
+    def start_alone(self) -> None:
+        """Bootstrap from our own state: nobody is left to settle a held result with."""
+        self.held = None

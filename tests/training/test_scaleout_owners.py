@@ -1,0 +1,171 @@
+"""The Joiner and the Source over fakes at their seams: the session, the rendezvous and the
+training state. The machines decide (test_scaleout_machines.py); these check what the owners
+do with each decision: serve or decline, bootstrap, give up, keep a command for the next join."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from chaos_edge.trainer.control import TrainerError
+from chaos_edge.trainer.joiner import Joiner
+from chaos_edge.trainer.policy import PolicyBook
+from chaos_edge.trainer.session import ReplicationLimits
+from chaos_edge.trainer.source import Source
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.protocol import Bootstrap, Replicate, ServeDeclined
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def policy(version: int, members: tuple[str, ...], effective: int = 0) -> SyncPolicy:
+    edges = [(members[0], m) for m in members[1:]]
+    return SyncPolicy.build(version, list(members), edges, members[0], effective,
+                            {m: f"127.0.0.1:{7000 + i}" for i, m in enumerate(members)})
+
+
+class FakeSession:
+    def __init__(self, clock: FakeClock, limits: ReplicationLimits | None = None) -> None:
+        self.book, self.clock = PolicyBook(), clock
+        self.limits = limits or ReplicationLimits()
+        self.reports: list[Any] = []
+
+    def report(self, rep: Any) -> None:
+        self.reports.append(rep)
+
+    def flush_reports(self) -> None:
+        pass
+
+    def wait(self, timeout: float) -> None:
+        self.clock.advance(timeout)
+
+
+class FakeRendezvous:
+    def __init__(self) -> None:
+        self.offered: dict[str, Any] = {}
+        self.declined: dict[str, str] = {}
+
+    def offer(self, new: str, state: Any, serve_bps: float | None = None) -> None:
+        self.offered[new] = (state, serve_bps)
+
+    def decline(self, new: str, why: str) -> None:
+        self.declined[new] = why
+
+    def answered(self) -> set[str]:
+        return {*self.offered, *self.declined}
+
+
+class FakeState:
+    def __init__(self, step: int) -> None:
+        self.step, self.alone = step, 0
+
+    def last_round_step(self) -> int:
+        return self.step
+
+    def local_bytes(self) -> int:
+        return 1 << 20
+
+    def snapshot(self) -> str:
+        return f"state of step {self.step}"
+
+    def start_alone(self) -> None:
+        self.alone += 1
+
+
+def serve_cmd(new: str = "c") -> Replicate:
+    return Replicate(version_step=10, new=new, policy_version=5,
+                     sources={"a": "127.0.0.1:7000", "b": "127.0.0.1:7001"})
+
+
+def test_a_source_offers_its_snapshot_once_the_new_policy_governs() -> None:
+    clock = FakeClock()
+    s = FakeSession(clock, ReplicationLimits(serve_bps=1e6))
+    rv, state = FakeRendezvous(), FakeState(10)
+    src = Source("a", s, rv, state, clock, poll=lambda: None)  # type: ignore[arg-type]
+    src.offer(serve_cmd())
+    assert src.knows("c")
+    src.serve_due()  # no policy with c yet: the command waits
+    assert rv.offered == {} and src.knows("c")
+    s.book.put(policy(5, ("a", "b", "c"), effective=11))
+    src.serve_due()
+    assert rv.offered == {"c": ("state of step 10", 1e6)} and not src.knows("c")
+
+
+def test_a_source_short_of_memory_declines_and_reports_it() -> None:
+    clock = FakeClock()
+    s = FakeSession(clock, ReplicationLimits(reserve_bytes=1 << 60))
+    rv = FakeRendezvous()
+    src = Source("a", s, rv, FakeState(10), clock, poll=lambda: None)  # type: ignore[arg-type]
+    s.book.put(policy(5, ("a", "b", "c"), effective=11))
+    src.offer(serve_cmd())
+    src.serve_due()
+    assert not rv.offered and "snapshot_reserve_mib" in rv.declined["c"]
+    assert [type(r) for r in s.reports] == [ServeDeclined] and s.reports[0].new == "c"
+
+
+def test_before_the_first_round_with_a_new_neighbour_a_source_waits_bounded() -> None:
+    clock = FakeClock()
+    s = FakeSession(clock)
+    rv = FakeRendezvous()
+    src = Source("a", s, rv, FakeState(10), clock, poll=lambda: None)  # type: ignore[arg-type]
+    old, new = policy(4, ("a", "b")), policy(5, ("a", "b", "c"), effective=11)
+    s.book.put(old)
+    s.book.put(new)
+    t0 = clock.monotonic()
+    src.before_round(new, last_version=4, deadline=t0 + 100)  # no command ever came
+    assert 5.0 <= clock.monotonic() - t0 < 5.5
+    src.before_round(new, last_version=5, deadline=t0 + 100)  # the policy we ran: nobody new
+    assert clock.monotonic() - t0 < 5.5
+
+
+def joiner(session: FakeSession, state: FakeState, clock: FakeClock,
+           poll: Any = lambda: None) -> Joiner:
+    return Joiner("c", session, FakeRendezvous(), state, clock, poll)  # type: ignore[arg-type]
+
+
+def test_a_bootstrap_starts_alone_once_its_policy_arrives() -> None:
+    clock = FakeClock()
+    s, state = FakeSession(clock), FakeState(7)
+    polls = []
+
+    def poll() -> None:
+        polls.append(clock.monotonic())
+        if len(polls) == 3:
+            s.book.put(policy(1, ("c",)))
+
+    j = joiner(s, state, clock, poll)
+    j.offer(Bootstrap(new="c", policy_version=1))  # between joins: kept for the next one
+    assert j.join(clock.monotonic() + 10, was_member=True) is False
+    assert state.alone == 1 and len(polls) == 3
+
+
+def test_a_join_with_no_command_gives_up_at_its_deadline() -> None:
+    clock = FakeClock()
+    j = joiner(FakeSession(clock), FakeState(0), clock)
+    with pytest.raises(TrainerError, match="no replicate command arrived"):
+        j.join(clock.monotonic() + 1.0, was_member=False)
+
+
+def test_a_command_that_came_while_awaiting_the_policy_is_kept_for_the_next_join() -> None:
+    clock = FakeClock()
+    s, state = FakeSession(clock), FakeState(7)
+    late = Bootstrap(new="c", policy_version=2)
+    holder: list[Joiner] = []
+    polls = []
+
+    def poll() -> None:
+        polls.append(1)
+        if len(polls) == 2:  # the first join started alone, and awaits its policy
+            holder[0].offer(late)
+            s.book.put(policy(1, ("c",)))
+
+    j = joiner(s, state, clock, poll)
+    holder.append(j)
+    j.offer(Bootstrap(new="c", policy_version=1))
+    j.join(clock.monotonic() + 10, was_member=False)
+    assert state.alone == 1
+    s.book.put(policy(2, ("c",)))
+    j.join(clock.monotonic() + 10, was_member=True)  # the kept command: no new one needed
+    assert state.alone == 2
