@@ -447,3 +447,45 @@ def slowlinks(
     except (TimeoutError, OSError) as exc:
         raise ClusterError(f"the slow-links bench failed: {exc}") from None
     typer.echo(slowlinks_report.table(doc))
+
+
+@bench_app.command("dst")
+def dst(
+    seeds: Annotated[int, typer.Option(min=1, max=10_000_000, help="How many seeds to run.")]
+    = 1000,
+    start: Annotated[int, typer.Option(min=0, help="The first seed.")] = 0,
+    duration: Annotated[float, typer.Option(min=10.0, max=3600.0, help="Simulated seconds "
+                                            "of each run.")] = 60.0,
+    jobs: Annotated[int, typer.Option(min=0, max=256, help="Processes (0: one per core).")]
+    = 0,
+    seed: Annotated[int | None, typer.Option(min=0, help="Run only this seed, twice (it must "
+                                             "replay exactly), and print its trace.")] = None,
+    shrink: Annotated[bool, typer.Option(help="With --seed: shrink a failing plan to the "
+                                         "faults that matter.")] = False,
+    out: Annotated[Path, typer.Option(help="Where dst.json, dst.md and failing seeds' traces "
+                                      "go.")] = Path("dst"),
+) -> None:
+    """Deterministic simulation of the control plane: the real agents, scheduler and the
+    worker's join and serve machines on a simulated broker, clock and network, faults drawn
+    from each seed, every invariant checked after every event. Exits 1 on a violation."""
+    from chaos_bench.dst import campaign
+    from chaos_bench.dst.loop import HarnessError
+    from chaosctl.cluster import ClusterError
+
+    if shrink and seed is None:
+        raise CtlUsageError("--shrink needs --seed")
+    try:
+        if seed is not None:
+            res = campaign.one(seed, duration, shrink, say)
+            if not res.ok:
+                raise typer.Exit(1)
+            return
+        doc = campaign.campaign(seeds, start, duration, jobs or campaign.default_jobs(), out,
+                                say)
+    except HarnessError as exc:
+        raise ClusterError(f"the simulator itself failed: {exc}") from None
+    except OSError as exc:
+        raise ClusterError(f"cannot write the results to {out}: {exc}") from None
+    typer.echo(campaign.table(doc))
+    if doc["violations_by_kind"] or doc["crashes"] or doc["harness_errors"]:
+        raise typer.Exit(1)

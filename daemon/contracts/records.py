@@ -21,67 +21,121 @@ from typing import Any, Literal, TypeVar, Union
 from daemon.contracts.errors import MessageError
 
 R = TypeVar("R")
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
-
-
 Check = Callable[[Any, str], None]
+# A converter checks one value against one annotation: (value, path to it, check) -> value.
+Conv = Callable[[Any, str, "Check | None"], Any]
+_CONVS: dict[Any, Conv] = {}
+_FIELDS: dict[type, list[tuple[str, Conv, bool]]] = {}  # name, converter, required
+
+
+def _fail(where: str, why: str) -> MessageError:
+    return MessageError(f"{where}: {why}")
+
+
+def _conv_bool(v: Any, where: str, check: Check | None) -> Any:
+    if not isinstance(v, bool):
+        raise _fail(where, "expected true/false")
+    return v
+
+
+def _conv_int(v: Any, where: str, check: Check | None) -> Any:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _fail(where, "expected an integer")
+    return v
+
+
+def _conv_float(v: Any, where: str, check: Check | None) -> Any:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _fail(where, "expected a number")
+    if not math.isfinite(v):
+        raise _fail(where, "not finite")
+    return float(v)
+
+
+def _conv_str(v: Any, where: str, check: Check | None) -> Any:
+    if not isinstance(v, str):
+        raise _fail(where, "expected a string")
+    return v
+
+
+def _conv_any(v: Any, where: str, check: Check | None) -> Any:
+    return v
+
+
+def converter(tp: Any) -> Conv:
+    """The converter of annotation ``tp``, made once and kept (messages are many, their
+    types few: a heartbeat is checked with no reflection at all)."""
+    conv = _CONVS.get(tp)
+    if conv is None:
+        conv = _CONVS[tp] = _make(tp)
+    return conv
+
+
+def _make(tp: Any) -> Conv:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        optional = type(None) in args
+        inner = converter(next(a for a in args if a is not type(None)))
+
+        def union(v: Any, where: str, check: Check | None) -> Any:
+            return None if v is None and optional else inner(v, where, check)
+        return union
+    if tp is Any:
+        return _conv_any
+    if origin is Literal:
+        choices = typing.get_args(tp)
+
+        def literal(v: Any, where: str, check: Check | None) -> Any:
+            if isinstance(v, bool) or v not in choices:
+                raise _fail(where, f"{str(v)[:20]!r} is not one of "
+                                   f"{', '.join(map(str, choices))}")
+            return v
+        return literal
+    simple = {bool: _conv_bool, int: _conv_int, float: _conv_float, str: _conv_str}
+    if tp in simple:
+        return simple[tp]
+    if origin in (list, tuple):
+        item = converter(typing.get_args(tp)[0])
+        as_list = origin is list
+
+        def sequence(v: Any, where: str, check: Check | None) -> Any:
+            if not isinstance(v, (list, tuple)):
+                raise _fail(where, "expected a list")
+            items = [item(x, f"{where}[{i}]", check) for i, x in enumerate(v)]
+            return items if as_list else tuple(items)
+        return sequence
+    if origin is dict:
+        value = converter(typing.get_args(tp)[1])
+
+        def mapping(v: Any, where: str, check: Check | None) -> Any:
+            if not isinstance(v, dict):
+                raise _fail(where, "expected an object")
+            return {str(k): value(x, f"{where}.{k}", check) for k, x in v.items()}
+        return mapping
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        cls = tp
+
+        def record(v: Any, where: str, check: Check | None) -> Any:
+            return build(cls, v, where, check)
+        return record
+    raise TypeError(f"no converter for the annotation {tp!r}")
+
+
+def _fields(cls: type) -> list[tuple[str, Conv, bool]]:
+    got = _FIELDS.get(cls)
+    if got is None:
+        hints = typing.get_type_hints(cls)
+        got = _FIELDS[cls] = [
+            (f.name, converter(hints[f.name]),
+             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls)]
+    return got
 
 
 def coerce(value: Any, tp: Any, where: str, check: Check | None = None) -> Any:
     """Check ``value`` against annotation ``tp``; return it (records built, tuples made)."""
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return coerce(value, inner[0], where, check)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if isinstance(value, bool) or value not in choices:
-            raise MessageError(f"{where}: {str(value)[:20]!r} is not one of "
-                               f"{', '.join(map(str, choices))}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise MessageError(f"{where}: expected true/false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise MessageError(f"{where}: expected an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise MessageError(f"{where}: expected a number")
-        if not math.isfinite(value):
-            raise MessageError(f"{where}: not finite")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise MessageError(f"{where}: expected a string")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise MessageError(f"{where}: expected a list")
-        item = typing.get_args(tp)[0]
-        items = [coerce(v, item, f"{where}[{i}]", check) for i, v in enumerate(value)]
-        return items if origin is list else tuple(items)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise MessageError(f"{where}: expected an object")
-        _, item = typing.get_args(tp)
-        return {str(k): coerce(v, item, f"{where}.{k}", check) for k, v in value.items()}
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return build(tp, value, where, check)
-    raise MessageError(f"{where}: unsupported type {tp!r}")  # pragma: no cover
+    return converter(tp)(value, where, check)
 
 
 def build(cls: type[R], data: Any, where: str, check: Check | None = None) -> R:
@@ -99,13 +153,12 @@ def build(cls: type[R], data: Any, where: str, check: Check | None = None) -> R:
     """
     if not isinstance(data, dict):
         raise MessageError(f"{where}: expected an object")
-    hints = _hints(cls)
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            kwargs[f.name] = coerce(data[f.name], hints[f.name], f"{where}.{f.name}", check)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise MessageError(f"{where}: missing field '{f.name}'")
+    for name, conv, required in _fields(cls):
+        if name in data:
+            kwargs[name] = conv(data[name], f"{where}.{name}", check)
+        elif required:
+            raise MessageError(f"{where}: missing field '{name}'")
     try:
         obj = cls(**kwargs)
     except (TypeError, ValueError) as exc:  # a record's own __post_init__ refused it

@@ -1,0 +1,411 @@
+"""Boxes, sites and the faults of a plan, on one simulated broker, clock and data plane.
+
+Each box runs the real :class:`~daemon.agent.node.NodeAgent` (election, failure detection,
+the scheduler's role and negotiator, its control handlers), ticked every 0.1 s and beating
+every 0.5 s as chaosd does, with its data dir on disk (the election term it remembers), and
+one :class:`~chaos_bench.dst.worker.SimWorker` at a time, started again by a supervisor
+after it fails, as ``chaosctl join -- CMD`` does.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from chaos_bench.dst.broker import SimBroker, SimBus
+from chaos_bench.dst.faults import Fault, Plan
+from chaos_bench.dst.loop import Sim, drive
+from chaos_bench.dst.plane import DataPlane, State, fresh_state
+from chaos_bench.dst.referee import Referee
+from chaos_bench.dst.worker import SimWorker
+from daemon.agent.node import NodeAgent
+from daemon.agent.resources import Resources
+from daemon.contracts.config import Config
+from daemon.contracts.messages import Command, LeaderClaim, Request, Status, decode
+from daemon.contracts.protocol import LinkMetrics, LinkRecovered, LinkRequest
+
+TICK_S = 0.1
+HB_S = 0.5
+RESTART_MIN_S, RESTART_MAX_S = 1.0, 30.0  # the supervisor's backoff (daemon.agent.worker)
+QUIET = Resources(cpu_percent=10.0, mem_percent=20.0, battery_percent=None)
+
+
+class Box:
+    """One machine: its chaosd and, while it trains, its worker."""
+
+    def __init__(self, cluster: Cluster, name: str, site: str) -> None:
+        self.c, self.name, self.site = cluster, name, site
+        self.data_dir = os.path.join(cluster.root, name)
+        os.makedirs(self.data_dir, exist_ok=True)
+        self.agent: NodeAgent | None = None
+        self.bus: SimBus | None = None
+        self.worker: SimWorker | None = None
+        self.wants_worker = False  # its job is on (chaosctl join), off after a leave
+        self.held: State | None = None  # what its last worker held (a restart starts fresh)
+        self.gen = 0  # each boot of chaosd, so that a dead one's timers stop
+        self.frozen = False
+        self.cut = False
+        self._backoff = RESTART_MIN_S
+
+    # --- chaosd -------------------------------------------------------------------------
+    def boot(self) -> None:
+        if self.agent is not None:
+            return  # already running (a reboot scheduled twice)
+        c = self.c
+        self.gen += 1
+        gen = self.gen
+        cfg = Config(node_id=self.name, cluster="sim", data_dir=self.data_dir,
+                     advertise="127.0.0.1")
+        agent = NodeAgent(cfg, c.sim.clock, resources=lambda: QUIET)
+        bus = SimBus(c.sim, c.broker, cfg, client_id=f"chaos-sim-{self.name}",
+                     will=agent._will, on_message=agent.on_message,
+                     on_connect=agent.on_connect, on_disconnect=agent.on_disconnect,
+                     subscriptions=sorted(agent._wanted_topics()))
+        agent.bus = bus
+        agent.supervisor.on_exit.clear()
+        agent.supervisor.on_exit.append(agent._worker_exited)
+        self._watch_commands(agent)
+        self.agent, self.bus = agent, bus
+        bus.reachable = not self.cut
+        bus.start()
+        phase = c.sim.rng.random() * TICK_S
+        c.sim.at(phase, lambda: self._tick(gen))
+        c.sim.at(phase + c.sim.rng.random() * HB_S, lambda: self._beat(gen))
+        c.sim.note(f"{self.name} chaosd boots (incarnation {agent.incarnation})")
+        c.ref.count("box:boot")
+
+    def _watch_commands(self, agent: NodeAgent) -> None:
+        """Which scheduler's commands this agent obeys (invariant 1 is about those)."""
+        obey, ref, name = agent._on_command, self.c.ref, self.name
+
+        def on_command(cmd: Command) -> None:
+            before = agent.counters["commands"]
+            obey(cmd)
+            if agent.counters["commands"] > before:
+                ref.command_obeyed(name, agent.incarnation, cmd.term, cmd.leader)
+
+        agent._on_command = on_command  # type: ignore[method-assign]
+
+    def _tick(self, gen: int) -> None:
+        if gen != self.gen or self.agent is None:
+            return
+        self.c.sim.at(TICK_S, lambda: self._tick(gen))
+        if self.frozen:
+            return
+        try:
+            drive(self.agent.tick())
+        except Exception as exc:  # chaosd logs and carries on; for us it is a finding
+            self.c.ref.violation("tick-error", f"{self.name}: {type(exc).__name__}: {exc}")
+        self.c.ref.term_seen(self.name, self.agent.election.term)
+        if self.agent.should_exit:  # chaosd's main loop ends, and it says goodbye
+            self.c.sim.note(f"{self.name} chaosd exits: {self.agent.exit_reason}")
+            self.shutdown()
+
+    def _beat(self, gen: int) -> None:
+        if gen != self.gen or self.agent is None:
+            return
+        self.c.sim.at(HB_S, lambda: self._beat(gen))
+        if not self.frozen:
+            drive(self.agent.heartbeat())
+
+    def crash(self) -> None:
+        """chaosd dies without a goodbye; its worker dies with it (kill_with_parent)."""
+        if self.agent is None:
+            return
+        self._kill_worker(supervised=False)
+        assert self.bus is not None
+        self.bus.kill()
+        self.agent, self.bus = None, None
+        self.gen += 1
+        self.frozen = False
+
+    def shutdown(self) -> None:
+        """``systemctl stop chaosd``: the worker stops, chaosd says it left."""
+        if self.agent is None:
+            return
+        self._kill_worker(supervised=False)
+        drive(self.agent.leave())
+        assert self.bus is not None
+        self.bus.close()
+        self.agent, self.bus = None, None
+        self.gen += 1
+
+    # --- the worker ---------------------------------------------------------------------
+    def start_worker(self, misfit: bool = False) -> None:
+        if self.agent is None or (self.worker is not None and self.worker.alive):
+            return
+        self.wants_worker = True
+        held = fresh_state()
+        w = SimWorker(self.c.sim, self.agent, self.c.plane, State(*held), self._exited,
+                      self.c.ref)
+        w.misfit = misfit
+        self.worker = w
+        self.c.plane.workers[self.name] = w
+        w.start()
+        self.c.ref.count("worker:start")
+
+    def _exited(self, node: str, code: int, why: str) -> None:
+        """The supervisor saw its child exit: it tells chaosd, and restarts it unless done."""
+        w = self.worker
+        if w is not None:
+            self.held = w.state
+            if w.was_member:
+                self._backoff = RESTART_MIN_S
+        if self.agent is not None:
+            for cb in self.agent.supervisor.on_exit:
+                cb(code)
+        if code == 0:
+            self.wants_worker = False
+            return
+        if self.agent is not None and self.agent.supervisor.refused is not None:
+            self.wants_worker = False  # a script whose model does not fit is not restarted
+            return
+        gen, delay = self.gen, self._backoff
+        self._backoff = min(self._backoff * 2, RESTART_MAX_S)
+        self.c.sim.at(delay, lambda: self._restart_worker(gen))
+
+    def _restart_worker(self, gen: int) -> None:
+        if gen == self.gen and self.wants_worker and not self.frozen:
+            self.start_worker()
+        elif gen == self.gen and self.wants_worker:
+            self.c.sim.at(1.0, lambda: self._restart_worker(gen))
+
+    def _kill_worker(self, supervised: bool) -> None:
+        w = self.worker
+        if w is None or not w.alive:
+            return
+        self.held = w.state
+        w.kill()
+        self.c.sim.note(f"{self.name} worker killed")
+        if supervised and self.agent is not None:
+            self._exited(self.name, -9, "killed")
+
+    # --- faults -------------------------------------------------------------------------
+    def freeze(self, seconds: float, worker_only: bool = False) -> None:
+        w = self.worker
+        if worker_only:
+            if w is not None and w.alive and not w.frozen:
+                w.frozen = True
+                self.c.sim.at(seconds, lambda: setattr(w, "frozen", False))
+            return
+        if self.agent is None or self.frozen:
+            return
+        self.frozen = True
+        assert self.bus is not None
+        self.bus.freeze()
+        if w is not None:
+            w.frozen = True
+        self.c.ref.excuse(self.name, seconds)
+        gen = self.gen
+        self.c.sim.at(seconds, lambda: self.thaw(gen))
+
+    def thaw(self, gen: int) -> None:
+        if gen != self.gen or not self.frozen:
+            return
+        self.frozen = False
+        if self.worker is not None:
+            self.worker.frozen = False
+        if self.bus is not None:
+            self.bus.thaw()
+        self.c.sim.note(f"{self.name} thaws")
+
+
+class Cluster:
+    """The boxes of a plan, the broker, the data plane and the referee."""
+
+    def __init__(self, plan: Plan, sim: Sim) -> None:
+        self.plan, self.sim = plan, sim
+        self.root = tempfile.mkdtemp(prefix=f"chaos-dst-{plan.seed}-")
+        self.ref = Referee(lambda: sim.now, sim.note)
+        self.ref.holders = self.holders
+        self.broker = SimBroker(sim, plan.net, self.ref.count)
+        self.plane = DataPlane(sim, self.reach, self.ref.committed)
+        self.boxes = {name: Box(self, name, site) for name, site in plan.sites.items()}
+        self.splits: set[frozenset[str]] = set()  # pairs of sites cut apart on the data plane
+        self._watch_traffic()
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _watch_traffic(self) -> None:
+        """Count every message by kind, and note who commands in which term."""
+        inner = self.broker.publish
+
+        def publish(sender: Any, topic: str, payload: bytes, qos: int, retain: bool) -> None:
+            leaf = topic.rsplit("/", 1)[-1]
+            self.ref.count(f"mqtt:{leaf}")
+            if leaf in ("cmd", "req", "leader") and payload:
+                msg = decode(payload)
+                if isinstance(msg, Command):
+                    self.ref.count(f"cmd:{msg.op}")
+                    self.sim.note(f"{msg.leader}@{msg.term} -> {topic.split('/')[-2]}: "
+                                  f"{msg.op} {_brief(msg.args)}")
+                elif isinstance(msg, Request):
+                    self.ref.count(f"req:{msg.op}" + (f":{msg.args.get('kind')}"
+                                                      if msg.op == "report" else ""))
+                    if msg.args.get("kind") not in ("link-metrics", "stall"):
+                        self.sim.note(f"{msg.node} asks {msg.op} {_brief(msg.args)}")
+                elif isinstance(msg, LeaderClaim):
+                    self.sim.note(f"{msg.id} claims term {msg.term}")
+            elif leaf == "status" and payload:
+                st = decode(payload)
+                if isinstance(st, Status):
+                    self.ref.count(f"status:{st.reason}")
+                    self.sim.note(f"{st.node} status {st.reason}")
+            inner(sender, topic, payload, qos, retain)
+
+        self.broker.publish = publish  # type: ignore[method-assign]
+
+    # --- reachability -------------------------------------------------------------------
+    def reach(self, a: str, b: str) -> bool:
+        """Whether ``a``'s worker reaches ``b``'s on the data plane now."""
+        ba, bb = self.boxes[a], self.boxes[b]
+        if ba.cut or bb.cut:
+            return ba.site == bb.site and ba.cut == bb.cut
+        return frozenset((ba.site, bb.site)) not in self.splits or ba.site == bb.site
+
+    # --- the plan -----------------------------------------------------------------------
+    def start(self) -> None:
+        for i, name in enumerate(self.plan.initial):
+            box = self.boxes[name]
+            self.sim.at(i * 0.05, box.boot)
+            self.sim.at(2.0 + self.sim.rng.random() * 2.0, box.start_worker)
+        for f in self.plan.faults:
+            self.sim.at(f.at, functools.partial(self.apply, f))
+        self.sim.at(5.0, self.probe)
+
+    def apply(self, f: Fault) -> None:
+        self.sim.note(f"FAULT {f}")
+        self.ref.count(f"fault:{f.kind}")
+        box = self.boxes.get(f.target.split(">")[0])
+        if f.kind == "join" and box is not None:
+            box.boot()
+            self.sim.at(1.0 + self.sim.rng.random(), box.start_worker)
+        elif f.kind == "leave" and box is not None and box.agent is not None:
+            if box.agent.worker.attached:
+                box.agent.worker.leave_requested = True  # what `chaosctl leave` does
+        elif f.kind == "leave-daemon" and box is not None:
+            box.wants_worker = False
+            box.shutdown()
+            self.sim.at(20.0, box.boot)  # the owner starts it again later, idle
+        elif f.kind == "kill-worker" and box is not None:
+            box._kill_worker(supervised=True)
+        elif f.kind == "misfit" and box is not None and box.agent is not None:
+            # Its owner starts another script, whose model is not the cluster's.
+            box._kill_worker(supervised=False)
+            box.agent.supervisor.refused = None
+            self.sim.at(1.0, functools.partial(box.start_worker, True))
+        elif f.kind == "link-op" and box is not None and box.agent is not None:
+            peer, _, action = f.target.split(">")[1].partition("/")
+            box.agent.request(LinkRequest(peer=peer, action="add" if action == "add" else "del"),
+                              reply=True)
+        elif f.kind == "crash" and box is not None and box.agent is not None:
+            wanted = box.wants_worker
+            box.crash()
+            self.sim.at(f.seconds, functools.partial(self._reboot, box, wanted))
+        elif f.kind in ("freeze", "freeze-worker") and box is not None:
+            box.freeze(f.seconds, worker_only=f.kind == "freeze-worker")
+        elif f.kind == "broker-restart":
+            self.broker.restart(f.seconds)
+            for b in self.boxes.values():
+                self.ref.excuse(b.name, f.seconds + 10.0)
+        elif f.kind == "cut":
+            self._cut(f.target, f.seconds)
+        elif f.kind == "dataplane-split":
+            pair = frozenset(f.target.split("|"))
+            self.splits.add(pair)
+            self.sim.at(f.seconds, functools.partial(self._rejoin_sites, pair))
+        elif f.kind == "power":
+            for b in self.boxes.values():
+                if b.site == f.target and b.agent is not None:
+                    wanted = b.wants_worker
+                    b.crash()
+                    self.sim.at(f.seconds, functools.partial(self._reboot, b, wanted))
+
+    def _rejoin_sites(self, pair: frozenset[str]) -> None:
+        """A data-plane split heals; the probes of the boxes on both sides hear each other
+        again, and the scheduler hears about it (link-recovered), as chaosd's LinkMonitor
+        reports a link whose probes answer again."""
+        self.splits.discard(pair)
+        self.sim.note(f"sites {'|'.join(sorted(pair))} reach each other again")
+        for b in sorted(self.boxes.values(), key=lambda b: b.name):
+            if b.site not in pair or b.agent is None or b.agent.view is None:
+                continue
+            rec = b.agent.view.nodes.get(b.name)
+            for peer in rec.neighbors if rec is not None else []:
+                other = self.boxes.get(peer)
+                if other is not None and other.site in pair and other.site != b.site:
+                    b.agent.request(LinkRecovered(peer=peer))
+
+    def probe(self) -> None:
+        """Every few seconds, like chaosd's LinkMonitor: each box reports the RTT of its
+        overlay links (link-metrics)."""
+        for b in sorted(self.boxes.values(), key=lambda b: b.name):
+            if b.agent is None or b.frozen or b.agent.view is None:
+                continue
+            rec = b.agent.view.nodes.get(b.name)
+            for peer in rec.neighbors if rec is not None else []:
+                if peer in self.boxes and self.reach(b.name, peer):
+                    b.agent.request(LinkMetrics(peer=peer, rtt_ms=round(
+                        0.2 + self.sim.rng.random(), 3)))
+        self.sim.at(5.0, self.probe)
+
+    def _reboot(self, box: Box, wanted: bool) -> None:
+        box.boot()
+        if wanted:  # the job is started again (systemd and the operator, for now)
+            self.sim.at(2.0, box.start_worker)
+
+    def _cut(self, site: str, seconds: float) -> None:
+        boxes = [b for b in self.boxes.values() if b.site == site]
+        for b in boxes:
+            b.cut = True
+            if b.bus is not None:
+                b.bus.link_cut()
+            self.ref.excuse(b.name, seconds + 10.0)
+
+        def heal() -> None:
+            for b in boxes:
+                b.cut = False
+                if b.bus is not None:
+                    b.bus.link_healed()
+            self.sim.note(f"site {site} reconnected")
+
+        self.sim.at(seconds, heal)
+
+    # --- the referee's view -------------------------------------------------------------
+    def check(self) -> None:
+        """After every event: the invariants that need the whole cluster's view."""
+        workers = [b for b in self.boxes.values() if b.worker is not None and b.worker.alive]
+        if not workers:
+            self.ref.check(False, False)
+            return
+        healthy = [b for b in workers if not b.frozen and not b.worker.frozen  # type: ignore[union-attr]
+                   and not b.cut and self.broker.up and b.agent is not None
+                   and b.bus is not None and b.bus.connected]
+        connected = all(self.reach(a.name, b.name) for a in healthy for b in healthy)
+        quorum = connected and 2 * len(healthy) > len(workers)
+        members = any(b.worker.phase in ("active", "leaving") for b in workers)  # type: ignore[union-attr]
+        self.ref.check(quorum, members)
+
+    def holders(self) -> list[State]:
+        """The states of every running worker process (frozen ones run, later)."""
+        return [b.worker.state for b in self.boxes.values()
+                if b.worker is not None and b.worker.alive]
+
+
+def _brief(args: dict[str, Any]) -> str:
+    keep = {k: v for k, v in args.items() if k in ("peer", "new", "version_step", "sources",
+                                                     "policy_version", "kind", "step", "reason",
+                                                     "action", "error", "code")}
+    return " ".join(f"{k}={v}" for k, v in keep.items())
+
+
+def quiet_logs() -> None:
+    """The agents log at INFO as chaosd does; a simulation of thousands of runs keeps only
+    errors (a run that fails is replayed with its trace)."""
+    logging.getLogger("chaosd").setLevel(logging.CRITICAL)
+    logging.getLogger("chaos").setLevel(logging.CRITICAL)

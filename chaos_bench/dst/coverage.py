@@ -1,0 +1,43 @@
+"""What a run of many seeds should exercise: every message kind, request, command, report
+and fault, and how often each was hit.
+
+The referee counts what happens under names like ``mqtt:hb``, ``cmd:replicate``,
+``req:report:link-failed`` and ``fault:power``; :data:`EXPECTED` is the list a campaign is
+judged against. A ``state-diverged`` report is left out on purpose: only a broken protocol
+(or a bit flip, which the simulator does not model) makes one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from chaos_bench.dst.faults import FAULT_KINDS
+from daemon.contracts.kinds import COMMAND_OPS, REPORT_KINDS, REQUEST_OPS
+
+MQTT_KINDS = ("hb", "status", "leader", "req", "cmd", "state")
+NEVER_EXPECTED = ("req:report:state-diverged",)
+EXPECTED: tuple[str, ...] = (
+    *(f"mqtt:{k}" for k in MQTT_KINDS),
+    *(f"req:{op}" for op in REQUEST_OPS if op != "report"),
+    *(f"req:report:{k}" for k in REPORT_KINDS if f"req:report:{k}" not in NEVER_EXPECTED),
+    *(f"cmd:{op}" for op in COMMAND_OPS),
+    *(f"fault:{k}" for k in FAULT_KINDS),
+    "fault:qos0-lost", "fault:duplicated", "fault:delayed", "will",
+    "status:up", "status:left", "status:lost",
+    "join:member", "join:abandoned", "bootstrap", "restored", "round", "worker:rejoin",
+    "worker:stale", "total-loss",
+)
+
+
+def merge(counts: Iterable[dict[str, int]]) -> Counter[str]:
+    """The coverage of many runs, summed."""
+    total: Counter[str] = Counter()
+    for c in counts:
+        total.update(c)
+    return total
+
+
+def missing(total: Counter[str]) -> list[str]:
+    """What a campaign never hit."""
+    return [k for k in EXPECTED if not total.get(k)]

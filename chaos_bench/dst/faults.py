@@ -1,0 +1,100 @@
+"""What the edge does to a cluster, drawn from the seed before the run starts.
+
+A :class:`Plan` is the run's whole schedule: the boxes and their sites, how the network treats
+messages, and a list of :class:`Fault` at given times. It is a pure function of the seed, so
+a failing run can be replayed, and shrunk by dropping faults from its plan.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+
+from chaos_bench.dst.broker import Net
+
+FAULT_KINDS = ("join", "leave", "kill-worker", "crash", "freeze", "freeze-worker",
+               "broker-restart", "cut", "dataplane-split", "power", "leave-daemon", "misfit",
+               "link-op")
+"""Every fault a plan may hold. ``misfit``: the box's owner starts a script whose model is
+not the cluster's (its worker refuses the state and is not restarted). ``link-op``: the
+operator runs ``chaosctl link add|del PEER`` on a box (target ``box>peer/add``)."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One thing that happens at ``at`` seconds: ``kind`` to ``target`` for ``seconds``."""
+
+    at: float
+    kind: str
+    target: str = ""  # a node, a site, or "a|b" (two sites)
+    seconds: float = 0.0
+
+    def __str__(self) -> str:
+        extra = f" for {self.seconds:.1f}s" if self.seconds else ""
+        return f"{self.at:7.2f}s {self.kind} {self.target}{extra}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a run does, fixed by its seed."""
+
+    seed: int
+    duration: float
+    sites: dict[str, str]  # node -> its site; the first boxes boot at once
+    initial: tuple[str, ...]  # boxes that boot and train from the start
+    net: Net
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+    def without(self, index: int) -> Plan:
+        """This plan with one fault dropped (shrinking)."""
+        return replace(self, faults=self.faults[:index] + self.faults[index + 1:])
+
+    def describe(self) -> list[str]:
+        head = [f"seed {self.seed}: {len(self.initial)} boxes on "
+                f"{len(set(self.sites.values()))} sites "
+                f"({', '.join(f'{n}@{s}' for n, s in sorted(self.sites.items()))}), "
+                f"{self.duration:.0f}s; net dup {self.net.dup_p}, delay {self.net.delay_p}, "
+                f"qos0 loss {self.net.qos0_loss_p}"]
+        return head + [str(f) for f in self.faults]
+
+
+def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0) -> Plan:
+    """The plan of ``seed``: 3-6 boxes on 1-3 sites, 0-2 more that join later, and faults at
+    ``rate`` per second on average (Poisson), each of a kind drawn at random."""
+    rng = random.Random(f"plan-{seed}")
+    n = rng.randint(3, 6)
+    extra = rng.randint(0, 2)
+    n_sites = rng.randint(1, 3)
+    names = [f"n{i}" for i in range(1, n + extra + 1)]
+    sites = {name: f"s{rng.randint(1, n_sites)}" for name in names}
+    net = Net(dup_p=rng.choice([0.0, 0.0, 0.02]), delay_p=rng.choice([0.0, 0.0, 0.02]),
+              qos0_loss_p=rng.choice([0.0, 0.0, 0.05]))
+    faults: list[Fault] = []
+    t = 8.0 + rng.expovariate(rate)
+    pending = names[n:]
+    site_names = sorted(set(sites.values()))
+    while t < duration - 5.0:
+        kind = rng.choice(FAULT_KINDS)
+        node = rng.choice(names[:n] + pending[:1])
+        if kind == "join":
+            if pending:
+                faults.append(Fault(t, "join", pending.pop(0)))
+        elif kind in ("leave", "kill-worker", "leave-daemon"):
+            faults.append(Fault(t, kind, node))
+        elif kind == "misfit":
+            if rng.random() < 0.3:  # rarer than the others: it takes a box out for good
+                faults.append(Fault(t, kind, node))
+        elif kind == "link-op":
+            peer = rng.choice([n for n in names if n != node])
+            faults.append(Fault(t, kind, f"{node}>{peer}/{rng.choice(['add', 'del'])}"))
+        elif kind in ("crash", "freeze", "freeze-worker"):
+            faults.append(Fault(t, kind, node, round(rng.uniform(1.0, 20.0), 2)))
+        elif kind == "broker-restart":
+            faults.append(Fault(t, kind, "", round(rng.uniform(0.5, 6.0), 2)))
+        elif kind in ("cut", "power"):
+            faults.append(Fault(t, kind, rng.choice(site_names), round(rng.uniform(2.0, 25.0), 2)))
+        elif kind == "dataplane-split" and len(site_names) > 1:
+            a, b = rng.sample(site_names, 2)
+            faults.append(Fault(t, kind, f"{a}|{b}", round(rng.uniform(2.0, 25.0), 2)))
+        t += rng.expovariate(rate)
+    return Plan(seed, duration, sites, tuple(names[:n]), net, tuple(faults))

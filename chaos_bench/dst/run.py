@@ -1,0 +1,143 @@
+"""One simulated run per seed; replaying one; shrinking a failing one; many on every core.
+
+A run's result carries the digest of its trace: the same seed (and plan) run twice must give
+the same digest, or the harness has let real time or an unseeded random in, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from chaos_bench.dst.cluster import Cluster, quiet_logs
+from chaos_bench.dst.faults import Plan, make_plan
+from chaos_bench.dst.loop import HarnessError, Sim
+from chaos_bench.dst.referee import Violation
+
+CHECK_EVERY_S = 0.5  # the whole-cluster checks (stall, join bounds) run at this pace
+
+
+@dataclass
+class Result:
+    """What one run found."""
+
+    seed: int
+    digest: str
+    events: int
+    sim_s: float
+    cpu_s: float
+    frontier: int
+    violations: list[Violation]
+    coverage: dict[str, int]
+    trace: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_json(self) -> dict[str, Any]:
+        return {"seed": self.seed, "digest": self.digest, "events": self.events,
+                "sim_s": self.sim_s, "cpu_s": round(self.cpu_s, 4), "frontier": self.frontier,
+                "violations": [v.__dict__ for v in self.violations]}
+
+
+def run_plan(plan: Plan, trace: bool = False) -> Result:
+    """Run ``plan`` to its end; every invariant is checked after every event."""
+    quiet_logs()
+    t0 = time.process_time()
+    sim = Sim(plan.seed, trace=trace)
+    cluster = Cluster(plan, sim)
+    try:
+        cluster.start()
+        ref = cluster.ref
+
+        def every() -> None:
+            cluster.check()
+            sim.at(CHECK_EVERY_S, every)
+
+        sim.at(CHECK_EVERY_S, every)
+        sim.run_until(plan.duration)
+    finally:
+        cluster.close()
+    summary = ref.summary()
+    return Result(plan.seed, sim.digest, sim.events, plan.duration, time.process_time() - t0,
+                  summary["frontier"], list(ref.violations), summary["coverage"],
+                  sim.lines or [])
+
+
+def run_seed(seed: int, duration: float = 90.0, trace: bool = False) -> Result:
+    return run_plan(make_plan(seed, duration), trace)
+
+
+def replay(seed: int, duration: float = 90.0) -> Result:
+    """Run ``seed`` twice with its trace; the two must be the same run.
+
+    Raises:
+        HarnessError: They differ (real time or an unseeded random leaked in).
+    """
+    a, b = run_seed(seed, duration, trace=True), run_seed(seed, duration, trace=True)
+    if a.digest != b.digest or a.events != b.events:
+        first = next((i for i, (x, y) in enumerate(zip(a.trace, b.trace, strict=False))
+                      if x != y), min(len(a.trace), len(b.trace)))
+        raise HarnessError(f"seed {seed} does not replay: traces part at line {first}: "
+                           f"{a.trace[first:first + 1]} vs {b.trace[first:first + 1]}")
+    return a
+
+
+def shrink(plan: Plan, kinds: set[str], budget: int = 200) -> Plan:
+    """The smallest plan (fault by fault, greedily) that still breaks one of ``kinds``."""
+    def fails(p: Plan) -> bool:
+        return any(v.kind in kinds for v in run_plan(p).violations)
+
+    runs = 0
+    changed = True
+    while changed and runs < budget:
+        changed = False
+        i = 0
+        while i < len(plan.faults) and runs < budget:
+            candidate = plan.without(i)
+            runs += 1
+            if fails(candidate):
+                plan, changed = candidate, True
+            else:
+                i += 1
+    return plan
+
+
+def _one(args: tuple[int, float]) -> dict[str, Any]:
+    seed, duration = args
+    try:
+        res = run_seed(seed, duration)
+    except HarnessError as exc:
+        return {"seed": seed, "harness_error": str(exc)}
+    except Exception as exc:  # a crash of the code under test is a finding, not the end
+        return {"seed": seed, "crash": f"{type(exc).__name__}: {exc}"}
+    doc = res.as_json()
+    doc["coverage"] = res.coverage
+    return doc
+
+
+def run_many(seeds: Iterable[int], duration: float, jobs: int,
+             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run ``seeds`` on ``jobs`` processes (each with the same hash seed, so that a seed
+    replays in any process); ``progress`` is called with each result as it comes."""
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    out: list[dict[str, Any]] = []
+    todo = [(s, duration) for s in seeds]
+    if jobs <= 1:
+        for item in todo:
+            doc = _one(item)
+            out.append(doc)
+            if progress is not None:
+                progress(doc)
+        return out
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for doc in pool.map(_one, todo, chunksize=8):
+            out.append(doc)
+            if progress is not None:
+                progress(doc)
+    return out
