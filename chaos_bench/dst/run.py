@@ -16,6 +16,7 @@ from typing import Any
 from chaos_bench.dst.cluster import Cluster, quiet_logs
 from chaos_bench.dst.faults import Plan, make_plan
 from chaos_bench.dst.loop import HarnessError, Sim
+from chaos_bench.dst.mutants import applied
 from chaos_bench.dst.referee import Violation
 
 CHECK_EVERY_S = 0.5  # the whole-cluster checks (stall, join bounds) run at this pace
@@ -45,8 +46,14 @@ class Result:
                 "violations": [v.__dict__ for v in self.violations]}
 
 
-def run_plan(plan: Plan, trace: bool = False) -> Result:
-    """Run ``plan`` to its end; every invariant is checked after every event."""
+def run_plan(plan: Plan, trace: bool = False, mutant: str | None = None) -> Result:
+    """Run ``plan`` to its end (with ``mutant``'s fault put back, if named); every invariant
+    is checked after every event."""
+    with applied(mutant):
+        return _run(plan, trace)
+
+
+def _run(plan: Plan, trace: bool) -> Result:
     quiet_logs()
     t0 = time.process_time()
     sim = Sim(plan.seed, trace=trace)
@@ -69,17 +76,19 @@ def run_plan(plan: Plan, trace: bool = False) -> Result:
                   sim.lines or [])
 
 
-def run_seed(seed: int, duration: float = 90.0, trace: bool = False) -> Result:
-    return run_plan(make_plan(seed, duration), trace)
+def run_seed(seed: int, duration: float = 90.0, trace: bool = False,
+             mutant: str | None = None) -> Result:
+    return run_plan(make_plan(seed, duration), trace, mutant)
 
 
-def replay(seed: int, duration: float = 90.0) -> Result:
+def replay(seed: int, duration: float = 90.0, mutant: str | None = None) -> Result:
     """Run ``seed`` twice with its trace; the two must be the same run.
 
     Raises:
         HarnessError: They differ (real time or an unseeded random leaked in).
     """
-    a, b = run_seed(seed, duration, trace=True), run_seed(seed, duration, trace=True)
+    a = run_seed(seed, duration, trace=True, mutant=mutant)
+    b = run_seed(seed, duration, trace=True, mutant=mutant)
     if a.digest != b.digest or a.events != b.events:
         first = next((i for i, (x, y) in enumerate(zip(a.trace, b.trace, strict=False))
                       if x != y), min(len(a.trace), len(b.trace)))
@@ -88,10 +97,10 @@ def replay(seed: int, duration: float = 90.0) -> Result:
     return a
 
 
-def shrink(plan: Plan, kinds: set[str], budget: int = 200) -> Plan:
+def shrink(plan: Plan, kinds: set[str], budget: int = 200, mutant: str | None = None) -> Plan:
     """The smallest plan (fault by fault, greedily) that still breaks one of ``kinds``."""
     def fails(p: Plan) -> bool:
-        return any(v.kind in kinds for v in run_plan(p).violations)
+        return any(v.kind in kinds for v in run_plan(p, mutant=mutant).violations)
 
     runs = 0
     changed = True
@@ -108,10 +117,10 @@ def shrink(plan: Plan, kinds: set[str], budget: int = 200) -> Plan:
     return plan
 
 
-def _one(args: tuple[int, float]) -> dict[str, Any]:
-    seed, duration = args
+def _one(args: tuple[int, float, str | None]) -> dict[str, Any]:
+    seed, duration, mutant = args
     try:
-        res = run_seed(seed, duration)
+        res = run_seed(seed, duration, mutant=mutant)
     except HarnessError as exc:
         return {"seed": seed, "harness_error": str(exc)}
     except Exception as exc:  # a crash of the code under test is a finding, not the end
@@ -122,12 +131,13 @@ def _one(args: tuple[int, float]) -> dict[str, Any]:
 
 
 def run_many(seeds: Iterable[int], duration: float, jobs: int,
-             progress: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+             progress: Callable[[dict[str, Any]], None] | None = None,
+             mutant: str | None = None) -> list[dict[str, Any]]:
     """Run ``seeds`` on ``jobs`` processes (each with the same hash seed, so that a seed
     replays in any process); ``progress`` is called with each result as it comes."""
     os.environ.setdefault("PYTHONHASHSEED", "0")
     out: list[dict[str, Any]] = []
-    todo = [(s, duration) for s in seeds]
+    todo = [(s, duration, mutant) for s in seeds]
     if jobs <= 1:
         for item in todo:
             doc = _one(item)

@@ -30,6 +30,7 @@ from chaos_edge.trainer.scaleout import (
     ServeMachine,
     StartAlone,
     Wait,
+    standing,
 )
 from daemon.agent import ops
 from daemon.contracts.errors import ControlError, MessageError
@@ -276,12 +277,13 @@ class SimWorker:
                 self.plane.offer(self.me, rep.new, self.state)
                 self.events.count("serve")
         pub = nxt
-        if pub is None:
+        verdict = standing(pub, self.me, leaving=self.phase == "leaving")
+        if verdict == "wait" or pub is None:
             self._waiting_for_round()
             return
-        if self.me not in pub.members:
+        if verdict != "member":
             self.plane.unready(self.me)
-            if self.phase == "leaving":
+            if verdict == "left":
                 ops.worker_detach(self.agent, {"pid": os.getpid()})
                 self.events.count("op:worker.detach")
                 self.phase = "gone"

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from chaos_edge.trainer.control import TrainerError
 from chaos_edge.trainer.joiner import Joiner
 from chaos_edge.trainer.poller import POLL_S
+from chaos_edge.trainer.scaleout import standing
 from chaos_edge.trainer.session import Session
 from daemon.contracts.clock import Clock
 from daemon.contracts.errors import ControlFailure
@@ -81,11 +82,12 @@ class Membership:
         while True:
             step = self._step()
             pub = self._s.book.for_round(step + 1)
-            if pub is not None and self.me in pub.members:
+            verdict = standing(pub, self.me, leaving=self.state == "leaving")
+            if verdict == "member" and pub is not None:
                 return pub
-            if pub is not None:
-                if self.state == "leaving":
-                    raise Left
+            if verdict == "left":
+                raise Left
+            if verdict == "rejoin" and pub is not None:
                 # Our state may be stale. That holds even when a newer policy adds us back (a
                 # link back to a partitioned node): the rounds before it run without us, and
                 # we used to wait for them until the step timeout. A newer policy that leaves

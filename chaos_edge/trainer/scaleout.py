@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Literal
 
 from daemon.contracts.policy import SyncPolicy
 from daemon.contracts.protocol import Bootstrap, Replicate
@@ -221,6 +222,27 @@ class ServeMachine:
     def knows(self, node: str) -> bool:
         """Whether ``node`` is a new node we are to serve (it may dial us for the state)."""
         return node in self.waiting
+
+
+Standing = Literal["member", "rejoin", "left", "wait"]
+
+
+def standing(pub: SyncPolicy | None, me: str, leaving: bool) -> Standing:
+    """What the policy of our next round (``pub``) tells this worker to do: take part, ask to
+    join again (dropped: declared failed, or on the losing side of a partition, so only a
+    fresh replica lets it back in, even when a newer policy adds it back), stop (a leave is
+    done), or wait for a policy.
+
+    It must be the policy of the *next round*, not the newest one: a node dropped and added
+    back at once (a link back to a partitioned node) whose replicate command was lost in a
+    broker restart saw itself in the newest policy, waited for rounds it was not in, and was
+    never replicated (fault 5 of the soak).
+    """
+    if pub is None:
+        return "wait"
+    if me in pub.members:
+        return "member"
+    return "left" if leaving else "rejoin"
 
 
 def new_neighbours(me: str, pub: SyncPolicy, prev: SyncPolicy | None) -> list[str]:

@@ -100,28 +100,22 @@ def test_links_added_removed_and_failed_mid_allreduce(run: Any) -> None:
     r.assert_loss_falls(n1)
 
 
-def test_cut_vertex_failure_partitions_then_the_part_rejoins(run: Any) -> None:
+def test_cut_vertex_failure_heals_the_overlay_and_both_sides_train_on(run: Any) -> None:
+    """A chain n1 - n2 - n3: when n2 dies, its survivors still reach each other (the links are
+    an overlay, not the network), so the scheduler links n1 and n3 and both train on. It used to
+    call this a partition, keep n1 and make n3 rejoin by scale-out (a whole re-replication);
+    the simulator found a star's hub failing this way (chaos_bench.dst, mutant no-heal)."""
     r = run(3)
     n1, n2, n3 = r.c.node_ids
-    # A chain n1 - n2 - n3: n2 is a cut vertex.
     for node, nbrs in ((n1, []), (n2, [n1]), (n3, [n2])):
         r.join(node, neighbors=nbrs)
         r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
     r.advance(r.c.node_ids, 20)
     r.signal_node(n2, signal.SIGKILL)
-    r.c.wait(lambda: r.events("partition"), 30, "a partition event")
-    part = r.events("partition")[-1]
-    # Two parts of one node each: the tie goes to the part holding the lowest id.
-    assert sorted(map(tuple, part["parts"])) == [(n1,), (n3,)]
-    assert part["kept"] == [n1]
-    r.advance([n1], 10)
-    # The losing part's worker asks to rejoin; the scheduler links it to the training part
-    # (its named neighbour is gone, so the nearest member) and it scales out again.
-    r.c.wait(lambda: len([e for e in r.events("scale-out") if e["node"] == n3]) >= 2, 60,
-             "n3 to rejoin by scale-out")
-    r.c.wait(lambda: r.active([n1, n3]), 60, "n3 active again")
+    r.c.wait(lambda: {(lk["a"], lk["b"]) for lk in r.c.query(n1, "links")} == {(n1, n3)}, 30,
+             "the overlay healed: n1 - n3")
     r.advance([n1, n3], 20)
-    links = {(lk["a"], lk["b"]) for lk in r.c.query(n1, "links")}
-    assert links == {(n1, n3)}
+    assert not r.events("partition")
+    assert len([e for e in r.events("scale-out") if e["node"] == n3]) == 1  # no rejoin
     r.assert_consistent()
     r.assert_loss_falls(n1)

@@ -1,0 +1,186 @@
+"""Mutants: each puts back one fault the project once had (or that the simulator found), so
+that the harness shows it catches it (``chaosctl bench dst --mutant NAME``).
+
+A mutant is the fix undone, written against today's code: the one decision the fix changed,
+put back as it was. The simulator must then break an invariant within some seeds; the seeds
+pinned in ``tests/dst`` do so for every mutant, and pass without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from chaos_bench.dst import worker as sim_worker
+from chaos_edge.trainer import scaleout
+from daemon.agent.node import NodeAgent
+from daemon.cluster import primitives
+from daemon.cluster.election import Election
+from daemon.contracts.messages import Request
+from daemon.contracts.protocol import Bootstrap, parse_request
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One fault put back."""
+
+    name: str
+    fixed_in: str  # the commit whose fix this undoes
+    what: str
+    patches: Callable[[], list[tuple[Any, str, Any]]]  # (owner, attribute, the old value)
+
+
+@contextlib.contextmanager
+def applied(name: str | None) -> Iterator[None]:
+    """Run the code inside with mutant ``name`` in place (None: as it is)."""
+    if name is None:
+        yield
+        return
+    patches = MUTANTS[name].patches()
+    saved = [(owner, attr, owner.__dict__[attr]) for owner, attr, _ in patches]
+    try:
+        for owner, attr, value in patches:
+            setattr(owner, attr, value)
+        yield
+    finally:
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)
+
+
+# --- this issue's findings ------------------------------------------------------------------
+def _deaf_judges() -> list[tuple[Any, str, Any]]:
+    def hears_itself(self: NodeAgent, now: float) -> bool:
+        return True
+    return [(NodeAgent, "_hears_itself", hears_itself)]
+
+
+def _contest_acts() -> list[tuple[Any, str, Any]]:
+    def on_request(self: NodeAgent, req: Request) -> None:  # as before: no holding back
+        if self.role is not None:
+            body = parse_request(req.op, req.args)
+            self.counters["requests"] += 1
+            if req.node != self.me:
+                self.detector.heartbeat(req.node, seed=True)
+            self.role.on_request(req, body)
+    return [(NodeAgent, "_on_request", on_request)]
+
+
+def _keep_joiners() -> list[tuple[Any, str, Any]]:
+    def keep(self: primitives.Negotiator, parts: tuple[frozenset[str], ...]) -> frozenset[str]:
+        return min(parts, key=lambda p: (-sum(map(self.alive, p)), -len(p),
+                                         self.sched.me not in p, min(p)))
+    return [(primitives.Negotiator, "_keep", keep)]
+
+
+def _no_hold() -> list[tuple[Any, str, Any]]:
+    return [(primitives, "HOLD_S", 0.0)]
+
+
+def _no_heal() -> list[tuple[Any, str, Any]]:
+    def heal(self: primitives.Negotiator) -> None:
+        return None
+    return [(primitives.Negotiator, "_heal_overlay", heal)]
+
+
+def _silent_empty() -> list[tuple[Any, str, Any]]:
+    publish = primitives.Negotiator.__dict__["_publish"]
+
+    def old(self: primitives.Negotiator, effective_step: int, exclude: Any) -> Any:
+        before = (self.sched.policy_version, self.sched.policy)
+        got = publish(self, effective_step, exclude)
+        if got is not None and not got.members:  # say nothing when no member is left
+            self.sched.policies.pop()
+            self.sched.policy_version = before[0]
+            self.sched.policy = None
+            return None
+        return got
+    return [(primitives.Negotiator, "_publish", old)]
+
+
+def _newcomer_stands() -> list[tuple[Any, str, Any]]:
+    tick = Election.__dict__["tick"]
+
+    def old(self: Election, live: set[str], has_state: bool = True, own: int = 0,
+            cluster_term: int = 0) -> Any:
+        return tick(self, live, has_state, own, 0)
+    return [(Election, "tick", old)]
+
+
+# --- the last four join faults (issue 20) ---------------------------------------------------
+def _tie_lower_id() -> list[tuple[Any, str, Any]]:
+    def keep(self: primitives.Negotiator, parts: tuple[frozenset[str], ...]) -> frozenset[str]:
+        return min(parts, key=lambda p: (-len(p), min(p)))  # size, then the lower id
+    return [(primitives.Negotiator, "_keep", keep)]
+
+
+def _stale_replicate() -> list[tuple[Any, str, Any]]:
+    return [(scaleout.JoinMachine, "superseded", property(lambda self: False))]
+
+
+def _inferred_bootstrap() -> list[tuple[Any, str, Any]]:
+    cmd = primitives.Negotiator.__dict__["_cmd"]
+    advance = scaleout.JoinMachine.__dict__["advance"]
+
+    def no_bootstrap(self: primitives.Negotiator, node: str, body: Any) -> None:
+        if not isinstance(body, Bootstrap):  # the first node is not told to start alone
+            cmd(self, node, body)
+
+    def infer(self: scaleout.JoinMachine, now: float, newest: Any) -> Any:
+        # ... it infers it from the newest policy naming it alone, as it used to.
+        if (self.phase is scaleout.JoinPhase.WAITING and self._newest is None
+                and self.command is None and newest is not None
+                and newest.members == (self.me,)):
+            self._newest = Bootstrap(new=self.me, policy_version=newest.version)
+        return advance(self, now, newest)
+    return [(primitives.Negotiator, "_cmd", no_bootstrap),
+            (scaleout.JoinMachine, "advance", infer)]
+
+
+def _lost_replicate() -> list[tuple[Any, str, Any]]:
+    join = primitives.Negotiator.__dict__["join"]
+
+    def ignore_repeats(self: primitives.Negotiator, node: str, *args: Any, **kw: Any) -> None:
+        if node in self.joins and self.sched.nodes[node].state == "joining":
+            return  # a repeated join request is not answered again
+        join(self, node, *args, **kw)
+
+    # The worker judged its standing by the newest policy, not its next round's.
+    def by_newest(self: Any) -> None:
+        book = self.book
+        nxt = book.for_round(self.state.step + 1)
+        newest = book.newest
+        if (nxt is not None and newest is not None and self.me not in nxt.members
+                and self.me in newest.members):
+            self._round_since = self._round_since or self.sim.now
+            return  # it sees itself in the newest policy and waits for a round with it
+        training(self)
+
+    training = sim_worker.SimWorker.__dict__["_training"]
+    return [(primitives.Negotiator, "join", ignore_repeats),
+            (sim_worker.SimWorker, "_training", by_newest)]
+
+
+MUTANTS: dict[str, Mutant] = {m.name: m for m in (
+    Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
+           "longer come back from the broker", _deaf_judges),
+    Mutant("contest-acts", "44a46a7", "a scheduler acts on requests while its seat is "
+           "contested", _contest_acts),
+    Mutant("keep-joiners", "7101caa", "the partition rule keeps a part of joiners over one "
+           "holding the state", _keep_joiners),
+    Mutant("no-hold", "510fffc", "with no member left, any joiner starts the cluster over at "
+           "once", _no_hold),
+    Mutant("no-heal", "36028e4", "the overlay is not healed when a member goes", _no_heal),
+    Mutant("silent-empty", "1bde3aa", "no policy says the last member went", _silent_empty),
+    Mutant("newcomer-stands", "db854d8", "a node that knows no cluster stands at once beside "
+           "peers that do", _newcomer_stands),
+    Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
+           "scheduler's own part", _tie_lower_id),
+    Mutant("stale-replicate", "7b9202f", "a joiner keeps waiting on a replicate command a "
+           "newer one replaced", _stale_replicate),
+    Mutant("inferred-bootstrap", "630920a", "the first node infers its bootstrap from a policy "
+           "naming it alone", _inferred_bootstrap),
+    Mutant("lost-replicate", "072bd3a", "a repeated join request is not answered again, and a "
+           "node in the newest policy waits for rounds it is not in", _lost_replicate),
+)}
