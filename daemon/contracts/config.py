@@ -78,10 +78,12 @@ class DetectorConfig:
 class ElectionConfig:
     stagger_s: float = 0.3
     grace_s: float = 1.5
-    # A node that knows a cluster existed (a term, kept in data_dir) but holds no snapshot of
-    # it waits this long before it stands and starts afresh: longer than a peer that holds the
-    # state needs to reconnect (mqtt.reconnect_max_s) and stand.
-    orphan_s: float = 10.0
+    # A node that knows a cluster existed (a term, kept in data_dir, or a live peer's presence
+    # says so) but holds no snapshot of it waits this long before it stands and starts afresh:
+    # longer than a peer that holds the state needs to reconnect and stand. A reconnected
+    # node forgives its old scheduler's silence for 2 * mqtt.reconnect_max_s + grace_s (11.5 s
+    # by default), then detects it (~2 s): 10 s let a newcomer win that race (the simulator).
+    orphan_s: float = 20.0
     # A scheduler that hears a better claim while more nodes train under it than under the
     # claimant (a healed partition) counts this long before it outbids or yields; its
     # followers hold on to it for twice this. 0 turns the contest off (newest term wins).
@@ -368,6 +370,11 @@ def validate(cfg: Config) -> Config:
     _positive("election.stagger_s", cfg.election.stagger_s)
     _positive("election.grace_s", cfg.election.grace_s)
     _positive("election.orphan_s", cfg.election.orphan_s)
+    forgive = 2 * cfg.mqtt.reconnect_max_s + cfg.election.grace_s
+    if cfg.election.orphan_s <= forgive:
+        raise ConfigError(f"config: election.orphan_s ({cfg.election.orphan_s:g}) must exceed "
+                          f"2 * mqtt.reconnect_max_s + election.grace_s ({forgive:g}): a peer "
+                          "that holds the state must get to lead first")
     if not 0 <= cfg.election.contest_s <= 60:
         raise ConfigError(f"config: election.contest_s must be 0 (off) to 60, "
                           f"not {cfg.election.contest_s:g}")
