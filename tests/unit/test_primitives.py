@@ -489,3 +489,21 @@ def test_when_the_last_member_goes_a_policy_without_members_says_so() -> None:
     assert neg.sched.policies[-1] is empty
     neg.gone("a", "failure")  # nothing more to say
     assert neg.sched.policy is empty
+
+
+def test_the_overlay_is_healed_among_active_members_not_through_a_joiner() -> None:
+    """The simulator's seed 227: the hub froze while a node joined; the survivors were linked
+    through the joiner, which the policy that takes effect at once leaves out, so that policy
+    split them and the partition rule set one survivor aside."""
+    neg, _ = make()
+    grow(neg, "a")
+    for node in ("b", "c"):
+        neg.join(node, f"127.0.0.1:{ord(node)}", ["a"])
+        neg.replicated(node, done())
+    neg.join("d", "127.0.0.1:100", ["a"])  # a joiner hanging off the hub too
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    assert ("b", "c") in {(lk.a, lk.b) for lk in neg.sched.links}
+    assert not any(e.kind == "partition" for e in neg.sched.events)
+    now = [p for p in neg.sched.policies if p.effective_step == 0][-1]
+    assert {"b", "c"} <= set(now.members)
