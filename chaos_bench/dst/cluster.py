@@ -391,10 +391,18 @@ class Cluster:
         members = any(b.worker.phase in ("active", "leaving") for b in workers)  # type: ignore[union-attr]
         self.ref.check(quorum, members)
 
-    def holders(self) -> list[State]:
-        """The states of every running worker process (frozen ones run, later)."""
-        return [b.worker.state for b in self.boxes.values()
-                if b.worker is not None and b.worker.alive]
+    def holders(self) -> list[tuple[State, bool]]:
+        """The state of every running worker process, and whether the cluster reaches it
+        now (its process runs, its box is not frozen, and it talks to the broker)."""
+        out = []
+        for b in self.boxes.values():
+            w = b.worker
+            if w is None or not w.alive:
+                continue
+            reach = (not w.frozen and not b.frozen and not b.cut and self.broker.up
+                     and b.bus is not None and b.bus.connected)
+            out.append((w.state, reach))
+        return out
 
 
 def _brief(args: dict[str, Any]) -> str:

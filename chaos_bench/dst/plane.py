@@ -27,9 +27,11 @@ OFFER_WAIT_S = 75.0  # how long a pull waits for offers before it fails (60 + 10
 FRESH = "fresh"
 
 
-def advance(digest: str, step: int) -> str:
-    """The digest of the state after committing ``step`` on top of ``digest``."""
-    return hashlib.blake2b(f"{digest}/{step}".encode(), digest_size=8).hexdigest()
+def advance(digest: str, step: int, commit: int) -> str:
+    """The digest of the state after committing round ``step`` on top of ``digest``; each
+    commit has its own number, so a round committed twice (a rollback redone, two halves of a
+    split) gives two states, as two runs of real training would."""
+    return hashlib.blake2b(f"{digest}/{step}/{commit}".encode(), digest_size=8).hexdigest()
 
 
 def fresh_state() -> tuple[int, str]:
@@ -53,7 +55,7 @@ class Worker(Protocol):
 
     def runs(self) -> bool: ...
     def stale(self, why: str) -> None: ...
-    def committed(self, rnd: int, pub: SyncPolicy) -> None: ...
+    def committed(self, rnd: int, pub: SyncPolicy, digest: str) -> None: ...
 
 
 @dataclass
@@ -73,8 +75,9 @@ class DataPlane:
     """Rounds and transfers between the simulated workers."""
 
     def __init__(self, sim: Sim, reach: Callable[[str, str], bool],
-                 on_commit: Callable[[int, SyncPolicy, dict[str, State]], None]) -> None:
+                 on_commit: Callable[[int, SyncPolicy, dict[str, State], str], None]) -> None:
         self.sim, self.reach, self.on_commit = sim, reach, on_commit
+        self.commits = 0
         self.workers: dict[str, Worker] = {}
         self.ready: dict[str, tuple[int, int]] = {}  # node -> (round, policy version)
         self.offers: dict[tuple[str, str], State] = {}  # (source, new node) -> its snapshot
@@ -117,9 +120,12 @@ class DataPlane:
         states = {m: self.workers[m].state for m in pub.members}
         for m in pub.members:
             del self.ready[m]
-        self.on_commit(rnd, pub, states)
+        self.commits += 1
+        # One result for all: the members hold one state (the referee checks they did).
+        new = advance(min(st.digest for st in states.values()), rnd, self.commits)
+        self.on_commit(rnd, pub, states, new)
         for m in pub.members:
-            self.workers[m].committed(rnd, pub)
+            self.workers[m].committed(rnd, pub, new)
         return True
 
     # --- transfers ----------------------------------------------------------------------

@@ -15,14 +15,16 @@ The invariants (DST section of issue 20; docs/architecture.md):
    (no compare-and-set) cannot give: two sides of a cut may each elect a scheduler of the
    same term, and a newcomer after a total outage that wiped the broker may reuse a term. The
    fencing token is the pair (term, leader), and the tie-break settles which pair wins.
-2. No committed step is committed again (a rollback, or two halves of a split both training),
-   and every member that commits step ``s`` holds the same state for it.
-3. While any holder of the newest state runs, no member starts over from an older or a fresh
-   state (a bootstrap that drops the state is a loss, whatever step number it reuses). When
-   no running process holds a state any more (every holder died: a site lost power), a
-   bootstrap begins a new lineage and its steps may reuse numbers; that is counted
-   (``total-loss``, with the steps lost), not a violation: keeping the state through that is
-   durability's job (snapshots on disk), not the protocol's.
+2. No committed state is forked: two different rounds committed on top of one state (a
+   rollback redone, two halves of a split) while a holder of the first branch is reachable
+   (runs, not frozen, connected). Every member that commits a round holds the same state.
+3. No member starts the cluster over (a bootstrap) from an older or a fresh state while a
+   reachable process holds a newer committed state of the same lineage (or any committed
+   state, for a fresh model).
+
+   A holder the cluster cannot reach (frozen, cut off, or gone with its site) cannot be told
+   apart from a dead one: what only it held may be lost, and is counted (``steps-lost``), not
+   flagged. Keeping state through such losses is the job of snapshots on disk (issue 21).
 4. Every join ends within ``JOIN_BOUND_S``.
 5. No stall beyond ``STALL_BOUND_S`` while a majority is connected.
 """
@@ -34,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from chaos_bench.dst.plane import FRESH, State, advance
+from chaos_bench.dst.plane import FRESH, State
 from daemon.contracts.policy import SyncPolicy
 
 JOIN_BOUND_S = 150.0
@@ -50,6 +52,15 @@ class Violation:
     detail: str
 
 
+@dataclass(frozen=True)
+class Lineage:
+    """Where a committed state comes from: its parent, its step, the root it grew from."""
+
+    parent: str
+    step: int
+    root: str
+
+
 @dataclass
 class Referee:
     """Watches a run: the invariants after every event, and what the run exercised."""
@@ -58,14 +69,17 @@ class Referee:
     note: Callable[[str], None]
     coverage: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
-    chain: dict[int, str] = field(default_factory=dict)  # step -> the digest committed
+    states: dict[str, Lineage] = field(default_factory=dict)  # every committed state
+    children: dict[str, list[str]] = field(default_factory=dict)
+    frontier: int = 0  # the newest step committed
     term_leader: dict[tuple[str, int, int], str] = field(default_factory=dict)
     terms: dict[str, int] = field(default_factory=dict)  # node -> highest term it held
     joins: dict[str, float] = field(default_factory=dict)  # node -> when its join began
     impaired: dict[str, float] = field(default_factory=dict)  # node -> excused seconds
     last_commit: float = 0.0
     quorum_since: float | None = None
-    holders: Callable[[], list[State]] = list  # the states every running worker holds
+    # Every running worker's state, and whether the cluster can reach it now.
+    holders: Callable[[], list[tuple[State, bool]]] = list
 
     # --- recording ----------------------------------------------------------------------
     def count(self, what: str) -> None:
@@ -76,10 +90,6 @@ class Referee:
             return
         self.violations.append(Violation(kind, self.now(), detail))
         self.note(f"VIOLATION {kind}: {detail}")
-
-    @property
-    def frontier(self) -> int:
-        return max(self.chain, default=0)
 
     # --- 1. one scheduler per term ------------------------------------------------------
     def command_obeyed(self, node: str, incarnation: int, term: int, leader: str) -> None:
@@ -94,65 +104,84 @@ class Referee:
             self.violation("term-back", f"{node} went from term {self.terms[node]} to {term}")
         self.terms[node] = max(term, self.terms.get(node, 0))
 
+    # --- lineage ------------------------------------------------------------------------
+    def root_of(self, st: State) -> str:
+        if st.digest == FRESH:
+            return FRESH
+        got = self.states.get(st.digest)
+        return got.root if got is not None else st.digest
+
+    def descends(self, digest: str, ancestor: str) -> bool:
+        """Whether the committed state ``digest`` grew from ``ancestor``."""
+        while digest in self.states:
+            if digest == ancestor:
+                return True
+            digest = self.states[digest].parent
+        return digest == ancestor
+
+    def _reachable(self, exclude: tuple[State, ...] = ()) -> list[State]:
+        return [st for st, reach in self.holders()
+                if reach and all(st is not x for x in exclude)
+                and (st.digest in self.states)]
+
     # --- 2. commits ---------------------------------------------------------------------
-    def committed(self, rnd: int, pub: SyncPolicy, states: dict[str, State]) -> None:
+    def committed(self, rnd: int, pub: SyncPolicy, states: dict[str, State], new: str) -> None:
         self.count("round")
         digests = {st.digest for st in states.values()}
         if len(digests) > 1:
             self.violation("diverged", f"round {rnd} under v{pub.version} committed by "
                            f"members of {len(digests)} different states")
-        new = advance(next(iter(sorted(digests))), rnd)
-        if rnd in self.chain:
-            # Committed before: by a branch whose every holder may have died since (then those
-            # steps were lost, not rolled back), or by one that still runs (a violation).
-            others = [st for st in self.holders() if all(st is not s for s in states.values())]
-            held = self.held_state(others)
-            if held is not None and held.step >= rnd:
-                kind = "rolled-back" if self.chain[rnd] == new else "split"
-                self.violation(kind, f"step {rnd} committed again (v{pub.version}, "
-                               f"{', '.join(pub.members)}) while a running process holds "
-                               f"step {held.step}")
+        parent = min(digests)
+        base = next(iter(states.values()))
+        root = self.root_of(base) if parent != FRESH else f"fresh@{self.now():.3f}"
+        if parent == FRESH and not self.states:
+            root = FRESH
+        self.states[new] = Lineage(parent, rnd, root)
+        siblings = self.children.setdefault(parent, [])
+        if siblings:
+            # The same state was already built on by another round: a fork.
+            others = self._reachable(tuple(states.values()))
+            ahead = [st for st in others if st.step >= rnd
+                     and any(self.descends(st.digest, s) for s in siblings)]
+            if ahead:
+                self.violation("split", f"round {rnd} (v{pub.version}, "
+                               f"{', '.join(pub.members)}) rebuilds on a state another "
+                               f"branch already built on, which a reachable process holds "
+                               f"at step {max(s.step for s in ahead)}")
             else:
                 self.count("holders-died")
-                self.coverage["steps-lost"] += self.frontier - rnd + 1
-                self.note(f"step {rnd} committed again: every holder of steps {rnd}-"
-                          f"{self.frontier} died ({self.frontier - rnd + 1} steps lost)")
-            self.chain = {s: d for s, d in self.chain.items() if s < rnd}
-        self.chain[rnd] = new
+                lost = max(0, self.frontier - rnd + 1)
+                self.coverage["steps-lost"] += lost
+                self.note(f"round {rnd} rebuilds on step {rnd - 1}: no reachable process holds "
+                          f"the branch built on it before ({lost} steps lost)")
+        siblings.append(new)
+        self.frontier = max(self.frontier, rnd)
         self.last_commit = self.now()
 
     # --- 3. state loss ------------------------------------------------------------------
-    def held_state(self, holders: list[State]) -> State | None:
-        """The newest committed state a running process holds (None: nobody holds one)."""
-        good = [st for st in holders if self.chain.get(st.step) == st.digest or
-                (st.step == 0 and st.digest == FRESH)]
-        return max(good, key=lambda st: st.step, default=None)
-
     def bootstrap(self, node: str, state: State) -> None:
         self.count("bootstrap")
-        if not self.chain or self.chain.get(state.step) == state.digest == self.chain.get(
-                self.frontier) or (state.step == self.frontier and state.digest == FRESH):
-            return  # the first member, or one that carries on from the newest state
-        held = self.held_state([st for st in self.holders() if st is not state])
+        others = self._reachable((state,))
         what = "a fresh model" if state.digest == FRESH else f"its own state of step {state.step}"
-        if held is not None and (held.step, held.digest) != (state.step, state.digest) and \
-                held.step >= state.step:
-            self.violation("state-lost", f"{node} bootstraps from {what} while a running "
-                           f"process holds step {held.step}")
+        if state.digest == FRESH:
+            newer = [st for st in others if st.step > 0]
         else:
+            root = self.root_of(state)
+            newer = [st for st in others if self.root_of(st) == root and st.step > state.step]
+        if newer:
+            self.violation("state-lost", f"{node} bootstraps from {what} while a reachable "
+                           f"process holds step {max(st.step for st in newer)}")
+        elif state.step < self.frontier or (state.digest == FRESH and self.frontier):
             self.count("total-loss")
             self.coverage["steps-lost"] += self.frontier - state.step
-            self.note(f"{node} starts over from {what}: no running process holds a newer "
-                      f"state ({self.frontier - state.step} steps lost)")
-        # A new lineage: its steps may reuse numbers of the one that was lost.
-        keep = state.step if self.chain.get(state.step) == state.digest else 0
-        self.chain = {s: d for s, d in self.chain.items() if s <= keep}
+            self.note(f"{node} starts over from {what}: no reachable process holds a newer "
+                      f"state ({self.frontier - state.step} steps behind the newest)")
 
     def restored(self, node: str, got: State) -> None:
         self.count("restored")
-        if got.step > 0 and self.chain.get(got.step) not in (None, got.digest):
-            self.violation("bad-replica", f"{node} restored step {got.step} unlike the "
-                           "cluster's")
+        if got.digest != FRESH and got.digest not in self.states:
+            self.violation("bad-replica", f"{node} restored a state of step {got.step} that "
+                           "was never committed")
 
     # --- 4. joins -----------------------------------------------------------------------
     def join_started(self, node: str) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chaos_bench.dst.loop import Sim, drive
-from chaos_bench.dst.plane import DataPlane, Pull, State, advance
+from chaos_bench.dst.plane import DataPlane, Pull, State
 from chaos_edge.trainer.policy import PolicyBook
 from chaos_edge.trainer.scaleout import (
     Fetch,
@@ -325,9 +325,9 @@ class SimWorker:
                 self._reported.add((pub.version, peer))
                 self.report(LinkFailed(peer=peer, reason="connection reset (simulated)"))
 
-    def committed(self, rnd: int, pub: SyncPolicy) -> None:
-        """The plane committed round ``rnd`` under ``pub`` for us."""
-        self.state = State(rnd, advance(self.state.digest, rnd))
+    def committed(self, rnd: int, pub: SyncPolicy, digest: str) -> None:
+        """The plane committed round ``rnd`` under ``pub`` for us: our state is ``digest``."""
+        self.state = State(rnd, digest)
         if pub.version != self.version and self._round_since is not None:
             waited = self.sim.now - self._round_since
             if waited > 1.0:  # the first step under a new policy says what it cost

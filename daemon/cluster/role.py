@@ -66,8 +66,14 @@ class SchedulerRole:
                               sync=agent.cfg.training.sync_mode())
         self._cmd_seq = 0
         # The versions of our policies, (above, up to) per term we held (None: to the newest):
-        # a heartbeat naming one trains under us.
-        self._spans: list[tuple[int, int | None]] = [(self.sched.policy_version, None)]
+        # a heartbeat naming one trains under us. The policies of the snapshot we resume from
+        # count as ours: the cluster we continue still trains under them until our first one
+        # takes effect, and a scheduler just elected counted nobody, so a stale one back from a
+        # cut (its own worker under its old policy) outbid it (the simulator's seed 478).
+        floor = min((p.version for p in self.sched.policies),
+                    default=self.sched.policy_version + 1) - 1
+        self._spans: list[tuple[int, int | None]] = [(min(floor, self.sched.policy_version),
+                                                      None)]
         self.sched.observe_status(agent.own_status())
         for st in agent.presence.values():
             if self.sched.observe_status(st) == "restarted":
