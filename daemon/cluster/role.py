@@ -70,10 +70,11 @@ class SchedulerRole:
         # count as ours: the cluster we continue still trains under them until our first one
         # takes effect, and a scheduler just elected counted nobody, so a stale one back from a
         # cut (its own worker under its old policy) outbid it (the simulator's seed 478).
-        floor = min((p.version for p in self.sched.policies),
-                    default=self.sched.policy_version + 1) - 1
-        self._spans: list[tuple[int, int | None]] = [(min(floor, self.sched.policy_version),
-                                                      None)]
+        inherited = [p.version for p in self.sched.policies]
+        self._spans: list[tuple[int, int | None]] = [(self.sched.policy_version, None)]
+        if inherited and max(inherited) <= self.sched.policy_version:
+            # Only those: a stale scheduler of an older term may still number more of its own.
+            self._spans.insert(0, (min(inherited) - 1, max(inherited)))
         self.sched.observe_status(agent.own_status())
         for st in agent.presence.values():
             if self.sched.observe_status(st) == "restarted":
