@@ -83,6 +83,10 @@ class Leadership:
             # our leader (the other side of a healed partition) must not judge it dead at once.
             self.detector.forget(claim.id)
         self._watch_leader()
+        if verdict.action is Action.CLAIM and self.role is not None \
+                and self.election.term != self.role.term:
+            # A tie on the term, won: lead the next one (Election.on_claim).
+            self.role.outbid(self.election.term, claim.id, self.training_count(), -1)
         if verdict.action is Action.CLAIM:
             self._queue_claim()
         elif verdict.action is Action.STEP_DOWN:

@@ -17,7 +17,8 @@ Rules (all nodes apply the same ones, so they converge without talking more):
   from SIGSTOP: its old followers' beats now name the new term's policies) has nothing to
   contest with. A tie keeps the better claim.
 * A leader that sees a worse claim (a stale leader, say) re-asserts its own, repairing the
-  retained topic.
+  retained topic; if the worse claim has the same term (the two sides of a cut each elected
+  one), it claims the next term, so that a node never obeys two schedulers in one term.
 * A follower whose leader is alive does not leave it for a better claim at once: it waits up to
   two contest windows (the leader may outbid the claim), and goes as soon as its leader dies.
 * Commands carry the term: a node drops a command whose term is below the best it knows.
@@ -159,7 +160,12 @@ class Election:
                                             now + 2 * self._cfg.contest_s)  # fmt: skip
                 return self._verdict(Action.NONE)
             return self._adopt(term, leader)
-        # A worse claim: only the leader answers, by re-asserting its own.
+        # A worse claim: only the leader answers, by re-asserting its own; above it, when the
+        # two tie on the term (both sides of a cut elected one), so that no node that obeyed
+        # the other in this term obeys us in the same one (the simulator's seed 616).
+        if self.is_leader and term == self.term:
+            self.term += 1
+            self._my_term, self.elected_at = self.term, self._clock.monotonic()
         return self._verdict(Action.CLAIM if self.is_leader else Action.NONE)
 
     @staticmethod

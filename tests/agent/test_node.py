@@ -244,11 +244,23 @@ async def test_a_better_claim_makes_the_leader_step_down(rival: str, term: int) 
 
 async def test_a_worse_claim_is_answered_by_reasserting_ours() -> None:
     agent, bus, clock = await elected("m")
-    bus.deliver(T.leader, LeaderClaim(id="z", term=1))  # a stale leader, thawed
+    bus.deliver(T.leader, LeaderClaim(id="z", term=0))  # a stale leader, thawed
     await run(agent, clock, 0.1)
     assert agent.role is not None
     assert [(c.id, c.term) for _, c in bus.published(T.leader)] == [  # type: ignore[union-attr]
         ("m", 1), ("m", 1)]
+
+
+async def test_a_tie_on_the_term_is_won_by_leading_the_next_one() -> None:
+    """The simulator's seed 616: both sides of a cut elected a scheduler of term 3; the lower
+    id won the tie, and a node that had obeyed the other in term 3 then obeyed the winner in
+    term 3 too. The winner now claims term 4, with a policy of that term."""
+    agent, bus, clock = await elected("m")
+    bus.deliver(T.leader, LeaderClaim(id="z", term=1))  # the same term, a higher id
+    await run(agent, clock, 0.1)
+    assert agent.role is not None and agent.election.term == 2 and agent.role.term == 2
+    assert [(c.id, c.term) for _, c in bus.published(T.leader)][-1] == (  # type: ignore[union-attr]
+        "m", 2)
 
 
 # --- commands and fencing -----------------------------------------------------------------
