@@ -630,7 +630,7 @@ class NodeAgent(Leadership):
         # none of its state lets a peer that may hold it lead first.
         known = max((st.term for n, st in self.presence.items() if n in live), default=0)
         verdict = self.election.tick(live, has_state=self.view is not None, own=own,
-                                     cluster_term=known)
+                                     cluster_term=known, alone_s=self.cfg.mqtt.reconnect_max_s)
         if verdict.action is Action.CLAIM and self.role is not None and rival is not None:
             self.role.outbid(verdict.term, rival.leader, own, rival.training)
             self._queue_claim()

@@ -28,6 +28,8 @@ Rules (all nodes apply the same ones, so they converge without talking more):
   vacancy: a broker that restarted without persistence has lost every retained claim and
   snapshot, and the peers that still hold the state must get the first chance to lead, or this
   node would bootstrap a second cluster beside them (the simulator's seed 66: a new box did).
+  A node that knows no cluster and sees nobody waits a reconnect backoff first: the broker may
+  be one that has just lost its memory, and the members are reconnecting (seed 1201).
 """
 
 from __future__ import annotations
@@ -214,7 +216,7 @@ class Election:
             self.leader = None
 
     def tick(self, live: set[str], has_state: bool = True, own: int = 0,
-             cluster_term: int = 0) -> Verdict:
+             cluster_term: int = 0, alone_s: float = 0.0) -> Verdict:
         """Decide whether to stand, given the nodes we currently believe alive.
 
         Args:
@@ -222,6 +224,9 @@ class Election:
             has_state: this node holds a cluster snapshot that a new scheduler can start from.
             own: the nodes training under our policies, if we lead (a contest's count).
             cluster_term: the best term a live peer says it knows (its presence).
+            alone_s: how long a node that knows no cluster and sees no peer waits before it
+                starts one: a broker that restarted without persistence looks empty until
+                the members reconnect (their backoff), and they hold the state.
         """
         now = self._clock.monotonic()
         self._live = set(live)
@@ -239,6 +244,8 @@ class Election:
         wait = rank * self._cfg.stagger_s
         if max(self.term, cluster_term) > 0 and not has_state:
             wait = max(wait, self._cfg.orphan_s)  # let a peer that holds the state lead
+        elif not live and not has_state:
+            wait = max(wait, alone_s)  # an empty broker may be one that lost its memory
         if now - self._vacant_since < wait:
             return self._verdict(Action.NONE)
         self.term += 1

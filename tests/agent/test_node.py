@@ -185,10 +185,16 @@ def worker_ops(agent: NodeAgent, op: str) -> list[dict[str, Any]]:
     return [cmd.to_args() for _, cmd in agent.worker.commands if op == cmd.OP]
 
 
+# A lone node that knows no cluster waits a reconnect backoff more (the broker it sees empty
+# may have just lost its memory): grace_s, then reconnect_max_s.
+ALONE_S = Config(node_id="x", cluster="t").election.grace_s + Config(
+    node_id="x", cluster="t").mqtt.reconnect_max_s
+
+
 async def elected(node: str = "m") -> tuple[NodeAgent, FakeBus, FakeClock]:
     clock = FakeClock()
     agent, bus = await attach(node, clock)
-    await run(agent, clock, 2.0)
+    await run(agent, clock, ALONE_S + 0.5)
     assert agent.role is not None and agent.election.term == 1
     return agent, bus, clock
 
@@ -200,7 +206,9 @@ async def test_a_lone_node_claims_after_its_grace_with_a_retained_claim_and_stat
     (status, st), = bus.published(T.status("a"))
     assert status.retain and isinstance(st, Status) and st.online
     assert [out.qos for out, _ in bus.published(T.hb("a"))] == [0]
-    await run(agent, clock, 1.4)  # grace_s is 1.5: a reconnecting node hears claims first
+    # grace_s (1.5): a reconnecting node hears claims first; alone and knowing no cluster, a
+    # reconnect backoff more (5): an empty broker may have just lost its retained state.
+    await run(agent, clock, ALONE_S - 0.1)
     assert agent.role is None and not bus.published(T.leader)
     await run(agent, clock, 0.2)
     (out, claim), = bus.published(T.leader)
