@@ -58,26 +58,35 @@ class Leadership:
         raise NotImplementedError
 
     def _queue_claim(self) -> None:
+        count, step = self.training()
         claim = LeaderClaim(id=self.me, term=self.election.term, ts=self.clock.wall(),
-                            training=self.training_count())
+                            training=count, step=step)
         self.queue(self.topics.leader, encode(claim), retain=True)
 
     def training_count(self, live: set[str] | None = None) -> int:
         """As scheduler: the live nodes (us included) whose worker last committed a round
         under one of our policies, by their heartbeats (a contested claim's count). 0 as a
         follower. ``live``: the live peers, if the caller has them already."""
+        return self.training(live)[0]
+
+    def training(self, live: set[str] | None = None) -> tuple[int, int]:
+        """As scheduler: how many live nodes (us included) train under our policies, and the
+        newest step they committed ((0, -1) as a follower)."""
         role = self.role
         if role is None:
-            return 0
+            return 0, -1
         live = self.live_peers() if live is None else live
-        n = int(self.worker.attached and role.trains_under_us(self.worker.version))
-        return n + sum(1 for node in live if node in self.beats
-                       and role.trains_under_us(self.beats[node].policy_version))
+        steps = [self.beats[node].step for node in live if node in self.beats
+                 and role.trains_under_us(self.beats[node].policy_version)]
+        if self.worker.attached and role.trains_under_us(self.worker.version):
+            steps.append(self.worker.step)
+        return len(steps), max(steps, default=-1)
 
     def _on_claim(self, claim: LeaderClaim) -> None:
         before = self.election.leader
+        own, own_step = self.training()
         verdict = self.election.on_claim(claim.id, claim.term, training=claim.training,
-                                         own=self.training_count())
+                                         own=own, step=claim.step, own_step=own_step)
         if verdict.action in (Action.FOLLOW, Action.STEP_DOWN) and verdict.leader != self.me:
             # A better claim is its sender's sign of life: a silence we heard while it was not
             # our leader (the other side of a healed partition) must not judge it dead at once.
@@ -86,7 +95,7 @@ class Leadership:
         if verdict.action is Action.CLAIM and self.role is not None \
                 and self.election.term != self.role.term:
             # A tie on the term, won: lead the next one (Election.on_claim).
-            self.role.outbid(self.election.term, claim.id, self.training_count(), -1)
+            self.role.outbid(self.election.term, claim.id, own, -1)
         if verdict.action is Action.CLAIM:
             self._queue_claim()
         elif verdict.action is Action.STEP_DOWN:

@@ -625,12 +625,13 @@ class NodeAgent(Leadership):
         before, term = self.election.leader, self.election.term
         rival = self.election.contested
         # Counted only while a contest runs: it walks every live node, and this is every tick.
-        own = self.training_count(live) if rival is not None else 0
+        own, own_step = self.training(live) if rival is not None else (0, -1)
         # The best term a live peer knows: above 0, a cluster exists, and a node that holds
         # none of its state lets a peer that may hold it lead first.
         known = max((st.term for n, st in self.presence.items() if n in live), default=0)
         verdict = self.election.tick(live, has_state=self.view is not None, own=own,
-                                     cluster_term=known, alone_s=self.cfg.mqtt.reconnect_max_s)
+                                     cluster_term=known, alone_s=self.cfg.mqtt.reconnect_max_s,
+                                     own_step=own_step)
         if verdict.action is Action.CLAIM and self.role is not None and rival is not None:
             self.role.outbid(verdict.term, rival.leader, own, rival.training)
             self._queue_claim()

@@ -63,10 +63,21 @@ class Rival:
     leader: str
     training: int  # nodes training under its policies, as its claim said (-1: not said)
     until: float  # monotonic time of the decision
+    step: int = -1  # the newest step they committed, as its claim said (-1: not said)
 
     @property
     def claim(self) -> tuple[int, str]:
         return (self.term, self.leader)
+
+
+def stronger(own: int, own_step: int, training: int, step: int) -> bool:
+    """Whether our part should keep the cluster over a rival's: the one holding the newer
+    state first (the work kept; a stale scheduler back from a cut, or one whose trainees are
+    stuck joining, holds an older one: the simulator's seeds 478 and 1260), then the one with
+    more nodes training (fewer to re-replicate)."""
+    if own_step >= 0 and step >= 0 and own_step != step:
+        return own_step > step
+    return own > max(training, 0)
 
 
 def better(a: tuple[int, str], b: tuple[int, str]) -> bool:
@@ -120,12 +131,15 @@ class Election:
     def disconnected(self) -> None:
         self._connected_since = None
 
-    def on_claim(self, leader: str, term: int, training: int = -1, own: int = 0) -> Verdict:
+    def on_claim(self, leader: str, term: int, training: int = -1, own: int = 0,
+                 step: int = -1, own_step: int = -1) -> Verdict:
         """Apply a claim heard on ``sched/leader``.
 
         Args:
             training: The nodes training under the claimant's policies, as its claim says.
             own: The nodes training under ours, if we lead (as we hear their heartbeats).
+            step: The newest step the claimant's trainees committed, as its claim says.
+            own_step: Ours, likewise.
         """
         if leader == self.me and term != self._my_term:
             # A claim in our name that this process never made: an earlier run of this node
@@ -148,9 +162,10 @@ class Election:
             return self._verdict(Action.NONE)
         if better((term, leader), current):
             now = self._clock.monotonic()
-            if self.is_leader and own > max(training, 0) and self._cfg.contest_s > 0:
+            if (self.is_leader and stronger(own, own_step, training, step)
+                    and self._cfg.contest_s > 0):
                 opened = self._contest is None
-                self._contest = self._hold(self._contest, term, leader, training,
+                self._contest = self._hold(self._contest, term, leader, training, step,
                                            now + self._cfg.contest_s)  # fmt: skip
                 # Opening, we restate our claim with our count: the rival answers a worse
                 # claim with its own, freshly counted (the one we heard may be retained, from
@@ -158,7 +173,7 @@ class Election:
                 return self._verdict(Action.CLAIM if opened else Action.NONE)
             if (not self.is_leader and self.leader in self._live and leader != self.leader
                     and self._cfg.contest_s > 0):
-                self._deferred = self._hold(self._deferred, term, leader, training,
+                self._deferred = self._hold(self._deferred, term, leader, training, step,
                                             now + 2 * self._cfg.contest_s)  # fmt: skip
                 return self._verdict(Action.NONE)
             return self._adopt(term, leader)
@@ -171,14 +186,14 @@ class Election:
         return self._verdict(Action.CLAIM if self.is_leader else Action.NONE)
 
     @staticmethod
-    def _hold(held: Rival | None, term: int, leader: str, training: int,
+    def _hold(held: Rival | None, term: int, leader: str, training: int, step: int,
               until: float) -> Rival:  # fmt: skip
         """The best claim held back so far; a repeat of it brings a fresher count, and the
         decision stays at the time the first one set."""
         if held is None or better((term, leader), held.claim):
-            return Rival(term, leader, training, held.until if held else until)
+            return Rival(term, leader, training, held.until if held else until, step)
         if (term, leader) == held.claim:
-            return replace(held, training=training)
+            return replace(held, training=training, step=step)
         return held
 
     def _adopt(self, term: int, leader: str) -> Verdict:
@@ -191,12 +206,12 @@ class Election:
             self._deferred = None
         return self._verdict(Action.STEP_DOWN if was_leader else Action.FOLLOW)
 
-    def _settle_rivals(self, now: float, own: int) -> Verdict | None:
+    def _settle_rivals(self, now: float, own: int, own_step: int = -1) -> Verdict | None:
         """Decide a contest or a deferral whose time has come."""
         c = self._contest
         if c is not None and now >= c.until:
             self._contest = None
-            if self.is_leader and own > max(c.training, 0):
+            if self.is_leader and stronger(own, own_step, c.training, c.step):
                 # Still the larger part: outbid the claim, so everyone takes ours.
                 self.term = max(self.term, c.term) + 1
                 self._my_term, self.elected_at = self.term, now
@@ -216,7 +231,7 @@ class Election:
             self.leader = None
 
     def tick(self, live: set[str], has_state: bool = True, own: int = 0,
-             cluster_term: int = 0, alone_s: float = 0.0) -> Verdict:
+             cluster_term: int = 0, alone_s: float = 0.0, own_step: int = -1) -> Verdict:
         """Decide whether to stand, given the nodes we currently believe alive.
 
         Args:
@@ -230,7 +245,7 @@ class Election:
         """
         now = self._clock.monotonic()
         self._live = set(live)
-        settled = self._settle_rivals(now, own)
+        settled = self._settle_rivals(now, own, own_step)
         if settled is not None:
             return settled
         if self._connected_since is None or now - self._connected_since < self._cfg.grace_s:

@@ -121,6 +121,7 @@ class LeaderClaim:
     term: int
     ts: float = 0.0
     training: int = -1  # nodes training under the claimant's policies (-1: not counted)
+    step: int = -1  # the newest step its trainees committed (-1: not said): who keeps more
 
 
 @dataclass(frozen=True)

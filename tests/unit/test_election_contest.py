@@ -143,3 +143,16 @@ def test_contest_s_zero_keeps_the_old_rule() -> None:
     clock.advance(cfg.grace_s)
     assert s.tick(set()).action is Action.CLAIM
     assert s.on_claim("r", 2, training=1, own=5).action is Action.STEP_DOWN
+
+
+def test_the_part_holding_the_newer_state_keeps_the_cluster() -> None:
+    """The simulator's seeds 478 and 1260: a count of trainees decided for a stale scheduler
+    back from a cut, or for one whose trainees were stuck joining, over the part that had
+    trained on. Claims carry the newest step their trainees committed; the newer state wins,
+    and the count decides between equals."""
+    from daemon.cluster.election import stronger
+
+    assert not stronger(own=3, own_step=54, training=1, step=173)
+    assert stronger(own=1, own_step=173, training=3, step=54)
+    assert stronger(own=3, own_step=100, training=1, step=100)  # equal: the count
+    assert stronger(own=2, own_step=-1, training=1, step=80)  # not said: the count
