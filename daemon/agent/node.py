@@ -317,6 +317,8 @@ class NodeAgent(Leadership):
         if node == self.me:
             if hb.incarnation == self.incarnation:
                 self._echo_at = self.clock.monotonic()
+                if self.role is not None:  # our own worker is one of the scheduler's nodes
+                    self.role.on_heartbeat(hb, self.cfg.advertise)
             return
         if not self.watches(node):
             return  # one in flight from before an unsubscribe

@@ -230,6 +230,20 @@ class Negotiator:
         steps = [self.step_of(n) for n in self.members()]
         return max(steps, default=0)
 
+    def observe_worker(self, node: str, state: str, step: int) -> None:
+        """A heartbeat says what ``node``'s worker is: one we list as joining whose worker is
+        already active finished its join, and its ``replicated`` report was lost (sent to a
+        scheduler that died the moment it went out: the simulator's seed 1389). Left joining,
+        it was no holder of the state, and the next joiner bootstrapped a fresh model."""
+        rec = self.sched.nodes.get(node)
+        if rec is None or rec.state != "joining" or state != "active":
+            return
+        log.warning("%s trains (step %d) but its join was never reported done: done now",
+                    node, step)
+        self.replicated(node, Replicated(version=step))
+        if step > self.sched.step:
+            self.sched.step = step
+
     def observe_progress(self) -> None:
         """Sample the cluster's step (called on heartbeats) to learn the step rate."""
         now, step = self.clock.monotonic(), self.max_step()

@@ -144,7 +144,9 @@ class SchedulerRole:
 
     def on_heartbeat(self, hb: Heartbeat, addr: str) -> None:
         self.sched.observe_heartbeat(hb, addr)
+        self.neg.observe_worker(hb.node, hb.state, hb.step)
         self.neg.observe_progress()
+        self.flush()
 
     def on_status(self, st: Status) -> None:
         verdict = self.sched.observe_status(st)

@@ -507,3 +507,18 @@ def test_the_overlay_is_healed_among_active_members_not_through_a_joiner() -> No
     assert not any(e.kind == "partition" for e in neg.sched.events)
     now = [p for p in neg.sched.policies if p.effective_step == 0][-1]
     assert {"b", "c"} <= set(now.members)
+
+
+def test_a_joiner_whose_worker_trains_finished_its_join_even_if_its_report_was_lost() -> None:
+    """The simulator's seed 1389: the new node's replicated report went to a scheduler that
+    died the moment it was sent; the next scheduler listed the node as joining for ever, so it
+    held no state in its eyes, and the next joiner bootstrapped a fresh model."""
+    neg, _ = make()
+    grow(neg, "a")
+    neg.join("b", "127.0.0.1:2", ["a"])
+    neg.sched.step = 40
+    neg.observe_worker("b", "joining", 40)
+    assert neg.sched.nodes["b"].state == "joining"
+    neg.observe_worker("b", "active", 45)  # its heartbeat: the worker trains
+    assert neg.sched.nodes["b"].state == "active" and "b" not in neg.joins
+    assert neg.sched.events[-1].kind == "scale-out" and neg.sched.step == 45
