@@ -405,6 +405,7 @@ class NodeAgent(Leadership):
                         cmd.term, self.election.term)
             return
         body = parse_command(cmd.op, cmd.args)  # a MessageError: counted and dropped
+        self.election.obeyed(cmd.term, cmd.leader)
         self.counters["commands"] += 1
         log.info("command %s from %s (term %d)", cmd.op, cmd.leader, cmd.term)
         if isinstance(body, Reply):

@@ -101,6 +101,7 @@ class Election:
         self._contest: Rival | None = None  # as leader: a better claim we may outnumber
         self._deferred: Rival | None = None  # as follower: a better claim, our leader alive
         self._live: set[str] = set()  # the live peers of the last tick
+        self._obeyed: dict[int, str] = {}  # term -> the scheduler whose commands we acted on
 
     @property
     def contested(self) -> Rival | None:
@@ -271,7 +272,19 @@ class Election:
         return self._verdict(Action.CLAIM)
 
     def admits(self, term: int, leader: str) -> bool:
-        """Fencing: may a command stamped ``(term, leader)`` act on this node?"""
+        """Fencing: may a command stamped ``(term, leader)`` act on this node?
+
+        Never two schedulers' in one term: after a tie (both sides of a cut elected a
+        scheduler of the same term) the winner leads the next term (``on_claim``), and until
+        then a node that obeyed the loser in this term obeys nobody else in it."""
         if term < self.term:
             return False
+        if self._obeyed.get(term, leader) != leader:
+            return False
         return not (term == self.term and self.leader is not None and leader != self.leader)
+
+    def obeyed(self, term: int, leader: str) -> None:
+        """Record that this node acted on a command of ``leader`` in ``term``."""
+        self._obeyed[term] = leader
+        for old in [t for t in self._obeyed if t < term - 2]:
+            del self._obeyed[old]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cluster.election import Action, Election
+from daemon.cluster.election import Action, Election, stronger
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import ElectionConfig
 
@@ -150,9 +150,23 @@ def test_the_part_holding_the_newer_state_keeps_the_cluster() -> None:
     back from a cut, or for one whose trainees were stuck joining, over the part that had
     trained on. Claims carry the newest step their trainees committed; the newer state wins,
     and the count decides between equals."""
-    from daemon.cluster.election import stronger
-
     assert not stronger(own=3, own_step=54, training=1, step=173)
     assert stronger(own=1, own_step=173, training=3, step=54)
     assert stronger(own=3, own_step=100, training=1, step=100)  # equal: the count
     assert stronger(own=2, own_step=-1, training=1, step=80)  # not said: the count
+
+
+def test_a_node_obeys_one_scheduler_per_term() -> None:
+    """The simulator's seed 1958: three nodes elected themselves for term 2 behind a cut; at
+    the heal the ties were won by bumping the term, but two winners bumped to 3 at once and
+    nodes obeyed both in term 3. A node that acted on one scheduler's command in a term acts
+    on nobody else's in it; the tie's winner leads the next term."""
+    el = Election("c", ElectionConfig(), FakeClock())
+    el.on_claim("b", 3)
+    assert el.admits(3, "b")
+    el.obeyed(3, "b")
+    el.on_claim("a", 3)  # a better claim of the same term: followed...
+    assert el.leader == "a"
+    assert not el.admits(3, "a")  # ...but not obeyed in the term we obeyed b in
+    el.on_claim("a", 4)
+    assert el.admits(4, "a")
