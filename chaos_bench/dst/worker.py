@@ -89,6 +89,7 @@ class SimWorker:
         self.join_started: float | None = None
         self._near: tuple[int, tuple[str | None, ...]] | None = None  # tree neighbours
         self.misfit = False  # this script's model is not the cluster's: it refuses the state
+        self.in_touch = True  # chaosd's word at the last poll
 
     # --- lifecycle ----------------------------------------------------------------------
     def runs(self) -> bool:
@@ -198,6 +199,7 @@ class SimWorker:
                     self.mine = cmd
             elif isinstance(cmd, Replicate):
                 self.serve.offer(cmd)
+        self.in_touch = data.get("in_touch") is not False
         if data.get("leave") and self.phase == "active":
             drive(ops.worker_leave(self.agent, {"step": self.state.step}))
             self.events.count("op:worker.leave")
@@ -297,6 +299,10 @@ class SimWorker:
                                                  "host": "127.0.0.1",
                                                  "step": self.state.step}))
             self._begin_join()
+            return
+        if not self.in_touch:  # as the Trainer: no round while chaosd is out of touch
+            self.plane.unready(self.me)
+            self._waiting_for_round()
             return
         self.plane.set_ready(self.me, self.state.step + 1, pub)
         self._link_failures(pub)

@@ -83,7 +83,7 @@ class Membership:
             step = self._step()
             pub = self._s.book.for_round(step + 1)
             verdict = standing(pub, self.me, leaving=self.state == "leaving")
-            if verdict == "member" and pub is not None:
+            if verdict == "member" and pub is not None and self._s.poller.in_touch:
                 return pub
             if verdict == "left":
                 raise Left
@@ -100,6 +100,10 @@ class Membership:
                 self.join(self._clock.monotonic() + self.join_timeout)
                 continue
             if self._clock.monotonic() > deadline:
+                if verdict == "member":
+                    raise TrainerError(f"step {step + 1} could not start in time: chaosd was "
+                                       "out of touch with the cluster (no broker, or its own "
+                                       "heartbeats did not come back)")
                 raise TrainerError(f"no sync policy for step {step + 1} arrived in time")
             self._s.wait(POLL_S)
             self._poll()

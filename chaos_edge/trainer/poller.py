@@ -40,6 +40,9 @@ class Poller:
         self.position: tuple[int, str] = (0, "joining")
         #: The policy version the last committed round ran under (-1: none yet).
         self.version = -1
+        #: Whether chaosd was in touch with the cluster at the last poll (no round starts
+        #: otherwise: a member alone in its policy would train on by itself).
+        self.in_touch = True
         #: Called on the poller's thread with each new policy, oldest first.
         self.on_policy: Callable[[SyncPolicy], None] | None = None
         self._lock = threading.Lock()
@@ -134,6 +137,7 @@ class Poller:
             self._known = fresh[-1].version
         commands = list(data.get("commands") or [])
         leave = bool(data.get("leave"))
+        self.in_touch = data.get("in_touch") is not False  # an older daemon does not say
         with self._lock:
             self._policies.extend(fresh)
             self._commands.extend(commands)

@@ -587,6 +587,13 @@ class NodeAgent(Leadership):
         # not a sign that the process was frozen.
         self._last_tick = self.clock.monotonic()
 
+    def in_touch(self) -> bool:
+        """Whether this node is in touch with the cluster: connected, and its own heartbeats
+        come back from the broker. A worker starts no round otherwise (``worker.poll``)."""
+        now = self.clock.monotonic()
+        return (self.bus.connected and self._echo_at is not None
+                and now - self._echo_at <= ECHO_S)
+
     def _hears_itself(self, now: float) -> bool:
         """Whether our own heartbeats still come back from the broker (ECHO_S). A node whose
         path to the broker broke keeps a connection it believes in for a keepalive or more;

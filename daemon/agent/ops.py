@@ -141,8 +141,11 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
         raise ControlError("'policy_version' must be an integer")
     policy = agent.view.policy if agent.view is not None and agent.view.policy else None
     newer = [agent.policies[v] for v in sorted(agent.policies) if v > known]
+    # in_touch: a worker starts no round while its daemon is out of touch with the cluster
+    # (cut off, or just back from a freeze): a member alone in its policy would otherwise
+    # train on by itself while the others elected anew (the simulator's seed 1909).
     return {"policy": policy, "policies": newer, "commands": w.drain(),
-            "leave": w.leave_requested}
+            "leave": w.leave_requested, "in_touch": agent.in_touch()}
 
 
 async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
