@@ -70,15 +70,18 @@ class Leadership:
         return self.training(live)[0]
 
     def training(self, live: set[str] | None = None) -> tuple[int, int]:
-        """As scheduler: how many live nodes (us included) train under our policies, and the
-        newest step they committed ((0, -1) as a follower)."""
-        role = self.role
-        if role is None:
+        """As scheduler: how many live nodes (us included) train following us, by their
+        heartbeats, and the newest step they committed ((0, -1) as a follower).
+
+        Who follows whom, not whose policy numbers a node last trained under: the two sides
+        of a cut both inherit the policies from before it, and a scheduler just elected
+        counted the other side's trainees as its own (the simulator's seed 1260)."""
+        if self.role is None:
             return 0, -1
         live = self.live_peers() if live is None else live
-        steps = [self.beats[node].step for node in live if node in self.beats
-                 and role.trains_under_us(self.beats[node].policy_version)]
-        if self.worker.attached and role.trains_under_us(self.worker.version):
+        steps = [hb.step for node in live if (hb := self.beats.get(node)) is not None
+                 and hb.leader == self.me and hb.state == "active"]
+        if self.worker.attached and self.worker.state == "active":
             steps.append(self.worker.step)
         return len(steps), max(steps, default=-1)
 

@@ -243,7 +243,8 @@ class NodeAgent(Leadership):
                        step=self.step, state=self.worker.state if self.worker.attached else
                        self.state, cpu_percent=res.cpu_percent,
                        mem_percent=res.mem_percent, battery_percent=res.battery_percent,
-                       policy_version=self.worker.version if self.worker.attached else -1)
+                       policy_version=self.worker.version if self.worker.attached else -1,
+                       leader=self.election.leader or "")
         await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
 
     async def leave(self) -> None:

@@ -65,16 +65,6 @@ class SchedulerRole:
                               wire=agent.cfg.training.wire,
                               sync=agent.cfg.training.sync_mode())
         self._cmd_seq = 0
-        # The versions of our policies, (above, up to) per term we held (None: to the newest):
-        # a heartbeat naming one trains under us. The policies of the snapshot we resume from
-        # count as ours: the cluster we continue still trains under them until our first one
-        # takes effect, and a scheduler just elected counted nobody, so a stale one back from a
-        # cut (its own worker under its old policy) outbid it (the simulator's seed 478).
-        inherited = [p.version for p in self.sched.policies]
-        self._spans: list[tuple[int, int | None]] = [(self.sched.policy_version, None)]
-        if inherited and max(inherited) <= self.sched.policy_version:
-            # Only those: a stale scheduler of an older term may still number more of its own.
-            self._spans.insert(0, (min(inherited) - 1, max(inherited)))
         self.sched.observe_status(agent.own_status())
         for st in agent.presence.values():
             if self.sched.observe_status(st) == "restarted":
@@ -85,22 +75,13 @@ class SchedulerRole:
                           term_previous=agent.view.term if agent.view else 0,
                           delay_ms=None if silence is None else silence * 1000.0)
 
-    def trains_under_us(self, version: int) -> bool:
-        """Whether a round committed under policy ``version`` ran under this term's policies
-        (each term numbers its own above the last it knew, Scheduler.__init__)."""
-        top = self.sched.policy_version
-        return any(lo < version <= (top if hi is None else hi) for lo, hi in self._spans)
-
     def outbid(self, term: int, rival: str, own: int, theirs: int) -> None:
         """We won a contest: lead ``term``, above the rival's. A policy of the new term's
         numbers, effective at once, is the newest everywhere, so the rival's members find
         themselves outside it and rejoin by scale-out; ours rerun one round under it."""
         self.term = self.sched.term = term
-        last = self.sched.policy_version
-        self.sched.policy_version = max(last, (term - 1) * TERM_POLICY_SPAN)
-        # The versions in between are the rival's: ours are the old term's and the new one's.
-        self._spans = [*self._spans[:-1], (self._spans[-1][0], last),
-                       (self.sched.policy_version, None)]
+        self.sched.policy_version = max(self.sched.policy_version,
+                                        (term - 1) * TERM_POLICY_SPAN)
         log.warning("outbid %s: %d nodes train under us, %d under it; term %d", rival, own,
                     theirs, term)
         self.sched.record("scheduler-elected", node=self.agent.me, previous=rival,

@@ -90,9 +90,11 @@ class Heartbeat:
     cpu_percent: float
     mem_percent: float
     battery_percent: float | None = None
-    # The sync policy the worker last committed a round under (-1: no worker, none yet): a
-    # scheduler counts who trains under its own policies when it contests a claim.
+    # The sync policy the worker last committed a round under (-1: no worker, none yet).
     policy_version: int = -1
+    # The scheduler this node follows ("": none yet): a scheduler contesting a claim counts
+    # the nodes that train following it, and the newest step they hold.
+    leader: str = ""
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,8 @@ def _check_semantics(obj: Any, where: str) -> None:
     # Ids end up in topics and file names: hold them to the config's charset.
     for key in ("node", "id", "leader"):
         value = getattr(obj, key, None)
+        if value == "" and isinstance(obj, Heartbeat):
+            continue  # a heartbeat's leader: none followed yet
         if isinstance(value, str) and not NAME_RE.match(value):
             raise MessageError(f"{where}.{key}: bad node id {value[:40]!r}")
     if isinstance(obj, (NodeRecord, Heartbeat)) and obj.state not in NODE_STATES:

@@ -96,6 +96,7 @@ class Peer:
     step: int = 0
     seq: int = 0
     version: int = -1  # the policy its worker last committed a round under
+    leader: str = ""  # the scheduler it follows
 
     def status(self, online: bool = True, reason: str = "up") -> Status:
         return Status(node=self.node, online=online, reason=reason,
@@ -105,7 +106,7 @@ class Peer:
         self.seq += 1
         return Heartbeat(node=self.node, seq=self.seq, incarnation=self.incarnation,
                          step=self.step, state="active", cpu_percent=1.0, mem_percent=2.0,
-                         policy_version=self.version)
+                         policy_version=self.version, leader=self.leader)
 
 
 async def run(agent: NodeAgent, clock: FakeClock, seconds: float,

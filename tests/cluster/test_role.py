@@ -403,19 +403,3 @@ def test_a_link_failure_reported_during_a_join_cuts_nothing() -> None:
     request(role, "d", "report", kind="replicated", version=3, bytes=64)
     request(role, "b", "report", kind="link-failed", peer="d", reason="reset")  # joined now
     assert "disconnect-link" in kinds(role)
-
-
-def test_a_new_role_counts_who_trains_under_the_policies_it_resumes_from() -> None:
-    """The simulator's seed 478: a scheduler elected a moment ago counted nobody as training
-    under it (its own term's policies had no rounds yet), so a stale scheduler back from a cut,
-    whose only trainee was its own worker, outbid it and scaled the whole cluster in."""
-    clock = FakeClock()
-    first = FakeHost(clock)
-    old = first.elect()
-    join(first, old, "b", "c")
-    snap = old.snapshot()
-    host = FakeHost(clock, view=snap)
-    host.election.term = snap.term
-    role = host.elect()
-    assert role.trains_under_us(snap.policy_version)  # the cluster it continues trains so
-    assert not role.trains_under_us(snap.policy_version + 1)  # nobody's yet
