@@ -24,6 +24,7 @@ from daemon.contracts.policy import POLICY_KEEP
 from daemon.contracts.protocol import JoinRequest, RequestBody
 
 log = logging.getLogger("chaosd.node")
+TRAINING_FRESH_S = 2.0  # a contest counts followers heard this recently (four heartbeats)
 EVENTS_KEEP = 1000
 
 
@@ -41,6 +42,7 @@ class Leadership:
     view: ClusterState | None
     _held_state: ClusterState | None
     beats: dict[str, Heartbeat]
+    last_heard: dict[str, float]
     events: dict[tuple[int, float], Event]
     policies: dict[int, dict[str, Any]]
     counters: Counter[str]
@@ -70,20 +72,29 @@ class Leadership:
         return self.training(live)[0]
 
     def training(self, live: set[str] | None = None) -> tuple[int, int]:
-        """As scheduler: how many live nodes (us included) train following us, by their
-        heartbeats, and the newest step they committed ((0, -1) as a follower).
+        """As scheduler: how many live nodes (us included) train following us, by heartbeats
+        heard in the last TRAINING_FRESH_S, and the newest step a worker following us holds
+        (joining or training; (0, -1) as a follower).
 
         Who follows whom, not whose policy numbers a node last trained under: the two sides
         of a cut both inherit the policies from before it, and a scheduler just elected
-        counted the other side's trainees as its own (the simulator's seed 1260)."""
+        counted the other side's trainees as its own (the simulator's seed 1260). Fresh
+        heartbeats only: a scheduler thawed after a long freeze counted the beats it had from
+        before it, and the step held, not only trained: the side holding the newest state may
+        be rejoining at that moment (seed 2400)."""
         if self.role is None:
             return 0, -1
         live = self.live_peers() if live is None else live
-        steps = [hb.step for node in live if (hb := self.beats.get(node)) is not None
-                 and hb.leader == self.me and hb.state == "active"]
-        if self.worker.attached and self.worker.state == "active":
+        now = self.clock.monotonic()
+        beats = [hb for node in live if (hb := self.beats.get(node)) is not None
+                 and hb.leader == self.me and hb.state != "standby"
+                 and now - self.last_heard.get(node, -1e9) <= TRAINING_FRESH_S]
+        count = sum(1 for hb in beats if hb.state == "active")
+        steps = [hb.step for hb in beats]
+        if self.worker.attached:
+            count += self.worker.state == "active"
             steps.append(self.worker.step)
-        return len(steps), max(steps, default=-1)
+        return count, max(steps, default=-1)
 
     def _on_claim(self, claim: LeaderClaim) -> None:
         before = self.election.leader

@@ -361,6 +361,20 @@ class Negotiator:
             self._send_replicate(pending)
             return
         self._leaving.pop(node, None)
+        if members and step > max(self.sched.step, self.max_step()) + self.lead():
+            # The joiner holds a newer state than every active member (they stalled, frozen or
+            # cut off, while it trained on elsewhere): the cluster goes on from the joiner's
+            # state, and the members pull it (the simulator's seed 2400: it took their older
+            # state instead, and its steps were lost while it held them). Only clearly ahead:
+            # what we know of the members' steps lags by a heartbeat or a poll (seed 13).
+            log.warning("%s holds step %d, ahead of every member (%d): the cluster goes on "
+                        "from it", node, step, self.max_step())
+            for m in members:
+                self.sched.set_node(m, state="standby")
+            self._bootstrap(node, step)
+            for m in members:
+                self.join(m, self.sched.nodes[m].data_addr, [node], step=self.step_of(m))
+            return
         if not members:
             if step >= self.sched.step or self._empty_for() >= HOLD_S:
                 self._bootstrap(node, step)

@@ -522,3 +522,22 @@ def test_a_joiner_whose_worker_trains_finished_its_join_even_if_its_report_was_l
     neg.observe_worker("b", "active", 45)  # its heartbeat: the worker trains
     assert neg.sched.nodes["b"].state == "active" and "b" not in neg.joins
     assert neg.sched.events[-1].kind == "scale-out" and neg.sched.step == 45
+
+
+def test_a_joiner_ahead_of_every_member_is_where_the_cluster_goes_on_from() -> None:
+    """The simulator's seed 2400: the active members had stalled (frozen) while a node trained
+    on elsewhere; dropped, it asked to rejoin holding a newer state, pulled the members' older
+    one, and its steps were lost while it held them. Now the members pull from it."""
+    steps = {"a": 19, "b": 19, "c": 25}
+    neg, _ = make(steps)
+    grow(neg, "a", "b")
+    neg.sched.step = 19
+    neg.out.clear()
+    neg.join("c", "127.0.0.1:3", [], step=25)
+    assert neg.sched.nodes["c"].state == "active"
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["c"]
+    restored = [e for e in neg.sched.events if e.kind == "state-restored"][-1]
+    assert restored.node == "c" and restored.detail["step"] == 25
+    for m in ("a", "b"):
+        assert neg.sched.nodes[m].state == "joining"
+        assert neg.joins[m].command.sources == {"c": "127.0.0.1:3"}
