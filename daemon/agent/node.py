@@ -118,6 +118,8 @@ class NodeAgent(Leadership):
         # Until then, silence is not judged: peers may reconnect up to one backoff after us.
         self._judge_after = 0.0
         self._echo_at: float | None = None  # when our own last heartbeat came back
+        self._heard_self_at: float | None = None  # likewise, but never credited in advance
+        self._connected_at = 0.0
         self._held_requests: list[tuple[Request, RequestBody]] = []  # during a contest
         self._deaf = False  # our heartbeats stopped coming back (see ECHO_S)
         self._pending: list[Outgoing] = []
@@ -262,7 +264,8 @@ class NodeAgent(Leadership):
         # than grace_s on top, and a peer failed for it costs a whole re-replication. So
         # forgive two backoffs (a node that died in the outage is found 5 s later).
         self.detector.reset_all()
-        self._echo_at = self.clock.monotonic()  # our first heartbeat is on its way back
+        self._echo_at = self._connected_at = self.clock.monotonic()  # our first beat is on its
+        # way back: not judged deaf meanwhile, but not in touch before it is back (in_touch)
         if self.bus.connects > 1:
             self._judge_after = (self.clock.monotonic() + 2 * self.cfg.mqtt.reconnect_max_s
                                  + self.cfg.election.grace_s)
@@ -317,7 +320,7 @@ class NodeAgent(Leadership):
             raise MessageError(f"heartbeat for {hb.node!r} on the topic of {node!r}")
         if node == self.me:
             if hb.incarnation == self.incarnation:
-                self._echo_at = self.clock.monotonic()
+                self._echo_at = self._heard_self_at = self.clock.monotonic()
                 if self.role is not None:  # our own worker is one of the scheduler's nodes
                     self.role.on_heartbeat(hb, self.cfg.advertise)
             return
@@ -592,8 +595,16 @@ class NodeAgent(Leadership):
         """Whether this node is in touch with the cluster: connected, and its own heartbeats
         come back from the broker. A worker starts no round otherwise (``worker.poll``)."""
         now = self.clock.monotonic()
-        return (self.bus.connected and self._echo_at is not None
-                and now - self._echo_at <= ECHO_S)
+        heard = self._heard_self_at
+        # A heartbeat of ours that came back since we connected: the broker sends what was
+        # retained (the claim, the snapshot) first, so by then we know the cluster as it is
+        # (the simulator's seed 2855: a worker started a round the instant its daemon was
+        # back from a cut, before it heard of the new term).
+        # Nor while the seat is in doubt (two schedulers met after a cut and count): a round
+        # started under either side's old policy may be one the other side redoes (seed 2855).
+        return (self.bus.connected and heard is not None and heard >= self._connected_at
+                and now - heard <= ECHO_S and self.election.contested is None
+                and not self.election.deferring)
 
     def _hears_itself(self, now: float) -> bool:
         """Whether our own heartbeats still come back from the broker (ECHO_S). A node whose

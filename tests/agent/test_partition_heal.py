@@ -173,8 +173,10 @@ async def test_a_contesting_scheduler_holds_requests_until_the_contest_is_decide
     await run(agent, clock, 1.0, [peer])
     assert agent.training_count() == 1
     version = sched.policy_version
+    assert agent.in_touch()
     bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=0))  # a stale count: contest
     assert agent.election.contested is not None
+    assert not agent.in_touch()  # no round starts while the seat is in doubt (seed 2855)
     bus.deliver(T.req, Request(node="p", req_id="p-2", op="leave", args={"step": 3}))
     await run(agent, clock, 0.3, [peer])
     assert sched.policy_version == version and sched.nodes["p"].state == "active"
