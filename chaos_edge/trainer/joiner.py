@@ -11,7 +11,7 @@ the bytes: ``chaos`` water-fills the bytes over the sources (the exact optimum o
 model), ``single`` takes everything from the fastest source.
 :func:`~chaos_edge.replication.transfer.fetch.fetch` then pulls every range in parallel,
 verifies each block, and re-plans the bytes of a source that fails onto the others. A state
-that does not fit this script is refused before anything is loaded (``StateMismatch``);
+that does not fit this script is refused and reported (``StateMismatch``);
 ``StartAlone`` keeps our own state; ``GiveUp`` is a :class:`TrainerError`.
 
 The joiner sees the training state through :class:`Restorable` only.
@@ -140,7 +140,8 @@ class Joiner:
             Whether a replicated state was restored (False: we started alone).
 
         Raises:
-            StateMismatch: The cluster's state does not fit this script; nothing was loaded.
+            StateMismatch: The cluster's state does not fit this script (reported as
+                ``state-refused``, so that chaosd does not restart the script).
             TrainerError: The join did not finish in time (the message says where it stood).
         """
         m = JoinMachine(self.me, deadline)
@@ -181,7 +182,8 @@ class Joiner:
         """Pull and restore the state ``rep`` names; False (logged) if this try failed.
 
         Raises:
-            StateMismatch: The state does not fit this script; nothing was loaded.
+            StateMismatch: The state does not fit this script (refused before anything
+                was loaded, or by a registered object's ``load_state_dict``); reported.
         """
         try:
             got = self._pull(rep, m.deadline, lambda: self._superseded(m))
@@ -192,16 +194,15 @@ class Joiner:
         try:
             why = self._state.fit_error(loaded)
             if why is not None:
-                step = loaded.runtime.get("step")
-                msg = f"{self.me} cannot join cluster state of step {step}: {why}"
-                self._s.report(StateRefused(reason=msg))
-                # Sent before the raise ends the script: chaosd must not restart it.
-                self._s.flush_reports()
-                raise StateMismatch(msg)
-            self._state.restore(loaded)
-        except StateMismatch:
+                raise StateMismatch(why)
+            self._state.restore(loaded)  # an object's load_state_dict may still refuse
+        except StateMismatch as exc:
+            msg = f"{self.me} cannot join cluster state of step {loaded.runtime.get('step')}: {exc}"
+            self._s.report(StateRefused(reason=msg))
+            # Sent before the raise ends the script: chaosd must not restart it.
+            self._s.flush_reports()
             m.refused()
-            raise
+            raise StateMismatch(msg) from None
         log.info("restored step %d (%d bytes) from %s in %.0f ms", self._state.step,
                  got.report.bytes, ", ".join(got.report.sources), got.report.delay_ms)
         self._s.report(got.report)

@@ -4,18 +4,20 @@ do with each decision: serve or decline, bootstrap, give up, keep a command for 
 
 from __future__ import annotations
 
+from types import SimpleNamespace as Loaded_
 from typing import Any
 
 import pytest
 
-from chaos_edge.trainer.control import TrainerError
-from chaos_edge.trainer.joiner import Joiner
+import chaos_edge.trainer.joiner as joiner_mod
+from chaos_edge.trainer.control import StateMismatch, TrainerError
+from chaos_edge.trainer.joiner import Joiner, Pulled
 from chaos_edge.trainer.policy import PolicyBook
 from chaos_edge.trainer.session import ReplicationLimits
 from chaos_edge.trainer.source import Source
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.policy import SyncPolicy
-from daemon.contracts.protocol import Bootstrap, Replicate, ServeDeclined
+from daemon.contracts.protocol import Bootstrap, Replicate, ServeDeclined, StateRefused
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -169,3 +171,32 @@ def test_a_command_that_came_while_awaiting_the_policy_is_kept_for_the_next_join
     s.book.put(policy(2, ("c",)))
     j.join(clock.monotonic() + 10, was_member=True)  # the kept command: no new one needed
     assert state.alone == 2
+
+
+class RefusingState(FakeState):
+    """Its fit check passes, but a registered object's ``load_state_dict`` refuses."""
+
+    def fit_error(self, loaded: Any) -> str | None:
+        return None
+
+    def restore(self, loaded: Any) -> None:
+        raise StateMismatch("state 'sampler' (Sampler) does not load the cluster's state: k")
+
+
+def test_a_state_an_object_refuses_on_load_is_reported_as_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fit check cannot see everything; a refusal while loading must also reach the
+    scheduler as ``state-refused``, or chaosd restarts a script that is refused again."""
+    clock = FakeClock()
+    s, state = FakeSession(clock), RefusingState(0)
+    pulled = Pulled(manifest=None, buffer=bytearray(), report=None)  # type: ignore[arg-type]
+    monkeypatch.setattr(Joiner, "_pull", lambda self, rep, deadline, superseded: pulled)
+    monkeypatch.setattr(joiner_mod.StateSpace, "load",
+                        staticmethod(lambda manifest, buffer: Loaded_(runtime={"step": 12})))
+    j = joiner(s, state, clock)
+    j.offer(Replicate(version_step=12, new="c", policy_version=3,
+                      sources={"a": "127.0.0.1:7000"}))
+    with pytest.raises(StateMismatch, match=r"c cannot join cluster state of step 12: .*sampler"):
+        j.join(clock.monotonic() + 10, was_member=False)
+    refused = [r for r in s.reports if isinstance(r, StateRefused)]
+    assert len(refused) == 1 and "sampler" in refused[0].reason, s.reports
