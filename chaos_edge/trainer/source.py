@@ -126,9 +126,13 @@ class Source:
             self._poll()
 
     def withdraw(self, members: Iterable[str]) -> None:
-        """Drop our offers to ``members``: they committed a round with us, so they hold the
-        state."""
+        """Drop our offers to ``members``, and any command still waiting to serve one: they
+        committed a round with us, so they hold the state (a waiting command would otherwise
+        come due later and snapshot the state for nobody)."""
+        members = list(members)
         self.rendezvous.withdraw(members)
+        for node in members:
+            self._machine.forget(node)
 
     def close(self) -> None:
         """Stop every state server."""

@@ -58,6 +58,10 @@ class FakeRendezvous:
     def answered(self) -> set[str]:
         return {*self.offered, *self.declined}
 
+    def withdraw(self, nodes: Any) -> None:
+        for n in nodes:
+            self.offered.pop(n, None)
+
 
 class FakeState:
     def __init__(self, step: int) -> None:
@@ -93,6 +97,21 @@ def test_a_source_offers_its_snapshot_once_the_new_policy_governs() -> None:
     s.book.put(policy(5, ("a", "b", "c"), effective=11))
     src.serve_due()
     assert rv.offered == {"c": ("state of step 10", 1e6)} and not src.knows("c")
+
+
+def test_a_command_for_a_node_that_already_trains_with_us_is_dropped() -> None:
+    """Its policy came after a round we committed with it (others served it): the waiting
+    command must not come due later and snapshot the state for nobody."""
+    clock = FakeClock()
+    s = FakeSession(clock)
+    rv, state = FakeRendezvous(), FakeState(10)
+    src = Source("a", s, rv, state, clock, poll=lambda: None)  # type: ignore[arg-type]
+    src.offer(serve_cmd())
+    src.withdraw(["a", "b", "c"])  # we committed a round with c
+    assert not src.knows("c")
+    s.book.put(policy(5, ("a", "b", "c"), effective=11))
+    src.serve_due()
+    assert rv.offered == {} and rv.declined == {}
 
 
 def test_a_source_short_of_memory_declines_and_reports_it() -> None:
