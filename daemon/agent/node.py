@@ -209,6 +209,11 @@ class NodeAgent(Leadership):
                       probe_port=mon.probe_port if mon else 0, bw_port=mon.bw_port if mon else 0,
                       bw_kind=mon.bandwidth.kind if mon else "")
 
+    @property
+    def leader(self) -> str | None:
+        """The scheduler this node follows, if any."""
+        return self.election.leader
+
     def endpoint(self, node: str) -> PeerEndpoint | None:
         """Where ``node``'s probe servers listen, from its presence."""
         st = self.presence.get(node)

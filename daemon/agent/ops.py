@@ -3,30 +3,92 @@
 Reads live in :mod:`daemon.agent.views`. Handlers validate their arguments (a bad one is a
 ``usage`` error naming the argument), change the local state or queue a request to the
 scheduler, and answer at once, except ``link``, which waits for the scheduler's reply.
+
+Handlers see the agent through :class:`AgentContext`: the worker's session and supervisor,
+the link monitor, the cluster as last seen, and a way to ask the scheduler. Nothing else of
+:class:`~daemon.agent.node.NodeAgent` (its bus, election internals, role, timers) is theirs.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
-from daemon.agent.node import NodeAgent
-from daemon.contracts.config import NAME_RE
+from daemon.agent.metrics import AgentMetrics
+from daemon.agent.probes import LinkMonitor, PeerEndpoint
+from daemon.agent.worker import WorkerSession, WorkerSupervisor
+from daemon.contracts.clock import Clock
+from daemon.contracts.config import NAME_RE, Config
 from daemon.contracts.errors import ControlError, MessageError
 from daemon.contracts.kinds import WORKER_STATES, ActionOp, WorkerOp, member
+from daemon.contracts.messages import ClusterState, Status
 from daemon.contracts.protocol import (
     WORKER_REPORTS,
     JoinRequest,
     LeaveRequest,
     LinkMetrics,
     LinkRequest,
+    RequestBody,
     StateRefused,
     parse_report,
 )
 
 REPLY_TIMEOUT_S = 5.0
 MAX_PROBE_PEERS = 64
+
+
+class AgentContext(Protocol):
+    """What a control handler may use of its agent (``NodeAgent`` is one)."""
+
+    step: int  # the worker's last committed step, as its polls say
+
+    @property
+    def me(self) -> str: ...
+    @property
+    def cfg(self) -> Config: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def incarnation(self) -> int: ...
+    @property
+    def worker(self) -> WorkerSession: ...
+    @property
+    def supervisor(self) -> WorkerSupervisor: ...
+    @property
+    def monitor(self) -> LinkMonitor | None: ...
+    @property
+    def metrics(self) -> AgentMetrics: ...
+    @property
+    def presence(self) -> Mapping[str, Status]: ...
+    @property
+    def view(self) -> ClusterState | None: ...
+    @property
+    def policies(self) -> Mapping[int, dict[str, Any]]: ...
+    @property
+    def leader(self) -> str | None:
+        """The scheduler this node follows, if any."""
+        ...
+
+    def endpoint(self, node: str) -> PeerEndpoint | None:
+        """Where ``node``'s probe servers listen."""
+        ...
+
+    def in_touch(self) -> bool:
+        """Connected, and our own heartbeats come back (``worker.poll``'s ``in_touch``)."""
+        ...
+
+    def request(self, body: RequestBody, reply: bool = False) -> str:
+        """Queue a request to the scheduler (sent by :meth:`flush` or the next tick)."""
+        ...
+
+    async def flush(self) -> None:
+        """Publish what is queued now."""
+        ...
+
+    async def ask(self, body: RequestBody, timeout: float) -> str | None:
+        """A request the scheduler answers: None (done) or its error."""
+        ...
 
 
 def _node_id(value: Any, what: str) -> str:
@@ -42,7 +104,7 @@ def _int(args: dict[str, Any], key: str, default: int = 0) -> int:
     return value
 
 
-def join(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+def join(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     neighbors = args.get("neighbors") or []
     command = args.get("command") or []
     if not isinstance(neighbors, list):
@@ -66,7 +128,7 @@ def join(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     return {"node": agent.me, "state": "standby"}
 
 
-async def leave(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
+async def leave(agent: AgentContext, _args: dict[str, Any]) -> dict[str, Any]:
     if agent.worker.attached:
         agent.worker.leave_requested = True
         return {"node": agent.me, "state": "leaving"}
@@ -76,14 +138,14 @@ async def leave(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
     raise ControlError("this node is not training", code="failed")
 
 
-async def link(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+async def link(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     action = args.get("action")
     if action not in ("add", "del"):
         raise ControlError("'action' must be add or del")
     peer = _node_id(args.get("peer"), "'peer'")
     if peer == agent.me:
         raise ControlError("a node cannot link to itself")
-    if agent.election.leader is None:
+    if agent.leader is None:
         raise ControlError("no scheduler is elected yet; try again in a few seconds",
                            code="failed")
     try:
@@ -96,7 +158,7 @@ async def link(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
     return {"a": agent.me, "b": peer, "state": "up" if action == "add" else "down"}
 
 
-async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+async def worker_attach(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     port = _int(args, "port")
     pid = _int(args, "pid")
     step = _int(args, "step", 0)  # the state the worker holds (0: a fresh model)
@@ -123,7 +185,7 @@ async def worker_attach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
                             "snapshot_reserve_mib": rep.snapshot_reserve_mib}}
 
 
-def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+def worker_poll(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     w = agent.worker
     if not w.attached:
         raise ControlError("no worker is attached; call worker.attach first", code="failed")
@@ -148,7 +210,7 @@ def worker_poll(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
             "leave": w.leave_requested, "in_touch": agent.in_touch()}
 
 
-async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+async def worker_report(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     try:
         rep = parse_report(args, WORKER_REPORTS)
     except MessageError as exc:
@@ -164,7 +226,7 @@ async def worker_report(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any
     return {}
 
 
-async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+async def worker_leave(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     # The worker stays attached: it polls on and takes part in the rounds (with no samples)
     # until the policy without it takes effect, then detaches.
     step = _int(args, "step", agent.step)
@@ -174,14 +236,14 @@ async def worker_leave(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]
     return {}
 
 
-def worker_detach(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+def worker_detach(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     pid = _int(args, "pid")
     if agent.worker.attached and agent.worker.pid == pid:
         agent.worker.detach()  # it has left: its exit is no failure
     return {}
 
 
-async def _probe_one(agent: NodeAgent, peer: str, nbytes: int | None = None,
+async def _probe_one(agent: AgentContext, peer: str, nbytes: int | None = None,
                      reverse: bool = False) -> dict[str, Any]:
     """A fresh RTT and bandwidth measurement of the path to ``peer``, told to the scheduler."""
     if agent.monitor is None:
@@ -199,14 +261,14 @@ async def _probe_one(agent: NodeAgent, peer: str, nbytes: int | None = None,
     return result
 
 
-async def probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+async def probe(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     peer = _node_id(args.get("peer"), "'peer'")
     if peer == agent.me:
         raise ControlError("a node cannot probe itself")
     return await _probe_one(agent, peer)
 
 
-async def worker_probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]:
+async def worker_probe(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     """Measure the links to a joining node's sources, all at once (they will be loaded at
     once by the parallel fetch, so a joint measurement is the one the planner needs)."""
     peers = args.get("peers")
@@ -224,7 +286,7 @@ async def worker_probe(agent: NodeAgent, args: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-HANDLERS: dict[ActionOp | WorkerOp, Callable[[NodeAgent, dict[str, Any]], Any]] = {
+HANDLERS: dict[ActionOp | WorkerOp, Callable[[AgentContext, dict[str, Any]], Any]] = {
     "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
     "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
     "probe": probe, "worker.probe": worker_probe, "worker.detach": worker_detach,
