@@ -464,24 +464,35 @@ def dst(
                                          "faults that matter.")] = False,
     out: Annotated[Path, typer.Option(help="Where dst.json, dst.md and failing seeds' traces "
                                       "go.")] = Path("dst"),
+    mutant: Annotated[str | None, typer.Option(help="Put back one fault the project once had "
+                                               "(see --list-mutants), to show it is caught.")]
+    = None,
+    list_mutants: Annotated[bool, typer.Option(help="List the mutants and exit.")] = False,
 ) -> None:
     """Deterministic simulation of the control plane: the real agents, scheduler and the
     worker's join and serve machines on a simulated broker, clock and network, faults drawn
     from each seed, every invariant checked after every event. Exits 1 on a violation."""
     from chaos_bench.dst import campaign
     from chaos_bench.dst.loop import HarnessError
+    from chaos_bench.dst.mutants import MUTANTS
     from chaosctl.cluster import ClusterError
 
+    if list_mutants:
+        for m in MUTANTS.values():
+            typer.echo(f"{m.name:<20} {m.what} (fixed in {m.fixed_in})")
+        return
     if shrink and seed is None:
         raise CtlUsageError("--shrink needs --seed")
+    if mutant is not None and mutant not in MUTANTS:
+        raise CtlUsageError(f"no mutant {mutant!r}; one of: {', '.join(MUTANTS)}")
     try:
         if seed is not None:
-            res = campaign.one(seed, duration, shrink, say)
+            res = campaign.one(seed, duration, shrink, say, mutant)
             if not res.ok:
                 raise typer.Exit(1)
             return
         doc = campaign.campaign(seeds, start, duration, jobs or campaign.default_jobs(), out,
-                                say)
+                                say, mutant)
     except HarnessError as exc:
         raise ClusterError(f"the simulator itself failed: {exc}") from None
     except OSError as exc:

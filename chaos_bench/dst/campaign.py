@@ -28,8 +28,9 @@ SHOW = 5  # failing seeds whose trace is written (the first of each kind first)
 
 
 def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
-             say: Say) -> dict[str, Any]:
-    """Run the seeds; write and return the summary."""
+             say: Say, mutant: str | None = None) -> dict[str, Any]:
+    """Run the seeds (with ``mutant``'s fault put back, if named); write and return the
+    summary."""
     t0 = time.monotonic()
     done: list[dict[str, Any]] = []
     every = max(1, seeds // 20)
@@ -42,7 +43,7 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
             say(f"{len(done)}/{seeds} seeds, {bad} failing, "
                 f"{len(done) / max(time.monotonic() - t0, 1e-9):.1f} seeds/s")
 
-    run_many(range(start, start + seeds), duration, jobs, progress)
+    run_many(range(start, start + seeds), duration, jobs, progress, mutant)
     wall = time.monotonic() - t0
     cover = merge(d.get("coverage", {}) for d in done)
     by_kind: dict[str, list[int]] = {}
@@ -54,7 +55,7 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     crashes = [d for d in done if "crash" in d]
     harness = [d for d in done if "harness_error" in d]
     doc: dict[str, Any] = {
-        "seeds": seeds, "start": start, "duration_s": duration, "jobs": jobs,
+        "seeds": seeds, "start": start, "duration_s": duration, "jobs": jobs, "mutant": mutant,
         "wall_s": round(wall, 2), "cpu_s_per_seed": round(
             sum(d.get("cpu_s", 0.0) for d in done) / max(len(done), 1), 4),
         "seeds_per_s": round(seeds / max(wall, 1e-9), 2),
@@ -72,12 +73,13 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     o = Output(out, say)
     o.json("dst.json", doc)
     o.text("dst.md", table(doc))
-    shown = _show(doc, duration, o, say)
+    shown = _show(doc, duration, o, say, mutant)
     doc["shown"] = shown
     return doc
 
 
-def _show(doc: dict[str, Any], duration: float, o: Output, say: Say) -> list[int]:
+def _show(doc: dict[str, Any], duration: float, o: Output, say: Say,
+          mutant: str | None) -> list[int]:
     """Replay, shrink and write the trace of a few failing seeds (the first of each kind)."""
     picks: list[int] = []
     for info in doc["violations_by_kind"].values():
@@ -86,43 +88,48 @@ def _show(doc: dict[str, Any], duration: float, o: Output, say: Say) -> list[int
                 picks.append(seed)
     for seed in picks[:SHOW]:
         say(f"replaying seed {seed} twice, then shrinking it")
-        text = describe(seed, duration, do_shrink=True)
+        text = describe(seed, duration, do_shrink=True, mutant=mutant)
         o.text(f"seed-{seed}.txt", text)
     return picks[:SHOW]
 
 
-def describe(seed: int, duration: float, do_shrink: bool = False) -> str:
+def describe(seed: int, duration: float, do_shrink: bool = False,
+             mutant: str | None = None) -> str:
     """A seed's plan, violations and trace (and its shrunk plan), for people.
 
     Raises:
         HarnessError: The seed does not replay identically.
     """
-    res = replay(seed, duration)  # twice, compared
+    res = replay(seed, duration, mutant)  # twice, compared
     plan = make_plan(seed, duration)
     lines = [*plan.describe(), "", f"digest {res.digest}, {res.events} events, "
              f"frontier step {res.frontier}, {res.cpu_s:.2f} CPU-s"]
     lines += [f"VIOLATION {v.kind} at {v.at:.3f}s: {v.detail}" for v in res.violations]
     if do_shrink and res.violations:
-        small = shrink(plan, {v.kind for v in res.violations})
+        small = shrink(plan, {v.kind for v in res.violations}, mutant=mutant)
         lines += ["", f"shrunk to {len(small.faults)} of {len(plan.faults)} faults:",
                   *small.describe()[1:]]
-        res = run_plan(small, trace=True)
+        res = run_plan(small, trace=True, mutant=mutant)
         lines += [f"VIOLATION {v.kind} at {v.at:.3f}s: {v.detail}" for v in res.violations]
     lines += ["", "trace:", *res.trace]
     return "\n".join(lines)
 
 
-def one(seed: int, duration: float, do_shrink: bool, say: Say) -> Result:
+def one(seed: int, duration: float, do_shrink: bool, say: Say,
+        mutant: str | None = None) -> Result:
     """Run one seed (twice: it must replay) and print its trace."""
-    text = describe(seed, duration, do_shrink)
+    text = describe(seed, duration, do_shrink, mutant)
     for line in text.splitlines():
         say(line)
-    return run_plan(make_plan(seed, duration))
+    return run_plan(make_plan(seed, duration), mutant=mutant)
 
 
 def table(doc: dict[str, Any]) -> str:
     """The campaign's summary, as markdown."""
-    rows = [f"# Deterministic simulation: {doc['seeds']} seeds from {doc['start']}", "",
+    title = f"# Deterministic simulation: {doc['seeds']} seeds from {doc['start']}"
+    if doc.get("mutant"):
+        title += f", mutant {doc['mutant']}"
+    rows = [title, "",
             f"{doc['seeds']} seeds of {doc['duration_s']:g} simulated s on {doc['jobs']} "
             f"processes: {doc['wall_s']:.0f} s wall, {doc['seeds_per_s']:.1f} seeds/s, "
             f"{doc['cpu_s_per_seed'] * 1000:.0f} CPU-ms per seed, {doc['events']} events.", "",
