@@ -48,7 +48,7 @@ def worker(argv: list[str] | None = None) -> int:
             trainer.update()
             trainer.check_state_replication()
             out.write(json.dumps({"t": round(time.time(), 3), "step": trainer.step,
-                                  "joins": getattr(trainer, "_joins", 0),
+                                  "joins": trainer.joins,
                                   "digest": trainer.state_digest(),
                                   "loss": round(float(loss.detach()), 6)}) + "\n")
             out.flush()

@@ -233,6 +233,12 @@ class Trainer:
         return self._version
 
     @property
+    def joins(self) -> int:
+        """Joins this process completed: 1 once it is a member, then one more per rejoin (a
+        rejoin restores the cluster's state, so the step may jump ahead)."""
+        return self._membership.joins
+
+    @property
     def _outer(self) -> Outer | None:
         """diloco mode's outer state (read by the diloco test worker and the slowlinks bench)."""
         return self._replica.outer

@@ -523,7 +523,7 @@ async def test_a_worker_is_told_when_its_daemon_is_out_of_touch() -> None:
     anew and trained on; when it thawed, its worker committed a round under its old policy
     before its daemon heard of the new term. worker.poll says whether chaosd is in touch, and
     a worker starts no round while it is not."""
-    agent, bus, clock = await elected("m")
+    agent, _bus, clock = await elected("m")
     await ops.worker_attach(agent, {"pid": os.getpid(), "port": 7001, "host": "127.0.0.1"})
     assert ops.worker_poll(agent, {"step": 0, "state": "active"})["in_touch"]
     clock.advance(20.0)  # frozen: nothing we sent came back meanwhile
