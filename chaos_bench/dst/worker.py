@@ -304,6 +304,11 @@ class SimWorker:
             self.plane.unready(self.me)
             self._waiting_for_round()
             return
+        was = self.plane.ready.get(self.me)
+        if was is not None and was[0] == self.state.step + 1 and was[1] != pub.version:
+            # The round we were in is superseded by a newer policy: the real Trainer's round
+            # aborts, is reported, and reruns under the new one.
+            self.report(RoundAborted(step=was[0], reason=f"superseded by policy v{pub.version}"))
         self.plane.set_ready(self.me, self.state.step + 1, pub)
         self._link_failures(pub)
         if not self.plane.try_commit(self.me, pub):
