@@ -103,8 +103,8 @@ def _newcomer_stands() -> list[tuple[Any, str, Any]]:
     tick = Election.__dict__["tick"]
 
     def old(self: Election, live: set[str], has_state: bool = True, own: int = 0,
-            cluster_term: int = 0) -> Any:
-        return tick(self, live, has_state, own, 0)
+            cluster_term: int = 0, **later: Any) -> Any:
+        return tick(self, live, has_state, own, 0, **later)  # blind to the peers' term
     return [(Election, "tick", old)]
 
 
