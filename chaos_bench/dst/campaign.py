@@ -37,6 +37,10 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
 
     def progress(doc: dict[str, Any]) -> None:
         done.append(doc)
+        kinds = sorted({v["kind"] for v in doc.get("violations", [])})
+        if kinds or "crash" in doc or "harness_error" in doc:  # at once: a long run's news
+            what = ", ".join(kinds) or ("crash" if "crash" in doc else "harness error")
+            say(f"seed {doc['seed']} fails: {what}")
         if len(done) % every == 0 or len(done) == seeds:
             bad = sum(1 for d in done if d.get("violations") or "crash" in d
                       or "harness_error" in d)
