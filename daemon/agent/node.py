@@ -117,7 +117,11 @@ class NodeAgent(Leadership):
         self._last_leader: str | None = None
         # Until then, silence is not judged: peers may reconnect up to one backoff after us.
         self._judge_after = 0.0
-        self._echo_at: float | None = None  # when our own last heartbeat came back
+        # When our own last heartbeat came back: a peer's silence counts only up to then, for
+        # the broker forwards in order, so whatever a peer sent before it reached us before
+        # it. Judged up to now, the cut-off node blamed its peers up to ECHO_S before it knew
+        # itself deaf, and elected itself (the simulator's seed 6355).
+        self._echo_at: float | None = None
         self._heard_self_at: float | None = None  # likewise, but never credited in advance
         self._connected_at = 0.0
         self._held_requests: list[tuple[Request, RequestBody]] = []  # during a contest
@@ -502,6 +506,10 @@ class NodeAgent(Leadership):
             self.request(WorkerExit(code=code, reason=reason))
 
     # --- decisions ----------------------------------------------------------------------
+    def heard_steps(self) -> dict[str, int]:
+        """The step each node's last heartbeat said (ours: our worker's), as heard."""
+        return {**{n: hb.step for n, hb in self.beats.items()}, self.me: self.step}
+
     def step_of(self, node: str) -> int:
         """``node``'s training step now: its last heartbeat's step tag, plus the steps it
         has likely made since at its recent rate (a heartbeat is up to 0.5 s old, and a
@@ -525,7 +533,7 @@ class NodeAgent(Leadership):
         st = self.presence.get(node)
         if node in self._wills or (st is not None and not st.online):
             return False
-        return self.detector.is_alive(node) or node not in self.detector.known()
+        return self.detector.is_alive(node, self._echo_at) or node not in self.detector.known()
 
     def silence(self, node: str) -> float | None:
         """Seconds since ``node``'s last heartbeat: an upper bound on a detection delay."""
@@ -545,7 +553,8 @@ class NodeAgent(Leadership):
         known = set(self.detector.known())
         for node in known:
             st = self.presence.get(node)
-            if (forgiving or self.detector.is_alive(node)) and (st is None or st.online):
+            if ((forgiving or self.detector.is_alive(node, self._echo_at))
+                    and (st is None or st.online)):
                 live.add(node)
         if self.role is not None:
             return live

@@ -82,7 +82,13 @@ class PhiAccrualDetector:
         hist = self._nodes.get(node)
         return None if hist is None else self._clock.monotonic() - hist.last
 
-    def phi(self, node: str) -> float:
+    def phi(self, node: str, until: float | None = None) -> float:
+        """The suspicion of ``node``, for its silence up to ``until`` (default: now).
+
+        A caller that knows its own path worked only until some moment (its own heartbeat
+        last came back through the broker then) passes that moment: silence after it may be
+        ours, not the node's.
+        """
         hist = self._nodes.get(node)
         if hist is None:
             return 0.0
@@ -90,10 +96,11 @@ class PhiAccrualDetector:
         mean = sum(hist.intervals) / n
         var = sum((x - mean) ** 2 for x in hist.intervals) / n
         std = max(math.sqrt(var), self._cfg.min_std_s)
-        return phi(self._clock.monotonic() - hist.last, mean + self._cfg.acceptable_pause_s, std)
+        end = self._clock.monotonic() if until is None else min(until, self._clock.monotonic())
+        return phi(max(end - hist.last, 0.0), mean + self._cfg.acceptable_pause_s, std)
 
-    def is_alive(self, node: str) -> bool:
-        return node in self._nodes and self.phi(node) < self._cfg.phi_threshold
+    def is_alive(self, node: str, until: float | None = None) -> bool:
+        return node in self._nodes and self.phi(node, until) < self._cfg.phi_threshold
 
     def suspects(self) -> list[str]:
         """Nodes whose phi crossed the threshold, sorted."""

@@ -98,3 +98,18 @@ def test_a_seed_starts_the_clock_but_teaches_no_rhythm() -> None:
     silent = PhiAccrualDetector(DetectorConfig(), clock)
     silent.heartbeat("b", seed=True)
     assert 1.5 < time_to_suspect(silent, clock, "b") < 3.0  # never heard: still caught
+
+
+def test_silence_counts_only_up_to_the_horizon_the_caller_vouches_for() -> None:
+    """A node cut off from the broker must not blame its peers for silence after its own
+    heartbeats stopped coming back (the simulator's seed 6355: it elected itself)."""
+    clock = FakeClock()
+    det = PhiAccrualDetector(DetectorConfig(), clock)
+    steady(det, clock, "a", 10, 0.5)
+    last_echo = clock.monotonic()  # our own heartbeat came back with a's last one
+    clock.advance(30)
+    assert det.suspects() == ["a"]  # judged up to now: dead
+    assert det.is_alive("a", until=last_echo)  # judged up to our last echo: nothing missed
+    assert det.phi("a", until=last_echo + 30) == det.phi("a")  # never past now
+    # A horizon before a's last beat counts no silence at all.
+    assert det.phi("a", until=last_echo - 5) == det.phi("a", until=last_echo)
