@@ -48,6 +48,7 @@ class RoleHost(Protocol):
 
     def own_status(self) -> Status: ...
     def step_of(self, node: str) -> int: ...
+    def heard_steps(self) -> dict[str, int]: ...
     def daemon_alive(self, node: str) -> bool: ...
     def silence(self, node: str) -> float | None: ...
     def queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None: ...
@@ -65,6 +66,14 @@ class SchedulerRole:
                               wire=agent.cfg.training.wire,
                               sync=agent.cfg.training.sync_mode())
         self._cmd_seq = 0
+        # The snapshot's step lags (it is published on changes, not every step); the members'
+        # last heartbeats said newer ones. Resumed from the snapshot alone, a joiner behind
+        # them that took the seat started the cluster over from its older state while the
+        # frozen member holding the newest came back (the simulator's seed 8852).
+        for node, step in agent.heard_steps().items():
+            rec = self.sched.nodes.get(node)
+            if rec is not None and rec.state == "active" and step > self.sched.step:
+                self.sched.step = step
         self.sched.observe_status(agent.own_status())
         for st in agent.presence.values():
             if self.sched.observe_status(st) == "restarted":

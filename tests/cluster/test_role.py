@@ -67,6 +67,9 @@ class FakeHost:
     def step_of(self, node: str) -> int:
         return self.steps.get(node, 0)
 
+    def heard_steps(self) -> dict[str, int]:
+        return dict(self.steps)
+
     def daemon_alive(self, node: str) -> bool:
         return node not in self.down
 
@@ -180,6 +183,22 @@ def test_a_new_role_resumes_from_the_retained_snapshot() -> None:
     # Each term numbers its policies from its own floor, above every earlier term's.
     assert role.sched.policy.version == (role.term - 1) * TERM_POLICY_SPAN + 1 > snap.policy_version
     assert role.sched.policy.members == ("b", "c", "d")
+
+
+def test_a_new_role_knows_the_step_its_members_last_beat_not_the_snapshots() -> None:
+    """The snapshot's step lags; a new scheduler takes the members' last heartbeats, so a
+    joiner behind them is held for a holder of the newest state, not made the cluster's
+    start (the simulator's seed 8852). A node not active says nothing of the state."""
+    clock = FakeClock()
+    first = FakeHost(clock)
+    old = first.elect()
+    join(first, old, "b")
+    snap = old.snapshot()
+    host = FakeHost(clock, view=snap)
+    host.election.term = snap.term
+    host.steps.update(b=snap.step + 6, x=snap.step + 50)  # x: heard, but no member
+    role = host.elect()
+    assert role.sched.step == snap.step + 6
 
 
 def test_join_requests_produce_connect_replicate_commands_and_a_policy() -> None:
