@@ -17,6 +17,7 @@ from chaos_bench.dst import worker as sim_worker
 from chaos_edge.trainer import scaleout
 from daemon.agent.node import NodeAgent
 from daemon.cluster import primitives
+from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election
 from daemon.contracts.messages import Request
 from daemon.contracts.protocol import Bootstrap, parse_request
@@ -49,11 +50,26 @@ def applied(name: str | None) -> Iterator[None]:
             setattr(owner, attr, value)
 
 
-# --- this findings ------------------------------------------------------------------
+# --- this findings (by the simulator) -----------------------------------------------------
 def _deaf_judges() -> list[tuple[Any, str, Any]]:
     def hears_itself(self: NodeAgent, now: float) -> bool:
         return True
-    return [(NodeAgent, "_hears_itself", hears_itself)]
+    # The silence horizon (a1a7607) guards the same thing from the other side: both go.
+    return [(NodeAgent, "_hears_itself", hears_itself), *_judged_to_now()]
+
+
+def _judged_to_now() -> list[tuple[Any, str, Any]]:
+    phi = PhiAccrualDetector.__dict__["phi"]
+
+    def to_now(self: PhiAccrualDetector, node: str, until: float | None = None) -> float:
+        return phi(self, node)  # a peer's silence counted up to now, whatever we heard
+    return [(PhiAccrualDetector, "phi", to_now)]
+
+
+def _snapshot_step() -> list[tuple[Any, str, Any]]:
+    def nothing_heard(self: NodeAgent) -> dict[str, int]:
+        return {}  # a new scheduler resumes at the snapshot's step alone
+    return [(NodeAgent, "heard_steps", nothing_heard)]
 
 
 def _contest_acts() -> list[tuple[Any, str, Any]]:
@@ -175,6 +191,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("silent-empty", "1bde3aa", "no policy says the last member went", _silent_empty),
     Mutant("newcomer-stands", "db854d8", "a node that knows no cluster stands at once beside "
            "peers that do", _newcomer_stands),
+    Mutant("judged-to-now", "a1a7607", "a peer's silence is judged up to now, not up to our "
+           "own heartbeat's last return", _judged_to_now),
+    Mutant("snapshot-step", "25fb32c", "a new scheduler resumes at its snapshot's step, "
+           "behind what its members last said", _snapshot_step),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
            "scheduler's own part", _tie_lower_id),
     Mutant("stale-replicate", "7b9202f", "a joiner keeps waiting on a replicate command a "
