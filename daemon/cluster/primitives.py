@@ -60,6 +60,9 @@ RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
 # holder of it to come back (a cut site, a box that reboots) before the cluster starts over
 # from the best state that did come, and says so (a state-lost event).
 HOLD_S = 60.0
+# Links to one member that fail from two peers within this long, while neither peer's own
+# links fail to others, say that member's worker broke, not the links (see _blame).
+BLAME_S = 10.0
 
 
 def link_key(a: str, b: str) -> tuple[str, str]:
@@ -106,6 +109,7 @@ class Join:
     command: Replicate  # what the node and its sources were told (resent as it is)
     phase: JoinPhase = JoinPhase.COMMANDED
     declined: dict[str, str] = field(default_factory=dict)  # source -> why it did not serve
+    holds: int = 0  # the step of the state its worker held when it asked (0: fresh)
 
     @property
     def member_from(self) -> int:
@@ -135,6 +139,7 @@ class Negotiator:
         self.held: dict[str, int] = {}
         self._empty_since: float | None = None
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
+        self._blamed: dict[str, dict[str, float]] = {}  # node -> {peer whose link failed: when}
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
@@ -376,7 +381,12 @@ class Negotiator:
                 self.join(m, self.sched.nodes[m].data_addr, [node], step=self.step_of(m))
             return
         if not members:
-            if step >= self.sched.step or self._empty_for() >= HOLD_S:
+            # A joiner whose sources went holds its state still (the simulator's seed 35: a
+            # node back from a cut started the cluster over from an older state while one
+            # that had trained on waited on a source that went).
+            newest = max([self.sched.step, *(j.holds for n, j in self.joins.items()
+                                             if n != node and self.alive(n))])
+            if step >= newest or self._empty_for() >= HOLD_S:
                 self._bootstrap(node, step)
             else:
                 # The state's holders are gone for now (failed, cut off, rebooting): a fresh or
@@ -407,7 +417,7 @@ class Negotiator:
             sources={p: self.sched.nodes[p].data_addr for p in chosen},
             policy_version=0, neighbors=chosen, strategy=self.strategy,
             links={p: LinkEstimate(rtt_ms=(rtts or {}).get(p)) for p in chosen})
-        join = self.joins[node] = Join(node, requested_at, command)
+        join = self.joins[node] = Join(node, requested_at, command, holds=step)
         policy = self.publish_policy(effective_step=join.member_from)
         join.command = replace(command, policy_version=policy.version if policy else 0)
         self._send_replicate(join)
@@ -483,8 +493,9 @@ class Negotiator:
             join.phase = JoinPhase.ORPHANED
             del self.joins[join.node]
             self.sched.set_node(join.node, state="standby")
-        for join in orphans:
-            self.join(join.node, self.sched.nodes[join.node].data_addr, self._active())
+        for join in orphans:  # with what it holds: planned as fresh, an older state won
+            self.join(join.node, self.sched.nodes[join.node].data_addr, self._active(),
+                      step=join.holds)
 
     def replicated(self, node: str, report: Replicated) -> None:
         """The new node restored the state: scale-out is done."""
@@ -568,7 +579,8 @@ class Negotiator:
             if idle and any(n in members for n in (a, b)):
                 # A link back to a waiting (partitioned) node: it rejoins by scale-out.
                 for n in idle:
-                    self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n])
+                    self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n],
+                              step=self.step_of(n))
             else:
                 self.publish_policy(effective_step=self.max_step() + self.lead())
             kind: EventKind = "connect-link"
@@ -631,6 +643,9 @@ class Negotiator:
                 log.info("link %s-%s failed during a join; the fetch plans around it",
                          node, peer)
                 return None
+            if self._blame(node, peer):
+                self.gone(peer, "links-failed")
+                return None
             return self.link(node, peer, up=False, failed=True)
         elif isinstance(rep, LinkRecovered):
             if self.alive(rep.peer) and rep.peer in self.sched.nodes:
@@ -650,6 +665,31 @@ class Negotiator:
         else:
             assert_never(rep)
         return None
+
+    def _blame(self, node: str, peer: str) -> bool:
+        """Note that ``node``'s link to ``peer`` failed; whether ``peer``'s worker is the one
+        that broke: its links failed from two peers within BLAME_S, and theirs to nobody else.
+
+        One report at a time, each failed link is a partition: when the hub of a star lost its
+        worker unnoticed (its owner started another script), each neighbour's report cut that
+        neighbour off in turn, and the last tie kept the hub, the scheduler's own node with no
+        state left, while the three holders were set aside (the simulator's seed 50). A cut
+        between two sites blames nodes on both sides, and is left to the partition rule.
+        """
+        now = self.clock.monotonic()
+        for blamers in self._blamed.values():
+            for n in [n for n, at in blamers.items() if now - at > BLAME_S]:
+                del blamers[n]
+        self._blamed.setdefault(peer, {})[node] = now
+        blamers = self._blamed[peer]
+        if len(blamers) < 2 or peer not in self.members():
+            return False
+        if any(set(self._blamed.get(b, {})) - {peer} for b in blamers):
+            return False  # a blamer's own links fail too: a cut, not one broken worker
+        log.warning("links to %s failed from %s: taking its worker for failed", peer,
+                    ", ".join(sorted(blamers)))
+        del self._blamed[peer]
+        return True
 
     def diverged(self, node: str, rep: StateDiverged) -> str | None:
         """The divergence guard found ``node``'s state differs from the majority's at a step.

@@ -541,3 +541,63 @@ def test_a_joiner_ahead_of_every_member_is_where_the_cluster_goes_on_from() -> N
     for m in ("a", "b"):
         assert neg.sched.nodes[m].state == "joining"
         assert neg.joins[m].command.sources == {"c": "127.0.0.1:3"}
+
+
+def link_failed(neg: Negotiator, node: str, peer: str) -> None:
+    assert handle(neg, node, "report", {"kind": "link-failed", "peer": peer}) is None
+
+
+def test_links_failing_to_one_member_from_two_peers_take_its_worker_for_failed() -> None:
+    """The simulator's seed 50: the hub of a star lost its worker unnoticed (its owner started
+    another script), and each neighbour's report cut that neighbour off in turn, until the
+    last tie kept the hub, the scheduler's own node, holding nothing. Two peers' links failing
+    to one member say its worker broke: it is scaled in and the survivors linked again."""
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("a", 1, None, clock), clock, lambda n: 0)
+    grow(neg, "a")
+    for node in ("b", "c", "d"):
+        neg.join(node, f"127.0.0.1:{ord(node)}", ["a"])
+        neg.replicated(node, done())
+    link_failed(neg, "c", "a")  # one report: c may be the broken one; it is set aside
+    assert neg.sched.nodes["c"].state == "standby"
+    link_failed(neg, "d", "a")  # a second peer blames a: a's worker broke
+    assert neg.sched.nodes["a"].state == "standby"
+    assert any(e.kind == "scale-in" and e.node == "a" and e.detail["reason"] == "links-failed"
+               for e in neg.sched.events)
+    assert neg.sched.policy is not None and neg.sched.policy.members == ("b", "d")
+    assert {(lk.a, lk.b) for lk in neg.sched.links} == {("b", "d")}
+
+
+def test_a_cut_between_two_sites_blames_both_sides_and_is_left_to_the_partition_rule() -> None:
+    """Both ends report each failed link of a cut, so every blamer is blamed in turn by
+    another node: no one worker is taken for failed."""
+    neg, clock = make()
+    grow(neg, "a", "b", "c", "d")
+    for x, y in (("a", "c"), ("b", "d"), ("a", "d"), ("b", "c")):
+        neg.link(x, y, up=True)
+    # Both ends of a cut link report it, at about the same time.
+    for x, y in (("c", "a"), ("a", "c"), ("b", "d"), ("d", "b"), ("a", "d"), ("d", "a"),
+                 ("b", "c"), ("c", "b")):
+        link_failed(neg, x, y)
+    assert not any(e.kind == "scale-in" for e in neg.sched.events)
+    clock.advance(60)  # old blame is forgotten
+    assert not neg._blame("x", "a")
+
+
+def test_a_replanned_joiner_keeps_the_step_it_holds() -> None:
+    """The simulator's seed 35: a joiner whose only source went was planned again as if fresh,
+    and a node back from a cut with an older state started the cluster over from it."""
+    neg, _ = make({"a": 281})
+    grow(neg, "a")
+    neg.sched.step = 280
+    neg.join("b", "127.0.0.1:2", ["a"], step=281)  # b trained on to 281 elsewhere
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")  # b's source went, and no member is left
+    assert neg.sched.nodes["b"].state == "active"  # b holds the newest: it starts again
+    neg2, _ = make()
+    grow(neg2, "a")
+    neg2.sched.step = 280
+    neg2.join("b", "127.0.0.1:2", ["a"], step=281)
+    neg2.sched.set_node("a", state="standby")  # a's worker went, b still waits on it
+    neg2.join("c", "127.0.0.1:3", [], step=280)  # an older holder asks meanwhile
+    assert neg2.held == {"c": 280} and "b" in neg2.joins
