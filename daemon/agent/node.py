@@ -618,7 +618,7 @@ class NodeAgent(Leadership):
         # started under either side's old policy may be one the other side redoes (seed 2855).
         return (self.bus.connected and heard is not None and heard >= self._connected_at
                 and now - heard <= ECHO_S and self.election.contested is None
-                and not self.election.deferring)
+                and not self.election.deferring and not self.election.challenged)
 
     def _hears_itself(self, now: float) -> bool:
         """Whether our own heartbeats still come back from the broker (ECHO_S). A node whose

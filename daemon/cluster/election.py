@@ -100,6 +100,7 @@ class Election:
         self._my_term: int | None = None  # the last term this process itself claimed
         self._contest: Rival | None = None  # as leader: a better claim we may outnumber
         self._deferred: Rival | None = None  # as follower: a better claim, our leader alive
+        self._challenged_until = -1.0  # a worse claim's contest may still be deciding
         self._live: set[str] = set()  # the live peers of the last tick
         self._obeyed: dict[int, str] = {}  # term -> the scheduler whose commands we acted on
 
@@ -107,6 +108,12 @@ class Election:
     def contested(self) -> Rival | None:
         """The better claim we lead against, while we count."""
         return self._contest
+
+    @property
+    def challenged(self) -> bool:
+        """A worse claim than ours was heard from another scheduler a moment ago: its sender
+        may be contesting us (:meth:`on_claim`), deciding on the state we last said."""
+        return self._clock.monotonic() < self._challenged_until
 
     @property
     def deferring(self) -> bool:
@@ -181,6 +188,11 @@ class Election:
         # A worse claim: only the leader answers, by re-asserting its own; above it, when the
         # two tie on the term (both sides of a cut elected one), so that no node that obeyed
         # the other in this term obeys us in the same one (the simulator's seed 616).
+        if leader not in (self.me, self.leader) and self._cfg.contest_s > 0:
+            # Its sender (back from a cut) may contest us on the step we last claimed: a round
+            # our side commits meanwhile is one it cannot count, and if it wins, a fork (the
+            # simulator's seed 16629: it won on a stale tie and redid our newest rounds).
+            self._challenged_until = self._clock.monotonic() + 2 * self._cfg.contest_s
         if self.is_leader and term == self.term:
             self.term += 1
             self._my_term, self.elected_at = self.term, self._clock.monotonic()

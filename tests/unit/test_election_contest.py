@@ -170,3 +170,21 @@ def test_a_node_obeys_one_scheduler_per_term() -> None:
     assert not el.admits(3, "a")  # ...but not obeyed in the term we obeyed b in
     el.on_claim("a", 4)
     assert el.admits(4, "a")
+
+
+def test_the_rival_with_the_newer_term_trains_no_round_while_it_may_be_contested() -> None:
+    """The simulator's seed 16629: the scheduler back from a cut contested the newer term on
+    the step it last heard, won on a tie of steps, and redid rounds the rival's side had
+    committed meanwhile. Hearing a worse claim from another scheduler, a node holds its rounds
+    for two contest windows (``challenged``), so the state the contest weighs stays put."""
+    clock = FakeClock()
+    r = leading("r", 2, clock)
+    f = following("f", "r", 2, clock)
+    assert not r.challenged and not f.challenged
+    assert r.on_claim("s", 1, training=3).action is Action.CLAIM  # re-asserts, and holds
+    f.on_claim("s", 1, training=3)
+    assert r.challenged and f.challenged
+    clock.advance(2 * CFG.contest_s + 0.01)
+    assert not r.challenged and not f.challenged
+    r.on_claim("r", r.term)  # a claim of our own leader's or our own never challenges
+    assert not r.challenged
