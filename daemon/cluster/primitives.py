@@ -63,6 +63,9 @@ HOLD_S = 60.0
 # Links to one member that fail from two peers within this long, while neither peer's own
 # links fail to others, say that member's worker broke, not the links (see _blame).
 BLAME_S = 10.0
+# A joiner ahead of members this scheduler has not heard yet waits at most this long for
+# their heartbeats before it is judged on what the snapshot said of them.
+UNHEARD_WAIT_S = 2.0
 
 
 def link_key(a: str, b: str) -> tuple[str, str]:
@@ -140,6 +143,10 @@ class Negotiator:
         self._empty_since: float | None = None
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
         self._blamed: dict[str, dict[str, float]] = {}  # node -> {peer whose link failed: when}
+        self._heard: set[str] = set()  # nodes whose heartbeats this scheduler has had
+        # Joins that wait for members' heartbeats: node -> (when, the join's arguments).
+        self._unheard: dict[str, tuple[float, tuple[str, list[str], dict[str, float] | None,
+                                                     int]]] = {}
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
@@ -240,6 +247,7 @@ class Negotiator:
         already active finished its join, and its ``replicated`` report was lost (sent to a
         scheduler that died the moment it went out: the simulator's seed 1389). Left joining,
         it was no holder of the state, and the next joiner bootstrapped a fresh model."""
+        self._heard.add(node)
         rec = self.sched.nodes.get(node)
         if rec is None or rec.state != "joining" or state != "active":
             return
@@ -366,7 +374,18 @@ class Negotiator:
             self._send_replicate(pending)
             return
         self._leaving.pop(node, None)
+        self._unheard.pop(node, None)
         if members and step > max(self.sched.step, self.max_step()) + self.lead():
+            unheard = [m for m in members if m not in self._heard and m != self.sched.me]
+            if unheard:
+                # What we know of them is the snapshot's step, which lags: a scheduler a
+                # moment old took a member that had trained on for one behind the joiner and
+                # started the cluster over from the joiner's older state (the simulator's
+                # seed 36). Judged when their heartbeats come (tick).
+                self._unheard[node] = (self.clock.monotonic(), (data_addr, wanted, rtts, step))
+                log.info("%s holds step %d; waiting for the heartbeats of %s", node, step,
+                         ", ".join(unheard))
+                return
             # The joiner holds a newer state than every active member (they stalled, frozen or
             # cut off, while it trained on elsewhere): the cluster goes on from the joiner's
             # state, and the members pull it (the simulator's seed 2400: it took their older
@@ -469,6 +488,12 @@ class Negotiator:
         if self.held and self._empty_for() >= HOLD_S:
             best = max(self.held, key=lambda n: (self.held[n], n))  # most steps, then id
             self._bootstrap(best, self.held[best])
+        now = self.clock.monotonic()
+        for node, (since, args) in sorted(self._unheard.items()):
+            heard = all(m in self._heard or m == self.sched.me for m in self._active())
+            if heard or now - since >= UNHEARD_WAIT_S:
+                self._heard.update(self._active())  # judged now, on what we know
+                self.join(node, *args[:3], step=args[3])
 
     def _send_replicate(self, join: Join) -> None:
         """Send ``join``'s command to the new node and its sources (again, after a lost
@@ -493,9 +518,16 @@ class Negotiator:
             join.phase = JoinPhase.ORPHANED
             del self.joins[join.node]
             self.sched.set_node(join.node, state="standby")
-        for join in orphans:  # with what it holds: planned as fresh, an older state won
-            self.join(join.node, self.sched.nodes[join.node].data_addr, self._active(),
-                      step=join.holds)
+        for join in orphans:
+            self._plan_again(join, self._active())
+
+    def _plan_again(self, join: Join, wanted: list[str]) -> None:
+        """Plan ``join`` anew from ``wanted``, with the state it holds: planned as fresh, an
+        older state started the cluster over while it waited (the simulator's seed 35)."""
+        if self.joins.get(join.node) is join:
+            del self.joins[join.node]
+            self.sched.set_node(join.node, state="standby")
+        self.join(join.node, self.sched.nodes[join.node].data_addr, wanted, step=join.holds)
 
     def replicated(self, node: str, report: Replicated) -> None:
         """The new node restored the state: scale-out is done."""
@@ -549,6 +581,7 @@ class Negotiator:
             was_member = True
         self.joins.pop(node, None)
         self.held.pop(node, None)
+        self._unheard.pop(node, None)
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:
             self.sched.set_node(node, state="standby")  # the worker went, the daemon stays
@@ -714,8 +747,17 @@ class Negotiator:
         why = (rep.reason or "no reason given")[:200]
         log.warning("%s declined to serve %s: %s", source, rep.new, why)
         join = self.joins.get(rep.new)
-        if join is not None:
-            join.declined[source] = why
+        if join is None:
+            return
+        join.declined[source] = why
+        if not set(join.command.sources) <= set(join.declined):
+            return  # the others serve it
+        # Every source declined: the new node would retry a pull nobody serves until its own
+        # timeout (the simulator's seed 145). Planned again, with members that did not
+        # decline if there are any, or else the same ones asked again.
+        others = [m for m in self._active() if m != rep.new and m not in join.declined]
+        log.warning("every source of %s's join declined; planning it again", rep.new)
+        self._plan_again(join, others)
 
     def stall(self, node: str, rep: Stall) -> None:
         """Attach a worker's measured stall to the event of that policy version."""

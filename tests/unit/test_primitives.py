@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cluster.primitives import HOLD_S, JoinPhase, Negotiator
+from daemon.cluster.primitives import HOLD_S, UNHEARD_WAIT_S, JoinPhase, Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import MessageError
@@ -532,6 +532,8 @@ def test_a_joiner_ahead_of_every_member_is_where_the_cluster_goes_on_from() -> N
     neg, _ = make(steps)
     grow(neg, "a", "b")
     neg.sched.step = 19
+    for m in ("a", "b"):
+        neg.observe_worker(m, "active", 19)  # their heartbeats (the ones we judge by)
     neg.out.clear()
     neg.join("c", "127.0.0.1:3", [], step=25)
     assert neg.sched.nodes["c"].state == "active"
@@ -601,3 +603,44 @@ def test_a_replanned_joiner_keeps_the_step_it_holds() -> None:
     neg2.sched.set_node("a", state="standby")  # a's worker went, b still waits on it
     neg2.join("c", "127.0.0.1:3", [], step=280)  # an older holder asks meanwhile
     assert neg2.held == {"c": 280} and "b" in neg2.joins
+
+
+def test_a_join_every_source_declined_is_planned_again() -> None:
+    """The simulator's seed 145: the only source's memory guard declined, and the new node
+    retried a pull nobody served until its own timeout."""
+    neg, _ = make()
+    grow(neg, "a", "b")
+    neg.join("c", "127.0.0.1:3", ["a"])
+    assert neg.joins["c"].command.sources == {"a": neg.sched.nodes["a"].data_addr}
+    neg.out.clear()
+    assert handle(neg, "a", "report", {"kind": "serve-declined", "new": "c",
+                                       "reason": "memory"}) is None
+    assert neg.joins["c"].command.sources == {"b": neg.sched.nodes["b"].data_addr}
+    assert [n for n, _ in cmds(neg, "replicate")] == ["c", "b"]
+    neg.out.clear()  # b declines too: no one else, so both are asked again
+    handle(neg, "b", "report", {"kind": "serve-declined", "new": "c", "reason": "memory"})
+    assert neg.sched.nodes["c"].state == "joining" and cmds(neg, "replicate")
+
+
+def test_a_new_scheduler_hears_the_members_before_it_puts_a_joiner_ahead_of_them() -> None:
+    """The simulator's seed 36: a scheduler a moment old knew a member's step only from the
+    lagging snapshot, took a joiner for ahead of it, and started the cluster over from the
+    joiner's state, older than the member's. It waits for their heartbeats (or
+    UNHEARD_WAIT_S)."""
+    steps = {"a": 505}
+    neg, clock = make(steps)
+    grow(neg, "a")
+    neg.out.clear()
+    neg.join("b", "127.0.0.1:2", [], step=515)  # ahead of what we know of a, unheard
+    assert "b" not in neg.joins and not cmds(neg, "bootstrap")
+    steps["a"] = 516
+    neg.observe_worker("a", "active", 516)  # a's heartbeat: it is ahead, in fact
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "active" and neg.joins["b"].command.sources == {
+        "a": neg.sched.nodes["a"].data_addr}
+    neg2, clock2 = make({"a": 505})
+    grow(neg2, "a")
+    neg2.join("b", "127.0.0.1:2", [], step=515)
+    clock2.advance(UNHEARD_WAIT_S)
+    neg2.tick()  # no heartbeat came: judged on what we know
+    assert neg2.sched.nodes["b"].state == "active" and cmds(neg2, "bootstrap")
