@@ -124,6 +124,16 @@ def _newcomer_stands() -> list[tuple[Any, str, Any]]:
     return [(Election, "tick", old)]
 
 
+def _one_report_partitions() -> list[tuple[Any, str, Any]]:
+    def never(self: primitives.Negotiator, node: str, peer: str) -> bool:
+        return False  # each failed link is a partition of its own, whoever reported it
+    return [(primitives.Negotiator, "_blame", never)]
+
+
+def _unchallenged() -> list[tuple[Any, str, Any]]:
+    return [(Election, "challenged", property(lambda self: False))]
+
+
 # --- the last four join faults (issue 20) ---------------------------------------------------
 def _tie_lower_id() -> list[tuple[Any, str, Any]]:
     def keep(self: primitives.Negotiator, parts: tuple[frozenset[str], ...]) -> frozenset[str]:
@@ -195,6 +205,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "own heartbeat's last return", _judged_to_now),
     Mutant("snapshot-step", "25fb32c", "a new scheduler resumes at its snapshot's step, "
            "behind what its members last said", _snapshot_step),
+    Mutant("one-report-partitions", "1887adf", "links failing to one member from "
+           "several peers partition the overlay one report at a time", _one_report_partitions),
+    Mutant("unchallenged", "e1516ae", "the newer term trains on while a scheduler back "
+           "from a cut contests it", _unchallenged),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
            "scheduler's own part", _tie_lower_id),
     Mutant("stale-replicate", "7b9202f", "a joiner keeps waiting on a replicate command a "
