@@ -405,17 +405,20 @@ class Negotiator:
             # that had trained on waited on a source that went).
             newest = max([self.sched.step, *(j.holds for n, j in self.joins.items()
                                              if n != node and self.alive(n))])
-            if step >= newest or self._empty_for() >= HOLD_S:
+            if step >= newest:
                 self._bootstrap(node, step)
-            else:
-                # The state's holders are gone for now (failed, cut off, rebooting): a fresh or
-                # older state must not start the cluster over while one may come back (the
-                # simulator's seed 4: a site back first bootstrapped a fresh model while the
-                # other site, still cut off, held the state).
-                self.held[node] = step
-                self.sched.set_node(node, state="standby")
-                log.warning("%s holds step %d, the cluster was at %d: waiting up to %gs for a "
-                            "holder of the state", node, step, self.sched.step, HOLD_S)
+                return
+            # The state's holders are gone for now (failed, cut off, rebooting): a fresh or
+            # older state must not start the cluster over while one may come back (the
+            # simulator's seed 4: a site back first bootstrapped a fresh model while the
+            # other site, still cut off, held the state).
+            self.held[node] = step
+            self.sched.set_node(node, state="standby")
+            log.warning("%s holds step %d, the cluster was at %d: waiting up to %gs for a "
+                        "holder of the state", node, step, self.sched.step, HOLD_S)
+            # Past the hold, the best state held starts it over, not the last to ask (the
+            # simulator's seed 397: a fresh joiner did, beside a holder of step 279).
+            self._start_over_if_due()
             return
         requested_at = self.clock.monotonic()
         # Self-loops and strangers are dropped; without a valid wish, the nearest members by
@@ -478,22 +481,33 @@ class Negotiator:
                               steps_lost=max(0, known - step), held=held is not None)
         self.sched.step = step
         self._empty_since = None
-        for other, their in sorted(self.held.items()):  # those who waited pull from it now
-            del self.held[other]
+        waited, self.held = sorted(self.held.items()), {}
+        for other, their in waited:  # those who waited pull from it now (or, if ahead of
+            # it, start the cluster again themselves: join may come back here)
             self.join(other, self.sched.nodes[other].data_addr, [node], step=their)
 
     def tick(self) -> None:
         """Called every tick: start over from the best state held back, once no holder of
-        the newest one has come back within HOLD_S."""
-        if self.held and self._empty_for() >= HOLD_S:
-            best = max(self.held, key=lambda n: (self.held[n], n))  # most steps, then id
-            self._bootstrap(best, self.held[best])
+        the newest one has come back within HOLD_S; judge the joins waiting for heartbeats."""
+        self._start_over_if_due()
         now = self.clock.monotonic()
         for node, (since, args) in sorted(self._unheard.items()):
             heard = all(m in self._heard or m == self.sched.me for m in self._active())
             if heard or now - since >= UNHEARD_WAIT_S:
                 self._heard.update(self._active())  # judged now, on what we know
                 self.join(node, *args[:3], step=args[3])
+
+    def _start_over_if_due(self) -> None:
+        """With no member, after HOLD_S: the best state held by a node that is up."""
+        up = [n for n in self.held if self.alive(n)]
+        empty_for = self._empty_for() if self.held else 0.0
+        if up and empty_for >= HOLD_S:
+            best = max(up, key=lambda n: (self.held[n], n))  # most steps, then id
+            # A held node with a newer state, silent for now (frozen, cut off), is waited
+            # for one more HOLD_S: the simulator's seed 397 started over from a fresh model
+            # the moment before the holder of step 279 thawed.
+            if max(self.held.values()) <= self.held[best] or empty_for >= 2 * HOLD_S:
+                self._bootstrap(best, self.held[best])
 
     def _send_replicate(self, join: Join) -> None:
         """Send ``join``'s command to the new node and its sources (again, after a lost
@@ -580,7 +594,12 @@ class Negotiator:
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
         self.joins.pop(node, None)
-        self.held.pop(node, None)
+        if reason != "failure":
+            # A worker that went holds nothing; one whose daemon went silent (cut off) may
+            # still hold its state, and is counted again when it is back (tick): dropped, two
+            # holders of the newest state cut off for a moment were forgotten, and a fresh
+            # model started the cluster over while they waited (the simulator's seed 210).
+            self.held.pop(node, None)
         self._unheard.pop(node, None)
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:

@@ -644,3 +644,50 @@ def test_a_new_scheduler_hears_the_members_before_it_puts_a_joiner_ahead_of_them
     clock2.advance(UNHEARD_WAIT_S)
     neg2.tick()  # no heartbeat came: judged on what we know
     assert neg2.sched.nodes["b"].state == "active" and cmds(neg2, "bootstrap")
+
+
+def test_past_the_hold_the_best_state_held_starts_over_not_the_last_to_ask() -> None:
+    """The simulator's seeds 210 and 397: a holder that went silent for a moment was dropped
+    from the held (or skipped), and a fresh joiner started the cluster over beside it."""
+    silent: set[str] = set()
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("s", 1, None, clock), clock, lambda n: 0,
+                     alive=lambda n: n not in silent)
+    grow(neg, "a")
+    neg.sched.step = 300
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    neg.out.clear()
+    neg.join("d", "127.0.0.1:4", [], step=279)
+    silent.add("d")
+    neg.sched.fail("d", "heartbeat", 2.0)
+    neg.gone("d", "failure")  # d's daemon went silent: its worker may hold 279 still
+    assert neg.held == {"d": 279}
+    clock.advance(HOLD_S)
+    neg.join("c", "127.0.0.1:3", [], step=0)  # past the hold; the best holder is silent
+    assert neg.held == {"d": 279, "c": 0} and not cmds(neg, "bootstrap")
+    silent.clear()  # d is back: it starts the cluster over, and c pulls from it
+    neg.tick()
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["d"]
+    assert neg.joins["c"].command.sources == {"d": "127.0.0.1:4"}
+
+
+def test_a_holder_silent_past_two_holds_is_given_up() -> None:
+    silent = {"d"}
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("s", 1, None, clock), clock, lambda n: 0,
+                     alive=lambda n: n not in silent)
+    grow(neg, "a")
+    neg.sched.step = 300
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    neg.out.clear()
+    neg.sched.set_node("d", state="standby", data_addr="127.0.0.1:4")
+    neg.held["d"] = 279  # held, then its daemon went silent
+    neg.join("c", "127.0.0.1:3", [], step=0)
+    clock.advance(HOLD_S)
+    neg.tick()
+    assert not cmds(neg, "bootstrap")
+    clock.advance(HOLD_S)
+    neg.tick()
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["c"]
