@@ -500,3 +500,5 @@ def dst(
     typer.echo(campaign.table(doc))
     if doc["violations_by_kind"] or doc["crashes"] or doc["harness_errors"]:
         raise typer.Exit(1)
+    if doc["interrupted"]:
+        raise typer.Exit(130)

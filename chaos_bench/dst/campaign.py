@@ -14,6 +14,7 @@ and ``seed-N.txt`` (plan, shrunk plan and trace) for each failing seed shown.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from chaos_bench.output import Output
 from chaos_bench.progress import Say
 
 SHOW = 5  # failing seeds whose trace is written (the first of each kind first)
+SAY_EVERY_S = 15.0  # progress at least this often
 
 
 def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
@@ -34,6 +36,7 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     t0 = time.monotonic()
     done: list[dict[str, Any]] = []
     every = max(1, seeds // 20)
+    said = [t0]  # when progress was last said
 
     def progress(doc: dict[str, Any]) -> None:
         done.append(doc)
@@ -41,14 +44,27 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
         if kinds or "crash" in doc or "harness_error" in doc:  # at once: a long run's news
             what = ", ".join(kinds) or ("crash" if "crash" in doc else "harness error")
             say(f"seed {doc['seed']} fails: {what}")
-        if len(done) % every == 0 or len(done) == seeds:
+        now = time.monotonic()
+        if len(done) % every == 0 or len(done) == seeds or now - said[0] >= SAY_EVERY_S:
+            said[0] = now
             bad = sum(1 for d in done if d.get("violations") or "crash" in d
                       or "harness_error" in d)
             say(f"{len(done)}/{seeds} seeds, {bad} failing, "
                 f"{len(done) / max(time.monotonic() - t0, 1e-9):.1f} seeds/s")
 
-    run_many(range(start, start + seeds), duration, jobs, progress, mutant)
+    # Stopped early (Ctrl-C, or SIGTERM from a scheduler's time limit), the seeds that ran
+    # are summarised all the same: a long campaign's hours are not thrown away.
+    interrupted = False
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        run_many(range(start, start + seeds), duration, jobs, progress, mutant)
+    except KeyboardInterrupt:
+        interrupted = True
+        say(f"interrupted: summarising the {len(done)} seeds that ran")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     wall = time.monotonic() - t0
+    seeds = len(done)
     cover = merge(d.get("coverage", {}) for d in done)
     by_kind: dict[str, list[int]] = {}
     for d in done:
@@ -60,6 +76,7 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     harness = [d for d in done if "harness_error" in d]
     doc: dict[str, Any] = {
         "seeds": seeds, "start": start, "duration_s": duration, "jobs": jobs, "mutant": mutant,
+        "interrupted": interrupted,
         "wall_s": round(wall, 2), "cpu_s_per_seed": round(
             sum(d.get("cpu_s", 0.0) for d in done) / max(len(done), 1), 4),
         "seeds_per_s": round(seeds / max(wall, 1e-9), 2),
@@ -80,6 +97,10 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     shown = _show(doc, duration, o, say, mutant)
     doc["shown"] = shown
     return doc
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _show(doc: dict[str, Any], duration: float, o: Output, say: Say,
@@ -133,6 +154,8 @@ def table(doc: dict[str, Any]) -> str:
     title = f"# Deterministic simulation: {doc['seeds']} seeds from {doc['start']}"
     if doc.get("mutant"):
         title += f", mutant {doc['mutant']}"
+    if doc.get("interrupted"):
+        title += " (interrupted: the seeds that ran)"
     rows = [title, "",
             f"{doc['seeds']} seeds of {doc['duration_s']:g} simulated s on {doc['jobs']} "
             f"processes: {doc['wall_s']:.0f} s wall, {doc['seeds_per_s']:.1f} seeds/s, "

@@ -7,6 +7,7 @@ the same digest, or the harness has let real time or an unseeded random in, and 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -145,9 +146,16 @@ def run_many(seeds: Iterable[int], duration: float, jobs: int,
             if progress is not None:
                 progress(doc)
         return out
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    # The workers ignore Ctrl-C: the parent stops them and keeps what they finished.
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=signal.signal,
+                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
         for doc in pool.map(_one, todo, chunksize=8):
             out.append(doc)
             if progress is not None:
                 progress(doc)
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return out
