@@ -42,6 +42,18 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "one-report-partitions": (50, 200.0, frozenset({"split", "state-lost"})),
     "stale-replicate": (188, 200.0, frozenset({"join-stuck"})),
+    "lost-replicate": (25, 200.0, frozenset({"split"})),
+    "inferred-bootstrap": (11, 200.0, frozenset({"join-stuck"})),
+}
+
+# Mutants no seed catches any more, and why (each was caught once; BENCHMARKS.md).
+UNCAUGHT: dict[str, str] = {
+    # Caught at cf36544 (first at seed 471 of 2500, 60 s); none in 1500 seeds since a7d9dcc.
+    # A contested scheduler that acts anyway sends commands and policies no worker acts on
+    # before the contest is decided: its workers start no round while their daemon's seat is
+    # in doubt (in_touch, b1c5364 and 11238f0), and a node obeys one scheduler per term
+    # (2eff0b7). Defence in depth masks the first fix.
+    "contest-acts": "masked by in_touch and one scheduler per term",
 }
 
 # Seeds the campaign found failing whose fault another pin covers: they must keep passing.
@@ -52,8 +64,9 @@ FIXED: tuple[tuple[int, float], ...] = (
 )
 
 
-def test_every_mutant_has_a_pinned_seed() -> None:
-    assert sorted(PINNED) == sorted(MUTANTS)
+def test_every_mutant_has_a_pinned_seed_or_a_reason() -> None:
+    assert sorted([*PINNED, *UNCAUGHT]) == sorted(MUTANTS)
+    assert not set(PINNED) & set(UNCAUGHT)
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
