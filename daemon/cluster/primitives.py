@@ -695,6 +695,11 @@ class Negotiator:
                 log.info("link %s-%s failed during a join; the fetch plans around it",
                          node, peer)
                 return None
+            if self._link(node, peer) is None:
+                # One we dropped already (its ends learn of it late, after a cut): no news of
+                # the peer. Blamed, a member reachable from everyone was scaled in, and a
+                # stale state started the cluster over (the simulator's seed 11348).
+                return None
             if self._blame(node, peer):
                 self.gone(peer, "links-failed")
                 return None

@@ -691,3 +691,21 @@ def test_a_holder_silent_past_two_holds_is_given_up() -> None:
     clock.advance(HOLD_S)
     neg.tick()
     assert [n for n, _ in cmds(neg, "bootstrap")] == ["c"]
+
+
+def test_a_failed_link_already_dropped_blames_nobody() -> None:
+    """The simulator's seed 11348: after a cut, two nodes reported links to the scheduler's
+    own node that the scheduler had dropped during the cut; blamed, that member was scaled
+    in, and an older state started the cluster over."""
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("a", 1, None, clock), clock, lambda n: 0)
+    grow(neg, "a")
+    for node in ("b", "c"):
+        neg.join(node, f"127.0.0.1:{ord(node)}", ["a"])
+        neg.replicated(node, done())
+    neg.link("a", "b", up=False)
+    neg.link("a", "c", up=False)
+    neg.link("b", "c", up=True)
+    link_failed(neg, "b", "a")
+    link_failed(neg, "c", "a")
+    assert not any(e.kind == "scale-in" for e in neg.sched.events)
