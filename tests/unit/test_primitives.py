@@ -646,10 +646,9 @@ def test_a_new_scheduler_hears_the_members_before_it_puts_a_joiner_ahead_of_them
     assert neg2.sched.nodes["b"].state == "active" and cmds(neg2, "bootstrap")
 
 
-def test_past_the_hold_the_best_state_held_starts_over_not_the_last_to_ask() -> None:
-    """The simulator's seeds 210 and 397: a holder that went silent for a moment was dropped
-    from the held (or skipped), and a fresh joiner started the cluster over beside it."""
-    silent: set[str] = set()
+def emptied(silent: set[str]) -> tuple[Negotiator, FakeClock]:
+    """A cluster that was at step 300 and whose only member failed; ``silent``: daemons we
+    do not hear."""
     clock = FakeClock()
     neg = Negotiator(Scheduler("s", 1, None, clock), clock, lambda n: 0,
                      alive=lambda n: n not in silent)
@@ -658,6 +657,14 @@ def test_past_the_hold_the_best_state_held_starts_over_not_the_last_to_ask() -> 
     neg.sched.fail("a", "heartbeat", 2.0)
     neg.gone("a", "failure")
     neg.out.clear()
+    return neg, clock
+
+
+def test_past_the_hold_the_best_state_held_starts_over_not_the_last_to_ask() -> None:
+    """The simulator's seeds 210 and 397: a holder that went silent for a moment was dropped
+    from the held (or skipped), and a fresh joiner started the cluster over beside it."""
+    silent: set[str] = set()
+    neg, clock = emptied(silent)
     neg.join("d", "127.0.0.1:4", [], step=279)
     silent.add("d")
     neg.sched.fail("d", "heartbeat", 2.0)
@@ -673,15 +680,7 @@ def test_past_the_hold_the_best_state_held_starts_over_not_the_last_to_ask() -> 
 
 
 def test_a_holder_silent_past_two_holds_is_given_up() -> None:
-    silent = {"d"}
-    clock = FakeClock()
-    neg = Negotiator(Scheduler("s", 1, None, clock), clock, lambda n: 0,
-                     alive=lambda n: n not in silent)
-    grow(neg, "a")
-    neg.sched.step = 300
-    neg.sched.fail("a", "heartbeat", 2.0)
-    neg.gone("a", "failure")
-    neg.out.clear()
+    neg, clock = emptied({"d"})
     neg.sched.set_node("d", state="standby", data_addr="127.0.0.1:4")
     neg.held["d"] = 279  # held, then its daemon went silent
     neg.join("c", "127.0.0.1:3", [], step=0)
