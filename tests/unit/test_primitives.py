@@ -628,7 +628,7 @@ def test_a_new_scheduler_hears_the_members_before_it_puts_a_joiner_ahead_of_them
     joiner's state, older than the member's. It waits for their heartbeats (or
     UNHEARD_WAIT_S)."""
     steps = {"a": 505}
-    neg, clock = make(steps)
+    neg, _ = make(steps)
     grow(neg, "a")
     neg.out.clear()
     neg.join("b", "127.0.0.1:2", [], step=515)  # ahead of what we know of a, unheard
