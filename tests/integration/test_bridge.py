@@ -256,9 +256,9 @@ def test_bridge_cut_and_healed_follows_the_partition_rules(sites: MakeSites) -> 
 
 def test_the_larger_part_keeps_its_scheduler_when_the_cut_heals(sites: MakeSites) -> None:
     """The partition rule keeps the largest part, and a bridge cut no longer overturns it:
-    the scheduler's side (two nodes on the hub) outnumbers the cut-off site (one node, which
-    elected a newer term), so after the heal it outbids that term; the site's node rejoins
-    and the hub's nodes train on without a re-replication."""
+    the scheduler's side (two nodes on the hub, holding the newer state) outnumbers the
+    cut-off site (one node, which elected a newer term), so after the heal it outbids that
+    term; the site's node rejoins and the hub's nodes train on without a re-replication."""
     s, r = sites(("node-3",))
     c, ids = s.c, s.c.node_ids
     hub = ["node-1", "node-2"]
@@ -270,10 +270,20 @@ def test_the_larger_part_keeps_its_scheduler_when_the_cut_heals(sites: MakeSites
     site_term = leaders(c)["node-3"]
     r.advance(hub, 5)
     r.advance(["node-3"], 3)  # the site trains alone under its own term
-    hub_joins = len([e for e in r.events("scale-out") if e["node"] in hub])
-    s.relay.heal()
-    wait_until(lambda: c.agreed(ids) and len(leaders(c)) == 1, 30,
-               "one scheduler after the bridge healed")
+    # A contest ranks the newer state first, then the nodes training: one node alone steps
+    # faster than two, so its branch could be the newer one by the time the bridge heals.
+    # Its worker waits (the daemon keeps its seat) until the hub's branch is clearly ahead.
+    site_worker = r.worker_pid("node-3")
+    os.killpg(site_worker, signal.SIGSTOP)
+    try:
+        site_step = r.step("node-3")
+        wait_until(lambda: r.step("node-1") > site_step + 3, 60, "the hub to pass the site")
+        hub_joins = len([e for e in r.events("scale-out") if e["node"] in hub])
+        s.relay.heal()
+        wait_until(lambda: c.agreed(ids) and len(leaders(c)) == 1, 30,
+                   "one scheduler after the bridge healed")
+    finally:
+        os.killpg(site_worker, signal.SIGCONT)
     new, new_term = c.agreed(ids) or ("", 0)
     assert new == "node-1" and new_term > site_term
     outbid = [e for e in r.events("scheduler-elected") if e.get("contest")]
