@@ -235,12 +235,21 @@ def test_bridge_cut_and_healed_follows_the_partition_rules(sites: MakeSites) -> 
     s.relay.cut()
     wait_until(lambda: leaders(c).get("node-2", 0) > term, 30, "the hub side to elect")
     assert leaders(c).get("node-1") == term  # the site keeps its own, alone: two for now
-    r.advance(hub, 5)
-    s.relay.heal()
-    # The newer term wins; the site's scheduler steps down and its node rejoins by scale-out
-    # from the part that kept training, dropping the steps it took alone.
-    wait_until(lambda: c.agreed(ids) and len(leaders(c)) == 1, 30,
-               "one scheduler after the bridge healed")
+    # The site's node trains alone, faster than two can: held, so that the hub's branch is
+    # the newer one when the bridge heals (a contest ranks the newer state first).
+    site_worker = r.worker_pid("node-1")
+    os.killpg(site_worker, signal.SIGSTOP)
+    try:
+        site_step = r.step("node-1")
+        r.advance(hub, 5)
+        wait_until(lambda: r.step("node-2") > site_step + 3, 60, "the hub to pass the site")
+        s.relay.heal()
+        # The newer term wins; the site's scheduler steps down and its node rejoins by
+        # scale-out from the part that kept training, dropping the steps it took alone.
+        wait_until(lambda: c.agreed(ids) and len(leaders(c)) == 1, 30,
+                   "one scheduler after the bridge healed")
+    finally:
+        os.killpg(site_worker, signal.SIGCONT)
     assert (c.agreed(ids) or ("", 0))[0] == "node-2"
     # The healed bridge resent the retained topics, which reach subscribed nodes as live
     # copies of messages they had already accepted: the replay cache dropped them.
