@@ -225,9 +225,6 @@ def test_failover_across_brokers_and_a_broker_restart(sites: MakeSites) -> None:
     r.assert_consistent()
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug, stop 26: with the silence horizon (a1a7607) the hub side sometimes never "
-    "elects after the bridge is cut (2 runs in 5); to be fixed first next stop"))
 def test_bridge_cut_and_healed_follows_the_partition_rules(sites: MakeSites) -> None:
     s, r = sites(("node-1",))
     c, ids = s.c, s.c.node_ids
@@ -236,7 +233,11 @@ def test_bridge_cut_and_healed_follows_the_partition_rules(sites: MakeSites) -> 
     assert sched == "node-1"  # on the site: the hub's side elects a newer term when cut
     assert s.relay is not None
     s.relay.cut()
-    wait_until(lambda: leaders(c).get("node-2", 0) > term, 90, "the hub side to elect")
+    # Either hub node may stand: the stagger orders nodes that judge the silence at the same
+    # moment, and node-3's detector may judge it first (its own echo came back sooner).
+    hub_sched = wait_until(lambda: next((n for n, t in leaders(c).items()
+                                         if n in hub and t > term), None),
+                           90, "the hub side to elect")
     assert leaders(c).get("node-1") == term  # the site keeps its own, alone: two for now
     # The site's node trains alone, faster than two can: held, so that the hub's branch is
     # the newer one when the bridge heals (a contest ranks the newer state first).
@@ -253,7 +254,7 @@ def test_bridge_cut_and_healed_follows_the_partition_rules(sites: MakeSites) -> 
                    "one scheduler after the bridge healed")
     finally:
         os.killpg(site_worker, signal.SIGCONT)
-    assert (c.agreed(ids) or ("", 0))[0] == "node-2"
+    assert (c.agreed(ids) or ("", 0))[0] == hub_sched
     # The healed bridge resent the retained topics, which reach subscribed nodes as live
     # copies of messages they had already accepted: the replay cache dropped them.
     replayed = sum((c.query(n, "ping") or {}).get("counters", {}).get("auth_replayed", 0)
