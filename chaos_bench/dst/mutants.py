@@ -19,7 +19,8 @@ from daemon.agent.node import NodeAgent
 from daemon.cluster import primitives
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election
-from daemon.contracts.messages import Request
+from daemon.cluster.role import SchedulerRole
+from daemon.contracts.messages import Request, Status
 from daemon.contracts.protocol import Bootstrap, parse_request
 
 
@@ -130,6 +131,20 @@ def _one_report_partitions() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_blame", never)]
 
 
+def _presence_unacted() -> list[tuple[Any, str, Any]]:
+    def restarts_only(self: SchedulerRole, statuses: list[Status]) -> None:
+        for st in statuses:  # a member whose daemon left is marked so, with no policy
+            if self.sched.observe_status(st) == "restarted":
+                self.on_status(st)
+    return [(SchedulerRole, "take_presence", restarts_only)]
+
+
+def _leave_drops_state() -> list[tuple[Any, str, Any]]:
+    def never(self: primitives.Negotiator, node: str) -> bool:
+        return False  # the last member leaves at once, even while it serves a join
+    return [(primitives.Negotiator, "_serves_last", never)]
+
+
 def _unchallenged() -> list[tuple[Any, str, Any]]:
     return [(Election, "challenged", property(lambda self: False))]
 
@@ -209,6 +224,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "several peers partition the overlay one report at a time", _one_report_partitions),
     Mutant("unchallenged", "e1516ae", "the newer term trains on while a scheduler back "
            "from a cut contests it", _unchallenged),
+    Mutant("last-leave-lost", "HEAD", "a new scheduler marks a member whose daemon left "
+           "before its election as left, with no policy, and the last member leaves at once "
+           "while it is the source of a join (seed 319 needed both)",
+           lambda: [*_presence_unacted(), *_leave_drops_state()]),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
            "scheduler's own part", _tie_lower_id),
     Mutant("stale-replicate", "7b9202f", "a joiner keeps waiting on a replicate command a "

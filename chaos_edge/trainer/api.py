@@ -324,7 +324,8 @@ class Trainer:
         governs our next round we take part in the rounds with no samples, so the leave
         costs the others no stall (:meth:`Membership.leave`)."""
         try:
-            self._membership.leave(self.timeout, self._empty_round)
+            self._membership.leave(self.timeout, self._empty_round,
+                                   lambda: sum(self._source.rendezvous.serving().values()))
         finally:
             self.close()
 

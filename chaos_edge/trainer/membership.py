@@ -108,7 +108,8 @@ class Membership:
             self._s.wait(POLL_S)
             self._poll()
 
-    def leave(self, timeout: float, empty_round: Callable[[], None]) -> None:
+    def leave(self, timeout: float, empty_round: Callable[[], None],
+              served: Callable[[], int] = lambda: 0) -> None:
         """Leave gracefully: tell chaosd, drain, detach (the caller closes the links).
 
         The scheduler publishes the policy without us for a step boundary a step or two
@@ -116,18 +117,26 @@ class Membership:
         the rounds with no samples (``empty_round``, which raises :class:`Left` once that
         policy governs), so that no neighbour ever waits for us: the leave costs the others
         no stall. Then we linger briefly, so that neighbours drop their links to us first.
+        The last member that is the source of a join leaves once the new node holds the
+        state (the scheduler holds its leave till then); while the bytes we serve grow
+        (``served``: the total so far) the drain's deadline moves on, so the transfer of a
+        large state is not cut off.
         """
         self._s.flush_reports()
         self._s.client.call("worker.leave", {"step": self._step()})
         self.state = "leaving"
-        if self._drain(self._clock.monotonic() + min(timeout, DRAIN_MAX_S), empty_round):
+        if self._drain(min(timeout, DRAIN_MAX_S), empty_round, served):
             self._detach()
         # Else we are still attached: our exit is a worker-exit, which drops us at once.
 
-    def _drain(self, deadline: float, empty_round: Callable[[], None]) -> bool:
+    def _drain(self, limit: float, empty_round: Callable[[], None],
+               served: Callable[[], int]) -> bool:
         """Run no-sample rounds until a policy without us governs our next round; False if
-        that did not happen in time."""
+        that did not happen within ``limit`` seconds (of the last byte we served)."""
+        deadline, sent = self._clock.monotonic() + limit, served()
         while self._clock.monotonic() < deadline:
+            if (now_sent := served()) > sent:
+                sent, deadline = now_sent, max(deadline, self._clock.monotonic() + limit)
             self._poll()
             pub, newest = self._s.book.for_round(self._step() + 1), self._s.book.newest
             if pub is None or self.me not in pub.members:

@@ -142,6 +142,9 @@ class Negotiator:
         self.held: dict[str, int] = {}
         self._empty_since: float | None = None
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
+        # The last member's leave, held while it is the source of a join in flight
+        # (node -> the step it asked at): see :meth:`leave`.
+        self._handing_over: dict[str, int] = {}
         self._blamed: dict[str, dict[str, float]] = {}  # node -> {peer whose link failed: when}
         self._heard: set[str] = set()  # nodes whose heartbeats this scheduler has had
         # Joins that wait for members' heartbeats: node -> (when, the join's arguments).
@@ -488,8 +491,10 @@ class Negotiator:
 
     def tick(self) -> None:
         """Called every tick: start over from the best state held back, once no holder of
-        the newest one has come back within HOLD_S; judge the joins waiting for heartbeats."""
+        the newest one has come back within HOLD_S; let a last member leave once it handed
+        the state over; judge the joins waiting for heartbeats."""
         self._start_over_if_due()
+        self._hand_over_if_due()
         now = self.clock.monotonic()
         for node, (since, args) in sorted(self._unheard.items()):
             heard = all(m in self._heard or m == self.sched.me for m in self._active())
@@ -568,6 +573,17 @@ class Negotiator:
         rec = self.sched.nodes.get(node)
         if rec is None or rec.state not in MEMBER_STATES:
             return
+        if self._serves_last(node):
+            # The last member, and the source of a join in flight: it leaves once the new
+            # node holds the state (tick), or the state would go with it (the simulator's
+            # seed 319: a fresh model started the cluster over). Its worker takes part in
+            # the rounds with no samples meanwhile, and serves the new node.
+            if node not in self._handing_over:
+                log.info("%s is the last member and a source of a join: its leave waits "
+                         "until the new node holds the state", node)
+            self._handing_over[node] = step
+            return
+        self._handing_over.pop(node, None)
         t0 = self.clock.monotonic()
         self.joins.pop(node, None)
         self.held.pop(node, None)
@@ -585,8 +601,25 @@ class Negotiator:
                           policy_version=policy.version if policy else None,
                           effective_step=effective)
 
+    def _serves_last(self, node: str) -> bool:
+        """Whether ``node`` is the only active member and a source of a join in flight."""
+        return self._active() == [node] and any(
+            node in j.command.sources for n, j in self.joins.items()
+            if self.sched.nodes[n].state == "joining")
+
+    def _hand_over_if_due(self) -> None:
+        """A last member's leave held for a join (:meth:`leave`) goes ahead once that join
+        ended: the new node is a member now, or the join went another way."""
+        for node, step in sorted(self._handing_over.items()):
+            rec = self.sched.nodes.get(node)
+            if rec is None or rec.state not in MEMBER_STATES:
+                del self._handing_over[node]
+            elif not self._serves_last(node):
+                self.leave(node, step)
+
     def gone(self, node: str, reason: str) -> None:
         """Scale-in on failure: a new policy at once; rounds in flight are rerun."""
+        self._handing_over.pop(node, None)
         was_member = ((self.sched.policy is not None and node in self.sched.policy.members)
                       or node in self.joins)
         if self._leaving.pop(node, -1) > self.max_step():

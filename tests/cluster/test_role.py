@@ -422,3 +422,25 @@ def test_a_link_failure_reported_during_a_join_cuts_nothing() -> None:
     request(role, "d", "report", kind="replicated", version=3, bytes=64)
     request(role, "b", "report", kind="link-failed", peer="d", reason="reset")  # joined now
     assert "disconnect-link" in kinds(role)
+
+
+def test_a_new_role_scales_in_a_member_whose_daemon_left_before_it_was_elected() -> None:
+    """The old scheduler left (or died) before it acted on a member's presence: the new one
+    scales that member in by a policy. Marked left without one, the old policy still named
+    it and the members waited on it for rounds nobody could finish (the simulator's seed
+    319)."""
+    clock = FakeClock()
+    first = FakeHost(clock)
+    old = first.elect()
+    join(first, old, "b", "c")
+    snap = old.snapshot()
+    host = FakeHost(clock, view=snap)
+    host.election.term = snap.term
+    host.presence["b"] = Status(node="b", online=False, reason="left", incarnation=1)
+    host.presence["c"] = Status(node="c", online=True, reason="up", incarnation=1, addr="x")
+    role = host.elect()
+    assert role.sched.nodes["b"].state == "left"
+    assert role.sched.policy is not None and role.sched.policy.members == ("c",)
+    assert role.sched.policy.effective_step == 0  # at once: the rounds waiting on b rerun
+    assert [e.detail.get("reason") for e in role.sched.events if e.kind == "scale-in"] == [
+        "daemon-left"]

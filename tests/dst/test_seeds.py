@@ -41,6 +41,7 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "unchallenged": (16629, 30.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "one-report-partitions": (50, 200.0, frozenset({"split", "state-lost"})),
+    "last-leave-lost": (319, 200.0, frozenset({"state-lost"})),
     "stale-replicate": (188, 200.0, frozenset({"join-stuck"})),
     "lost-replicate": (25, 200.0, frozenset({"split"})),
     "inferred-bootstrap": (11, 200.0, frozenset({"join-stuck"})),

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from chaosctl.client import call_once
 from tests.training._run import connections
 
 pytestmark = pytest.mark.timeout(180)
@@ -39,3 +40,30 @@ def test_join_pulls_from_every_neighbour_and_heals_a_dead_source(run: Any) -> No
     assert sum(p["bytes"] for p in ev["per_source"].values()) >= ev["bytes"]
     r.advance([n1, n2, n4], 10)
     r.assert_consistent()
+
+
+
+def test_the_last_member_leaving_mid_join_hands_the_state_over_first(run: Any) -> None:
+    """The only member is asked to leave while a new node's join is under way: the scheduler
+    holds its leave until the new node holds the state, so the run goes on from it instead
+    of ending with the leaver (the simulator's seed 319 found the fault). The member steps
+    once a second, so its leave comes before the step its snapshot is planned for."""
+    r = run(2, config=CONFIG)
+    n1, n2 = r.c.node_ids
+    r.join(n1, extra=[*WIDE, "--sleep", "1"])
+    r.c.wait(lambda: r.active([n1]), 90, f"{n1} active")
+    r.advance([n1], 2)
+    r.join(n2, neighbors=[n1], extra=WIDE)
+    r.c.wait(lambda: r.states().get(n2) == "joining", 60, "node-2 joining")
+    assert call_once(r.c.socket_of(n1), "leave", timeout=5)["state"] == "leaving"
+    r.c.wait(lambda: any(e["node"] == n1 for e in r.events("scale-in")), 90, "the leave")
+    joined = [e for e in r.events("scale-out") if e["node"] == n2][-1]
+    assert not joined.get("bootstrap") and joined["sources"] == [n1]
+    leave = [e for e in r.events("scale-in") if e["node"] == n1][-1]
+    assert leave["reason"] == "leave" and leave["effective_step"] > joined["version"]
+    r.c.wait(lambda: r.worker_pid(n1) == 0, 60, "node-1's worker to exit")
+    r.advance([n2], 5)
+    assert not r.events("state-lost")
+    # node-2 goes on from the state node-1 handed over (the leaver's no-sample rounds are no
+    # steps of its script, so the two share no recorded step to compare).
+    assert r.records(n2)[0]["step"] == joined["version"] + 1 > r.step(n1)

@@ -708,3 +708,44 @@ def test_a_failed_link_already_dropped_blames_nobody() -> None:
     link_failed(neg, "b", "a")
     link_failed(neg, "c", "a")
     assert not any(e.kind == "scale-in" for e in neg.sched.events)
+
+
+def test_the_last_members_leave_waits_until_the_new_node_holds_the_state() -> None:
+    """The last member asked to leave while it was the source of a join: leaving at once, it
+    took the state with it and a fresh model started the cluster over (the simulator's seed
+    319). Its leave is held until the new node is a member, then goes ahead as usual."""
+    neg, _ = make({"a": 40})
+    grow(neg, "a")
+    neg.join("b", "127.0.0.1:9", [])
+    assert neg.sched.nodes["b"].state == "joining"
+    before = neg.sched.policy_version
+    neg.leave("a", 40)
+    assert neg.sched.nodes["a"].state == "active"  # held: it serves b
+    assert neg.sched.policy_version == before
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "active"  # still held: b is pulling
+    neg.replicated("b", done())
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "left"
+    assert neg.sched.policy.members == ("b",)
+    assert [e.detail.get("reason") for e in neg.sched.events if e.kind == "scale-in"] == [
+        "leave"]
+
+
+def test_a_held_leave_goes_ahead_when_the_join_ends_another_way() -> None:
+    neg, _ = make({"a": 40})
+    grow(neg, "a")
+    neg.join("b", "127.0.0.1:9", [])
+    neg.leave("a", 40)
+    neg.gone("b", "failure")  # the new node failed: nobody to hand the state to
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "left"
+    assert neg.sched.policy.members == ()
+
+
+def test_a_member_with_others_leaves_at_once_even_while_it_serves() -> None:
+    neg, _ = make({"a": 40, "b": 40})
+    grow(neg, "a", "b")
+    neg.join("c", "127.0.0.1:9", ["a"])
+    neg.leave("a", 40)
+    assert neg.sched.nodes["a"].state == "left"
