@@ -224,7 +224,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "several peers partition the overlay one report at a time", _one_report_partitions),
     Mutant("unchallenged", "e1516ae", "the newer term trains on while a scheduler back "
            "from a cut contests it", _unchallenged),
-    Mutant("last-leave-lost", "HEAD", "a new scheduler marks a member whose daemon left "
+    Mutant("last-leave-lost", "164cf3b", "a new scheduler marks a member whose daemon left "
            "before its election as left, with no policy, and the last member leaves at once "
            "while it is the source of a join (seed 319 needed both)",
            lambda: [*_presence_unacted(), *_leave_drops_state()]),

@@ -1,8 +1,9 @@
 """The installed package stands alone: a wheel in a fresh venv runs ``chaosctl bench planner``.
 
 The wheel is built from a copy of the checkout (so the build writes nothing into the shared
-tree) and installed with ``--no-deps`` into a venv outside the checkout that sees the system's
-torch/numpy (``--system-site-packages``). Everything runs from a temp directory; the test checks
+tree) and installed with ``--no-deps`` into a venv outside the checkout that sees the running
+interpreter's torch/numpy (``--system-site-packages``, and the running venv's packages when the
+suite runs in one). Everything runs from a temp directory; the test checks
 that every module of ours and the packaged model table come from the venv, so no ``../shared``
 and no checkout file is read at run time.
 """
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -58,6 +60,19 @@ def _run(argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
     return proc
 
 
+def _see_running_packages(env_dir: Path) -> None:
+    """Run from a venv (as a user installs), the suite's own packages (typer, torch, pip) are
+    in that venv, not in the system's site-packages that ``--system-site-packages`` adds: a
+    ``.pth`` puts them after the new venv's own, so the wheel installed there still comes
+    first. (Directories a ``.pth`` adds have their own ``.pth`` files skipped, so an
+    editable install of the checkout in the running venv stays out.)"""
+    if sys.prefix == sys.base_prefix:
+        return  # system-wide: --system-site-packages already sees them
+    (site,) = env_dir.glob("lib/python*/site-packages")
+    paths = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    (site / "running-venv.pth").write_text("".join(f"{p}\n" for p in paths))
+
+
 def test_wheel_runs_the_planner_bench_outside_the_checkout(tmp_path: Path) -> None:
     src, wheels, env_dir, work = (tmp_path / d for d in ("src", "wheels", "venv", "work"))
     shutil.copytree(ROOT, src, ignore=_ignore)
@@ -71,6 +86,7 @@ def test_wheel_runs_the_planner_bench_outside_the_checkout(tmp_path: Path) -> No
     # installs into the venv.
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
+    _see_running_packages(env_dir)
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
          work, 120)
 
