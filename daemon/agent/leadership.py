@@ -1,17 +1,20 @@
 """The node agent's part in the election: claims, contests, and the scheduler it follows.
 
-A mixin of :class:`~daemon.agent.node.NodeAgent` (the rules are :mod:`daemon.cluster.election`'s;
-this is what the agent does with their verdicts): it publishes our claim with the count of
-nodes training under us, answers the claims it hears, takes in the snapshot of the scheduler
-it follows (and holds back a rival's while it defers that rival's claim), and, when the
-scheduler changes, asks the new one again for a join the old one never finished.
+:class:`Leadership` is an object the :class:`~daemon.agent.node.NodeAgent` owns (the rules are
+:mod:`daemon.cluster.election`'s; this is what the agent does with their verdicts): it
+publishes our claim with the count of nodes training under us, answers the claims it hears,
+takes in the snapshot of the scheduler it follows (and holds back a rival's while it defers
+that rival's claim), and, when the scheduler changes, asks the new one again for a join the
+old one never finished. What it needs of the agent is :class:`LeadershipHost`: the agent's
+state it reads, the two fields it sets (``role`` on stepping down, ``view`` on a snapshot),
+and four callbacks.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 from daemon.agent.metrics import AgentMetrics
 from daemon.agent.worker import WorkerSession
@@ -28,19 +31,18 @@ TRAINING_FRESH_S = 2.0  # a contest counts followers heard this recently (four h
 EVENTS_KEEP = 1000
 
 
-class Leadership:
-    """Election duties of the node agent (mixed into NodeAgent, which sets these)."""
+class LeadershipHost(Protocol):
+    """What :class:`Leadership` needs of the node agent that owns it."""
 
     me: str
     clock: Clock
     topics: Topics
     election: Election
-    role: SchedulerRole | None
+    role: SchedulerRole | None  # set to None when we step down
     worker: WorkerSession
     detector: PhiAccrualDetector
     metrics: AgentMetrics
-    view: ClusterState | None
-    _held_state: ClusterState | None
+    view: ClusterState | None  # set when we take in our scheduler's snapshot
     beats: dict[str, Heartbeat]
     last_heard: dict[str, float]
     events: dict[tuple[int, float], Event]
@@ -48,22 +50,30 @@ class Leadership:
     counters: Counter[str]
 
     def queue(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
-        raise NotImplementedError
+        """Publish (on the next flush)."""
 
     def live_peers(self) -> set[str]:
-        raise NotImplementedError
+        """The peers the failure detector holds alive."""
 
     def request(self, body: RequestBody, reply: bool = False) -> str:
-        raise NotImplementedError
+        """Send a request to whoever schedules."""
 
-    def _watch_leader(self) -> None:
-        raise NotImplementedError
+    def watch_leader(self) -> None:
+        """Follow the heartbeats of the scheduler we now follow."""
 
-    def _queue_claim(self) -> None:
+
+class Leadership:
+    """Election duties of the node agent: its claims, and what it does with a verdict."""
+
+    def __init__(self, host: LeadershipHost) -> None:
+        self._a = host
+        self._held_state: ClusterState | None = None  # a rival's, while we defer its claim
+
+    def queue_claim(self) -> None:
         count, step = self.training()
-        claim = LeaderClaim(id=self.me, term=self.election.term, ts=self.clock.wall(),
+        claim = LeaderClaim(id=self._a.me, term=self._a.election.term, ts=self._a.clock.wall(),
                             training=count, step=step)
-        self.queue(self.topics.leader, encode(claim), retain=True)
+        self._a.queue(self._a.topics.leader, encode(claim), retain=True)
 
     def training_count(self, live: set[str] | None = None) -> int:
         """As scheduler: the live nodes (us included) whose worker last committed a round
@@ -82,111 +92,111 @@ class Leadership:
         heartbeats only: a scheduler thawed after a long freeze counted the beats it had from
         before it, and the step held, not only trained: the side holding the newest state may
         be rejoining at that moment (seed 2400)."""
-        if self.role is None:
+        if self._a.role is None:
             return 0, -1
-        live = self.live_peers() if live is None else live
-        now = self.clock.monotonic()
-        beats = [hb for node in live if (hb := self.beats.get(node)) is not None
-                 and hb.leader == self.me and hb.state != "standby"
-                 and now - self.last_heard.get(node, -1e9) <= TRAINING_FRESH_S]
+        live = self._a.live_peers() if live is None else live
+        now = self._a.clock.monotonic()
+        beats = [hb for node in live if (hb := self._a.beats.get(node)) is not None
+                 and hb.leader == self._a.me and hb.state != "standby"
+                 and now - self._a.last_heard.get(node, -1e9) <= TRAINING_FRESH_S]
         count = sum(1 for hb in beats if hb.state == "active")
         steps = [hb.step for hb in beats]
-        if self.worker.attached:
-            count += self.worker.state == "active"
-            steps.append(self.worker.step)
+        if self._a.worker.attached:
+            count += self._a.worker.state == "active"
+            steps.append(self._a.worker.step)
         return count, max(steps, default=-1)
 
-    def _on_claim(self, claim: LeaderClaim) -> None:
-        before = self.election.leader
+    def on_claim(self, claim: LeaderClaim) -> None:
+        before = self._a.election.leader
         own, own_step = self.training()
-        verdict = self.election.on_claim(claim.id, claim.term, training=claim.training,
+        verdict = self._a.election.on_claim(claim.id, claim.term, training=claim.training,
                                          own=own, step=claim.step, own_step=own_step)
-        if verdict.action in (Action.FOLLOW, Action.STEP_DOWN) and verdict.leader != self.me:
+        if verdict.action in (Action.FOLLOW, Action.STEP_DOWN) and verdict.leader != self._a.me:
             # A better claim is its sender's sign of life: a silence we heard while it was not
             # our leader (the other side of a healed partition) must not judge it dead at once.
-            self.detector.forget(claim.id)
-        self._watch_leader()
-        if verdict.action is Action.CLAIM and self.role is not None \
-                and self.election.term != self.role.term:
+            self._a.detector.forget(claim.id)
+        self._a.watch_leader()
+        if verdict.action is Action.CLAIM and self._a.role is not None \
+                and self._a.election.term != self._a.role.term:
             # A tie on the term, won: lead the next one (Election.on_claim).
-            self.role.outbid(self.election.term, claim.id, own, -1)
+            self._a.role.outbid(self._a.election.term, claim.id, own, -1)
         if verdict.action is Action.CLAIM:
-            self._queue_claim()
+            self.queue_claim()
         elif verdict.action is Action.STEP_DOWN:
             log.warning("stepping down: %s holds term %d", claim.id, claim.term)
-            self.role = None
+            self._a.role = None
         if verdict.action in (Action.FOLLOW, Action.STEP_DOWN):
             log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
             self._take_held_state()
-        self._ask_new_leader(before)
+        self.ask_new_leader(before)
 
     def _take_held_state(self) -> None:
         """Now following a new scheduler: take in its snapshot if we held it back."""
         held, self._held_state = self._held_state, None
-        if held is not None and (held.term, held.leader) == (self.election.term,
-                                                             self.election.leader):
-            self._on_state(held)
+        if held is not None and (held.term, held.leader) == (self._a.election.term,
+                                                             self._a.election.leader):
+            self.on_state(held)
 
-    def _ask_new_leader(self, before: str | None) -> None:
+    def ask_new_leader(self, before: str | None) -> None:
         """A join request went to the scheduler of a term that has ended (its partition
         healed, or it died): the new one never heard it, and the worker would wait out its
         join timeout. Ask again (a request already in flight there is a no-op)."""
-        w, leader = self.worker, self.election.leader
+        w, leader = self._a.worker, self._a.election.leader
         if leader is None or leader == before or not w.attached or w.state != "joining":
             return
         log.info("asking the new scheduler %s to let our worker join", leader)
-        self.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, step=w.step))
+        self._a.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, step=w.step))
 
-    def _settled(self, verdict: Verdict, before: str | None, term: int) -> None:
+    def settled(self, verdict: Verdict, before: str | None, term: int) -> None:
         """A contest or a deferral ended (Election.tick) with a STEP_DOWN or a FOLLOW."""
         if verdict.action not in (Action.STEP_DOWN, Action.FOLLOW):
             return
         if verdict.action is Action.STEP_DOWN:
             log.warning("stepping down: %s holds term %d (we held %d)", verdict.leader,
                         verdict.term, term)
-            self.role = None
-        self.detector.forget(verdict.leader or "")
-        self._watch_leader()
+            self._a.role = None
+        self._a.detector.forget(verdict.leader or "")
+        self._a.watch_leader()
         log.info("scheduler is %s (term %d)", verdict.leader, verdict.term)
         self._take_held_state()
-        self._ask_new_leader(before)
+        self.ask_new_leader(before)
 
-    def _on_state(self, st: ClusterState) -> None:
+    def on_state(self, st: ClusterState) -> None:
         claim = (st.term, st.leader)
-        accepted = (self.election.term, self.election.leader or "")
-        if self.role is not None:
-            if claim != (self.role.term, self.me):
+        accepted = (self._a.election.term, self._a.election.leader or "")
+        if self._a.role is not None:
+            if claim != (self._a.role.term, self._a.me):
                 # Someone else's snapshot overwrote the retained topic: repair it.
-                self.role.sched.dirty = True
+                self._a.role.sched.dirty = True
             return
-        if better(accepted, claim) and self.election.leader is not None:
-            self.counters["stale_states"] += 1
+        if better(accepted, claim) and self._a.election.leader is not None:
+            self._a.counters["stale_states"] += 1
             return  # from a stale or losing scheduler
-        if self.election.deferring and claim != accepted:
+        if self._a.election.deferring and claim != accepted:
             # Our live leader may yet outbid this one: train on under its policies. Kept, in
             # case we follow its scheduler after all (it republishes only on a change).
             self._held_state = st
             return
-        if self.view is not None and (self.view.term, self.view.leader) == claim \
-                and st.version <= self.view.version:
+        if self._a.view is not None and (self._a.view.term, self._a.view.leader) == claim \
+                and st.version <= self._a.view.version:
             return
-        self.view = st
-        self._merge_events(st.events)
-        self._merge_policies(st)
+        self._a.view = st
+        self.merge_events(st.events)
+        self.merge_policies(st)
 
-    def _merge_policies(self, st: ClusterState) -> None:
+    def merge_policies(self, st: ClusterState) -> None:
         for pol in [*st.policies, st.policy]:
             version = pol.get("version") if isinstance(pol, dict) else None
             if isinstance(version, int):
-                self.policies.setdefault(version, pol)
-        for version in sorted(self.policies)[:-POLICY_KEEP]:
-            del self.policies[version]
+                self._a.policies.setdefault(version, pol)
+        for version in sorted(self._a.policies)[:-POLICY_KEEP]:
+            del self._a.policies[version]
 
-    def _merge_events(self, events: list[Event]) -> None:
-        new = [ev for ev in events if (ev.seq, ev.ts) not in self.events]
+    def merge_events(self, events: list[Event]) -> None:
+        new = [ev for ev in events if (ev.seq, ev.ts) not in self._a.events]
         for ev in events:
-            self.events.setdefault((ev.seq, ev.ts), ev)
-        self.metrics.new_events(new)
-        if len(self.events) > EVENTS_KEEP:
-            for key in sorted(self.events)[: len(self.events) - EVENTS_KEEP]:
-                del self.events[key]
+            self._a.events.setdefault((ev.seq, ev.ts), ev)
+        self._a.metrics.new_events(new)
+        if len(self._a.events) > EVENTS_KEEP:
+            for key in sorted(self._a.events)[: len(self._a.events) - EVENTS_KEEP]:
+                del self._a.events[key]

@@ -69,7 +69,7 @@ WILL_CONFIRM_S = 0.5
 AUTH_LOG_S = 10.0  # at most one line per this long about messages that fail authentication
 
 
-class NodeAgent(Leadership):
+class NodeAgent:
     """One node's membership, election and (when elected) scheduling logic."""
 
     def __init__(self, cfg: Config, clock: Clock | None = None,
@@ -98,13 +98,13 @@ class NodeAgent(Leadership):
         # nothing is left behind when the answer never comes.
         self._replies: dict[str, asyncio.Future[str | None]] = {}
         self.view: ClusterState | None = None
-        self._held_state: ClusterState | None = None  # a rival's, while we defer its claim
         self.presence: dict[str, Status] = {}
         self.beats: dict[str, Heartbeat] = {}
         self.events: dict[tuple[int, float], Event] = {}
         # version -> policy as the wire carries it (SyncPolicy.to_dict), for worker.poll
         self.policies: dict[int, dict[str, Any]] = {}
         self.counters: Counter[str] = Counter()
+        self.leadership = Leadership(self)  # claims and verdicts (reads the fields above)
         self.metrics = AgentMetrics(cfg.metrics.listen)  # served by Daemon.startup
         self.state = "standby"
         self.step = 0
@@ -170,7 +170,7 @@ class NodeAgent(Leadership):
         return wanted | {t.hb(n) for n in (self.election.leader, self._last_leader)
                          if n is not None and n != self.me}
 
-    def _watch_leader(self) -> None:
+    def watch_leader(self) -> None:
         """Judge the accepted scheduler's silence from now on, unless it is known to be gone
         (the claim can arrive before its first heartbeat, or before we subscribed to it)."""
         leader = self.election.leader
@@ -186,7 +186,7 @@ class NodeAgent(Leadership):
             if not self.watches(node):
                 self.detector.forget(node)
                 self.beats.pop(node, None)
-        self._watch_leader()
+        self.watch_leader()
         self.bus.want(self._wanted_topics())
         await self.bus.sync()
 
@@ -282,7 +282,7 @@ class NodeAgent(Leadership):
                                qos=1, retain=True)
         await self.heartbeat()
         if self.role is not None:
-            self._queue_claim()
+            self.leadership.queue_claim()
             self.role.sched.dirty = True
 
     def on_disconnect(self) -> None:
@@ -318,11 +318,11 @@ class NodeAgent(Leadership):
             self._on_command(decode(payload, Command))  # type: ignore[arg-type]
         elif topic == t.leader:
             if payload:  # an empty retained payload only clears the topic
-                self._on_claim(decode(payload, LeaderClaim))  # type: ignore[arg-type]
+                self.leadership.on_claim(decode(payload, LeaderClaim))  # type: ignore[arg-type]
         elif topic == t.req:
             self._on_request(decode(payload, Request))  # type: ignore[arg-type]
         elif topic == t.state and payload:
-            self._on_state(decode(payload, ClusterState))  # type: ignore[arg-type]
+            self.leadership.on_state(decode(payload, ClusterState))  # type: ignore[arg-type]
 
     def _on_heartbeat(self, node: str, hb: Heartbeat) -> None:
         if hb.node != node:
@@ -581,7 +581,7 @@ class NodeAgent(Leadership):
         self._auth_failures.flush()
         self._rejects.flush()
         if self._repair_retained and self.role is not None and self.bus.connected:
-            self._queue_claim()
+            self.leadership.queue_claim()
             self.role.sched.dirty = True
         self._repair_retained = False
         self._sync_probes()
@@ -595,8 +595,8 @@ class NodeAgent(Leadership):
                 self.role.sched.dirty or now - self._last_publish > REPUBLISH_S):
             snap = self._stamped(self.role.snapshot())
             self.view = snap
-            self._merge_events(snap.events)
-            self._merge_policies(snap)
+            self.leadership.merge_events(snap.events)
+            self.leadership.merge_policies(snap)
             self._last_publish = now
             await self.bus.publish(self.topics.state, encode(snap), qos=1, retain=True,
                                    reliable=True)
@@ -656,12 +656,12 @@ class NodeAgent(Leadership):
                 self._apply_status(node, will)
         if self.election.leader not in (None, self.me):
             self._last_leader = self.election.leader
-        self._watch_leader()
+        self.watch_leader()
         live = self.live_peers()
         before, term = self.election.leader, self.election.term
         rival = self.election.contested
         # Counted only while a contest runs: it walks every live node, and this is every tick.
-        own, own_step = self.training(live) if rival is not None else (0, -1)
+        own, own_step = self.leadership.training(live) if rival is not None else (0, -1)
         # The best term a live peer knows: above 0, a cluster exists, and a node that holds
         # none of its state lets a peer that may hold it lead first.
         known = max((st.term for n, st in self.presence.items() if n in live), default=0)
@@ -670,13 +670,13 @@ class NodeAgent(Leadership):
                                      own_step=own_step)
         if verdict.action is Action.CLAIM and self.role is not None and rival is not None:
             self.role.outbid(verdict.term, rival.leader, own, rival.training)
-            self._queue_claim()
+            self.leadership.queue_claim()
         elif verdict.action is Action.CLAIM:
             self.role = SchedulerRole(self, self._last_leader)
-            self._queue_claim()
-            self._ask_new_leader(before)
+            self.leadership.queue_claim()
+            self.leadership.ask_new_leader(before)
         else:
-            self._settled(verdict, before, term)
+            self.leadership.settled(verdict, before, term)
         if self.election.contested is not None:
             return  # nothing is judged or changed while our seat is in doubt
         held, self._held_requests = self._held_requests, []

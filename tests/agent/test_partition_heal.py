@@ -98,7 +98,7 @@ async def test_the_scheduler_of_the_larger_part_outbids_a_newer_term() -> None:
         peer.version = sched.policy.version  # they commit rounds under m's newest policy...
         peer.leader = "m"  # ...following m
     await run(agent, clock, 1.0, peers)
-    assert agent.training_count() == 2
+    assert agent.leadership.training_count() == 2
     claims = len(bus.published(T.leader))
     bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=1))
     assert agent.role is not None and agent.election.leader == "m"
@@ -171,7 +171,7 @@ async def test_a_contesting_scheduler_holds_requests_until_the_contest_is_decide
     assert sched is not None and sched.policy is not None
     peer.version, peer.leader = sched.policy.version, "m"
     await run(agent, clock, 1.0, [peer])
-    assert agent.training_count() == 1
+    assert agent.leadership.training_count() == 1
     version = sched.policy_version
     assert agent.in_touch()
     bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=0))  # a stale count: contest
