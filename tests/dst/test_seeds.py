@@ -28,7 +28,7 @@ pytestmark = pytest.mark.timeout(240)
 
 # mutant -> (seed, simulated seconds, the invariants it breaks there)
 PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
-    "deaf-judges": (6355, 30.0, frozenset({"split"})),
+    "deaf-judges": (555, 30.0, frozenset({"split"})),
     "no-hold": (101, 60.0, frozenset({"split", "state-lost"})),
     "silent-empty": (498, 60.0, frozenset({"split", "state-lost"})),
     "no-heal": (471, 60.0, frozenset({"state-lost"})),
@@ -36,7 +36,6 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "tie-lower-id": (98, 60.0, frozenset({"state-lost"})),
     "keep-joiners": (98, 60.0, frozenset({"state-lost"})),
     # Found by the 100,000-seed campaign (BENCHMARKS.md), the seeds it found them with.
-    "judged-to-now": (6355, 30.0, frozenset({"split"})),
     "snapshot-step": (8852, 30.0, frozenset({"state-lost"})),
     "unchallenged": (16629, 30.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
@@ -55,6 +54,11 @@ UNCAUGHT: dict[str, str] = {
     # in doubt (in_touch, b1c5364 and 11238f0), and a node obeys one scheduler per term
     # (2eff0b7). Defence in depth masks the first fix.
     "contest-acts": "masked by in_touch and one scheduler per term",
+    # Caught at a33bcc8 (seed 6355, 30 s); since 164cf3b none in 5,744 seeds x 30 s, nor in
+    # the 13 of the first 3,000 seeds that deaf-judges (this guard and the deaf check both
+    # removed) breaks. A cut-off node learns it is deaf (ECHO_S, 1.6 s) before the detector
+    # would judge a peer's silence (about 2 s), so the deaf check alone covers it here.
+    "judged-to-now": "masked by the deaf check (deaf-judges removes both and is caught)",
 }
 
 # Seeds the campaign found failing whose fault another pin covers: they must keep passing.
