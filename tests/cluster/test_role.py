@@ -145,6 +145,19 @@ def join(host: FakeHost, role: SchedulerRole, *nodes: str, replicate: bool = Tru
             request(role, node, "report", kind="replicated", version=3, bytes=64)
 
 
+def successor(*members: str) -> tuple[FakeHost, ClusterState]:
+    """A first scheduler admits ``members`` and publishes its snapshot; the host of the next
+    one follows it (its view and term), not yet elected."""
+    clock = FakeClock()
+    first = FakeHost(clock)
+    old = first.elect()
+    join(first, old, *members)
+    snap = old.snapshot()
+    host = FakeHost(clock, view=snap)
+    host.election.term = snap.term  # it followed the old scheduler
+    return host, snap
+
+
 def kinds(role: SchedulerRole) -> list[str]:
     return [e.kind for e in role.sched.events]
 
@@ -167,13 +180,7 @@ def test_a_new_role_records_its_election_and_admits_who_is_present() -> None:
 
 
 def test_a_new_role_resumes_from_the_retained_snapshot() -> None:
-    clock = FakeClock()
-    first = FakeHost(clock)
-    old = first.elect()
-    join(first, old, "b", "c")
-    snap = old.snapshot()
-    host = FakeHost(clock, view=snap)
-    host.election.term = snap.term  # it followed the old scheduler
+    host, snap = successor("b", "c")
     role = host.elect()
     assert role.term == 2
     assert role.sched.policy is not None and role.sched.policy.to_dict() == snap.policy
@@ -189,13 +196,7 @@ def test_a_new_role_knows_the_step_its_members_last_beat_not_the_snapshots() -> 
     """The snapshot's step lags; a new scheduler takes the members' last heartbeats, so a
     joiner behind them is held for a holder of the newest state, not made the cluster's
     start (the simulator's seed 8852). A node not active says nothing of the state."""
-    clock = FakeClock()
-    first = FakeHost(clock)
-    old = first.elect()
-    join(first, old, "b")
-    snap = old.snapshot()
-    host = FakeHost(clock, view=snap)
-    host.election.term = snap.term
+    host, snap = successor("b")
     host.steps.update(b=snap.step + 6, x=snap.step + 50)  # x: heard, but no member
     role = host.elect()
     assert role.sched.step == snap.step + 6
@@ -429,13 +430,7 @@ def test_a_new_role_scales_in_a_member_whose_daemon_left_before_it_was_elected()
     scales that member in by a policy. Marked left without one, the old policy still named
     it and the members waited on it for rounds nobody could finish (the simulator's seed
     319)."""
-    clock = FakeClock()
-    first = FakeHost(clock)
-    old = first.elect()
-    join(first, old, "b", "c")
-    snap = old.snapshot()
-    host = FakeHost(clock, view=snap)
-    host.election.term = snap.term
+    host, _ = successor("b", "c")
     host.presence["b"] = Status(node="b", online=False, reason="left", incarnation=1)
     host.presence["c"] = Status(node="c", online=True, reason="up", incarnation=1, addr="x")
     role = host.elect()
