@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -48,7 +49,11 @@ def join(
     as_json: JsonOpt = False,
 ) -> None:
     """Join this node to the training job (scale-out)."""
-    args = {"neighbors": neighbors or [], "command": command or []}
+    # The daemon runs the command where and as the caller would (a relative script, a
+    # venv's python), and remembers all three to start the job again after a reboot.
+    args: dict[str, object] = {"neighbors": neighbors or [], "command": command or []}
+    if command:
+        args.update(cwd=os.getcwd(), env=dict(os.environ))
     with state_of(ctx).client(JOIN_TIMEOUT_S) as client:
         data = client.call("join", args)
     if as_json:

@@ -42,6 +42,7 @@ EVENT_STYLES: dict[str, str] = {
     "state-diverged": "bold red",
     "state-restored": "bold green",
     "state-lost": "bold red",
+    "job-failed": "bold red",
 }
 # Shown in this order in status; unknown states follow, sorted.
 STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")
@@ -329,11 +330,17 @@ def _state(ev: dict[str, Any]) -> str:
     return f"{where}; {lost} steps lost" if _num(lost) and lost > 0 else where
 
 
+def _job_failed(ev: dict[str, Any]) -> str:
+    """``job-failed``: the job chaosd supervises could not start (it is not retried)."""
+    detail = ev.get("detail")
+    return f"the job did not start: {detail}" if detail else "the job did not start"
+
+
 SUMMARIES = {
     "scale-out": _scale_out, "scale-in": _scale_in, "connect-link": _link,
     "disconnect-link": _link, "link-failed": _link, "node-failed": _node_failed,
     "scheduler-elected": _elected, "partition": _partition, "state-diverged": _diverged,
-    "state-restored": _state, "state-lost": _state,
+    "state-restored": _state, "state-lost": _state, "job-failed": _job_failed,
 }
 
 

@@ -97,6 +97,11 @@ class Daemon:
         log.info("chaosd %s up: cluster %s, broker %s, socket %s", self.cfg.node_id,
                  self.cfg.cluster, self.cfg.broker, self.cfg.socket)
         self.notifier.ready(f"node {self.cfg.node_id} in cluster {self.cfg.cluster}")
+        # Back from a reboot or a crash mid-job: the job starts again, and its worker rejoins
+        # by scale-out (or, if the whole cluster went down, is held with the state it has).
+        job = self.agent.supervisor.resume()
+        if job is not None:
+            self.agent.worker.neighbors = list(job.neighbors)
 
     async def _heartbeats(self) -> None:
         while True:

@@ -504,6 +504,9 @@ class NodeAgent:
         if self.worker.attached:
             self.worker.detach()
             self.request(WorkerExit(code=code, reason=reason))
+        elif self.supervisor.start_error is not None:  # it never ran: said to the cluster
+            self.request(WorkerExit(code=code, reason="job-failed",
+                                    detail=self.supervisor.start_error))
 
     # --- decisions ----------------------------------------------------------------------
     def heard_steps(self) -> dict[str, int]:

@@ -12,9 +12,11 @@ the link monitor, the cluster as last seen, and a way to ask the scheduler. Noth
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from daemon.agent.memory import Job
 from daemon.agent.metrics import AgentMetrics
 from daemon.agent.probes import LinkMonitor, PeerEndpoint
 from daemon.agent.worker import WorkerSession, WorkerSupervisor
@@ -114,13 +116,19 @@ def join(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
         raise ControlError("a node cannot be its own neighbor")
     if not isinstance(command, list) or not all(isinstance(a, str) for a in command):
         raise ControlError("'command' must be a list of strings")
+    cwd, env = args.get("cwd", ""), args.get("env") or {}
+    if not isinstance(cwd, str) or (cwd and not (os.path.isabs(cwd) and os.path.isdir(cwd))):
+        raise ControlError(f"'cwd' must be an existing directory's absolute path: {cwd!r}")
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ControlError("'env' must map names to strings")
     if agent.supervisor.running or agent.worker.attached:
         raise ControlError("this node is already training; 'chaosctl leave' first",
                            code="failed")
     agent.worker.neighbors = nbrs
     if command:
-        try:
-            agent.supervisor.start(command)
+        try:  # the job is remembered: a reboot starts it again (memory.JobMemory)
+            agent.supervisor.start(Job(argv=command, cwd=cwd, env=env, neighbors=nbrs))
         except RuntimeError as exc:
             raise ControlError(str(exc), code="failed") from None
         return {"node": agent.me, "state": "joining"}
@@ -129,6 +137,8 @@ def join(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 async def leave(agent: AgentContext, _args: dict[str, Any]) -> dict[str, Any]:
+    if agent.worker.attached or agent.supervisor.supervising:
+        agent.supervisor.forget()  # the operator's word: no restart after a reboot either
     if agent.worker.attached:
         agent.worker.leave_requested = True
         return {"node": agent.me, "state": "leaving"}

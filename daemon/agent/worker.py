@@ -1,8 +1,12 @@
 """The node's training worker: its supervision and its session with the daemon.
 
 ``chaosctl join -- CMD`` makes chaosd start CMD as a child it can kill (STYLE.md 3: keep the
-fragile part in a child). A worker that exits non-zero is restarted with capped backoff and
-rejoins through scale-out; one that exits 0 is finished. The worker talks to the daemon over
+fragile part in a child), in the caller's working directory and environment. A worker that
+exits non-zero is restarted with capped backoff and rejoins through scale-out; one that exits
+0 is finished. The job is remembered in the data dir (:class:`~daemon.agent.memory.JobMemory`)
+until the operator says ``leave`` or the script ends on its own, so a box that reboots starts
+it again (:meth:`WorkerSupervisor.resume`); a remembered command that cannot start any more
+fails once, is forgotten, and is not retried. The worker talks to the daemon over
 the control socket (docs/training-protocol.md); :class:`WorkerSession` holds that side.
 
 Liveness: the worker polls every 20-50 ms, even inside long steps, so a worker silent for
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from daemon.agent.memory import Job, JobMemory
 from daemon.contracts.clock import Clock
 from daemon.contracts.protocol import WorkerCommand
 from netprobe.procs import kill_with_parent
@@ -131,7 +136,8 @@ class WorkerSupervisor:
     def __init__(self, log_dir: str, env: dict[str, str]) -> None:
         self._log_dir = Path(log_dir)
         self._env = env
-        self._argv: list[str] = []
+        self._job = Job(argv=[])
+        self._memory = JobMemory(log_dir)
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
@@ -141,6 +147,7 @@ class WorkerSupervisor:
         #: restarted until the next ``start`` (a fixed script, or ``chaosctl join`` again).
         self.refused: str | None = None
         self.last_exit: int | None = None
+        self.start_error: str | None = None  # why the command could not start (then: 127)
         self.on_exit: list[Any] = []  # callbacks(returncode) run after each exit
 
     @property
@@ -165,22 +172,43 @@ class WorkerSupervisor:
         except ProcessLookupError:
             return False
 
-    def start(self, argv: list[str]) -> None:
-        """Start supervising ``argv`` (replacing any finished worker)."""
+    @property
+    def job(self) -> Job:
+        """The job supervised last (its ``argv`` is empty before the first)."""
+        return self._job
+
+    def start(self, job: Job) -> None:
+        """Start supervising ``job`` (replacing any finished worker), and remember it."""
         if self.supervising:
             # One waiting out its backoff too: a second loop would run two workers.
             raise RuntimeError("a worker is already running or restarting")
-        self._argv = list(argv)
-        self._stopping, self.refused = False, None
+        self._job = job
+        self._stopping, self.refused, self.start_error = False, None, None
+        self._memory.save(job)
         self._task = asyncio.create_task(self._supervise(), name="worker")
+
+    def resume(self) -> Job | None:
+        """At chaosd's start: start the job an earlier run supervised, if one is remembered
+        (the box rebooted, or chaosd crashed or was restarted, mid-job)."""
+        job = self._memory.load()
+        if job is not None and not self.supervising:
+            log.info("starting the job remembered from the last run: %s", " ".join(job.argv))
+            self.start(job)
+        return job
+
+    def forget(self) -> None:
+        """The operator said leave: nothing to start again after a restart."""
+        self._memory.forget()
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         self._log_dir.mkdir(parents=True, exist_ok=True)
         out = open(self._log_dir / "worker.log", "ab")  # noqa: SIM115 - handed to the child
         try:
+            job = self._job
             return await asyncio.create_subprocess_exec(
-                *self._argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
-                env={**os.environ, **self._env}, start_new_session=True,
+                *job.argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
+                env={**(job.env or os.environ), **self._env}, cwd=job.cwd or None,
+                start_new_session=True,
                 # A daemon killed (or stopped hard) must not leave its worker training alone;
                 # SIGKILL, because the worker turns SIGTERM into a graceful leave via chaosd.
                 preexec_fn=kill_with_parent)
@@ -188,8 +216,10 @@ class WorkerSupervisor:
             out.close()
 
     def refuse(self, reason: str) -> None:
-        """The worker's state does not fit the cluster's: let it exit, do not restart it."""
+        """The worker's state does not fit the cluster's: let it exit, do not restart it
+        (after a reboot neither: the same script would not fit)."""
         self.refused = reason
+        self._memory.forget()
 
     def kill(self) -> bool:
         """SIGKILL the worker's process group now; the loop restarts it as after a crash.
@@ -212,12 +242,16 @@ class WorkerSupervisor:
             try:
                 self._proc = await self._spawn()
             except OSError as exc:
-                log.error("cannot start worker %s: %s", self._argv[0], exc)
+                # Not retried, and forgotten: a command that is gone (a venv removed, a
+                # script renamed) would otherwise fail on every restart of chaosd.
+                self.start_error = f"cannot start worker {self._job.argv[0]}: {exc}"
+                log.error("%s; not retried", self.start_error)
+                self._memory.forget()
                 self.last_exit = 127
                 for cb in self.on_exit:
                     cb(127)
                 return
-            log.info("worker started: pid %d: %s", self._proc.pid, " ".join(self._argv))
+            log.info("worker started: pid %d: %s", self._proc.pid, " ".join(self._job.argv))
             started = loop.time()
             code = await self._proc.wait()
             killed, self._killed = self._killed, False
@@ -226,6 +260,8 @@ class WorkerSupervisor:
                 cb(code)
             if self._stopping or (code == 0 and not killed):
                 log.info("worker exited with %d", code)
+                if not self._stopping:  # the script is done (or left): nothing to resume
+                    self._memory.forget()
                 return
             if self.refused is not None:
                 log.error("worker exited with %d and is not restarted: %s", code, self.refused)

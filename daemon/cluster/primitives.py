@@ -701,6 +701,9 @@ class Negotiator:
         elif isinstance(body, LinkRequest):
             return self.link(node, body.peer, up=body.action == "add")
         elif isinstance(body, WorkerExit):  # it exited, or it hung and was killed
+            if body.reason == "job-failed":  # said once: chaosd does not retry it
+                self.sched.record("job-failed", node=node, code=body.code,
+                                  detail=body.detail[:300])
             self.gone(node, body.reason)
             if node in self.sched.nodes:  # no worker to rejoin with until it asks again
                 self.sched.set_node(node, data_addr="")

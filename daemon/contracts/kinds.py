@@ -30,9 +30,10 @@ GONE_STATES: tuple[NodeState, ...] = ("failed", "left")
 # --- requests to the scheduler (``sched/req``) ----------------------------------------------
 RequestOp = Literal["join", "leave", "link", "report", "worker-exit"]
 REQUEST_OPS: tuple[RequestOp, ...] = get_args(RequestOp)
-WorkerExitReason = Literal["worker-exit", "worker-unresponsive", "state-refused"]
-"""Why a daemon reports its worker gone (``worker-exit {code, reason}``); the scale-in event
-carries it: the process ended, or it stopped polling and was killed (a hang)."""
+WorkerExitReason = Literal["worker-exit", "worker-unresponsive", "state-refused", "job-failed"]
+"""Why a daemon reports its worker gone (``worker-exit {code, reason, detail}``); the scale-in
+event carries it: the process ended, or it stopped polling and was killed (a hang), or its
+state did not fit, or the job's command could not start at all (a ``job-failed`` event)."""
 WORKER_EXIT_REASONS: tuple[WorkerExitReason, ...] = get_args(WorkerExitReason)
 
 ReportKind = Literal[
@@ -70,6 +71,7 @@ CONTROL_OPS: tuple[ControlOp, ...] = (*get_args(ReadOp), *get_args(ActionOp),
 EventKind = Literal[
     "scale-out", "scale-in", "connect-link", "disconnect-link", "node-failed", "link-failed",
     "scheduler-elected", "partition", "state-diverged", "state-restored", "state-lost",
+    "job-failed",
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 

@@ -123,6 +123,13 @@ class WorkerExit(_Body):
     OP: ClassVar[str] = "worker-exit"
     code: int = -1
     reason: WorkerExitReason = "worker-exit"
+    detail: str = ""  # job-failed: why the command could not start
+
+    def to_args(self) -> dict[str, Any]:
+        args = plain(self)
+        if not self.detail:
+            del args["detail"]  # said only when there is something to say
+        return args
 
 
 # --- reports (a ``report`` request; ``kind`` says which) ----------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from daemon.agent.memory import Job
 from daemon.agent.node import NodeAgent
 from daemon.agent.worker import WorkerSession, WorkerSupervisor, unresponsive_for
 from daemon.contracts.clock import FakeClock
@@ -132,7 +133,7 @@ async def test_kill_of_a_stopped_worker_restarts_it(tmp_path: Path) -> None:
     sup = WorkerSupervisor(str(tmp_path), {})
     exits: list[int] = []
     sup.on_exit.append(exits.append)
-    sup.start(SLEEPER)
+    sup.start(Job(SLEEPER))
     try:
         await wait_for(lambda: sup.pid is not None)
         first = sup.pid
@@ -142,7 +143,7 @@ async def test_kill_of_a_stopped_worker_restarts_it(tmp_path: Path) -> None:
         await wait_for(lambda: exits)
         assert exits == [-signal.SIGKILL] and sup.restarts == 1
         with pytest.raises(RuntimeError):  # waiting out its backoff still counts as running
-            sup.start(SLEEPER)
+            sup.start(Job(SLEEPER))
         await wait_for(lambda: sup.pid not in (None, first))
     finally:
         await asyncio.wait_for(sup.stop(), 20)
@@ -152,7 +153,7 @@ async def test_kill_of_a_stopped_worker_restarts_it(tmp_path: Path) -> None:
 async def test_stop_ends_a_stopped_worker_without_waiting_for_the_grace(
         tmp_path: Path) -> None:
     sup = WorkerSupervisor(str(tmp_path), {})
-    sup.start(SLEEPER)
+    sup.start(Job(SLEEPER))
     try:
         await wait_for(lambda: sup.pid is not None)
         pid = sup.pid

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -87,7 +89,10 @@ def test_requests_follow_the_protocol(daemon: FakeDaemon) -> None:
     assert "link node-2 -- node-3: up" in proc.stdout
     assert [r["v"] for r in daemon.requests] == [1, 1, 1]
     assert daemon.requests[0] == {"v": 1, "op": "events", "args": {"since": 0, "limit": 5}}
-    assert daemon.requests[1]["args"] == {
+    join = daemon.requests[1]["args"]
+    # The daemon runs the command where and as the caller would (and remembers both).
+    assert join.pop("cwd") == str(Path.cwd()) and join.pop("env")["PATH"] == os.environ["PATH"]
+    assert join == {
         "neighbors": ["node-1", "node-3"], "command": ["python", "train.py", "--lr", "0.1"]}
     assert daemon.requests[2]["args"] == {"action": "add", "peer": "node-3"}
 

@@ -19,7 +19,13 @@ from daemon.cluster.primitives import HOLD_S, Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.kinds import EVENT_KINDS
-from daemon.contracts.protocol import Replicated, Stall, StateDiverged, parse_report
+from daemon.contracts.protocol import (
+    Replicated,
+    Stall,
+    StateDiverged,
+    WorkerExit,
+    parse_report,
+)
 from tests.cli.conftest import FakeDaemon, ok, run_ctl
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,6 +66,9 @@ def real_events() -> list[dict[str, Any]]:
     # node-3 loses both its links: the cluster splits, node-1 keeps training.
     neg.link("node-1", "node-3", up=False)
     neg.diverged("node-1", StateDiverged(step=120, digest="ab" * 32, majority="cd" * 32))
+    # node-7's daemon came back from a reboot and its remembered command was gone.
+    neg.handle("node-7", WorkerExit(code=127, reason="job-failed", detail=(
+        "cannot start worker /srv/old-venv/bin/python: No such file or directory")))
     agent = SimpleNamespace(events={(ev.seq, ev.ts): ev for ev in sched.events})
     return daemon_views.events(cast(NodeAgent, agent), {})
 
@@ -115,6 +124,8 @@ def test_the_other_kinds() -> None:
     assert summary["node-failed"] == "silent 2.1 s, heartbeats stopped; was standby"
     assert summary["partition"] == "kept node-1; lost node-3"
     assert summary["state-diverged"] == "at step 120: abababab vs majority cdcdcdcd"
+    assert summary["job-failed"] == ("the job did not start: cannot start worker "
+                                     "/srv/old-venv/bin/python: No such file or directory")
     ins = [event_summary(ev) for ev in by_kind(events, "scale-in")]
     assert ins[0].startswith("left gracefully at step ")
     assert ins[1:] == ["dropped: its worker hung and was killed",
