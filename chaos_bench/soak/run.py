@@ -7,10 +7,10 @@ tiny worker :mod:`chaos_bench.soak.worker` on every node. Then, for ``--minutes`
 events arrive as a Poisson process of ``--rate`` per minute, each of a kind drawn among those
 that are possible at that moment:
 
-- ``join``: an idle node (left, or rebooted after a kill) joins with a training worker;
+- ``join``: an idle node (one that left) joins with a training worker;
 - ``leave``: a training node leaves gracefully (``chaosctl leave``);
 - ``kill``: SIGKILL to a node's chaosd and its worker at once (a crash); the node reboots
-  a few seconds later and rejoins;
+  a few seconds later, and its chaosd starts the job it remembers, which rejoins;
 - ``freeze``: SIGSTOP to both, SIGCONT a few seconds later (a power cut: no TCP reset);
 - ``cut``: a data link goes down, and comes back a few seconds later (never a partition);
 - ``broker-restart``: mosquitto stops and starts again.
@@ -197,11 +197,10 @@ class Chaos:
     def follow_up(self, action: str, arg: str) -> None:
         """A due follow-up: the end of an outage."""
         if action == "reboot":
+            # Back on the same data dir, its chaosd starts the job it remembers: the worker
+            # rejoins by scale-out with no join from us (as on a real box after a power cut).
             self.tb.start_node(arg)
-            self.state[arg], self.ready_at[arg] = "idle", self.now() + 3.0
-            self.due.append((self.now() + 3.0, "rejoin", arg))
-        elif action == "rejoin":
-            self.join(arg)
+            self.state[arg], self.ready_at[arg] = "training", self.now() + 3.0
         elif action == "thaw":
             self._signal(arg, signal.SIGCONT)
             self.state[arg] = "training"  # chaosd drops or restarts the worker as it sees fit
@@ -220,7 +219,7 @@ class Chaos:
             entry["ok"] = True
         except (ControlFailure, OSError, TestbedError) as exc:
             entry.update(ok=False, error=str(exc)[:200])
-            if kind in ("join", "rejoin"):
+            if kind == "join":
                 self.state[arg], self.ready_at[arg] = "idle", self.now() + 5.0
         self.timeline.append(entry)
         if not follow or not entry["ok"]:
@@ -243,8 +242,7 @@ class Chaos:
     def settle(self) -> None:
         """The end of the chaos phase: every outage ends now."""
         for _, action, arg in sorted(self.due):
-            if action != "rejoin":
-                self.act(action, arg, follow=True)
+            self.act(action, arg, follow=True)
         self.due.clear()
 
 

@@ -7,7 +7,7 @@ it as a standby while the sync policy still named it a member. Every round then 
 worker that no longer existed, the sources never served the rejoining node ("no snapshot of
 step N"), and its join timed out over and over. Now a member that comes back as a new
 incarnation is scaled in first (``node-failed``, reason ``restarted``; tests/cluster pins that
-rule) and then joins afresh.
+rule) and then joins afresh: its chaosd starts the job it remembers (no ``chaosctl join``).
 
 Real chaosd processes, a real mosquitto restarted on the same port, real training workers.
 """
@@ -50,7 +50,7 @@ def test_member_killed_during_broker_outage_rejoins(make_cluster: MakeCluster,
     c.start_node(victim)
     wait_until(lambda: (c.query(victim, "ping") or {}).get("connected"), 20,
                f"{victim} back on the broker")
-    r.join(victim)
+    # No `chaosctl join`: the rebooted chaosd starts the job it remembers.
 
     wait_until(lambda: r.active(ids), 90, f"{victim} to rejoin")
     r.advance(ids, 5, timeout=90)

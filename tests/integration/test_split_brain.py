@@ -97,7 +97,7 @@ def test_training_survives_scheduler_death_during_broker_outage(
     # The worker dies with its box (as in the soak): chaosd and worker are killed together.
     _kill_scheduler_during_outage(c, sched, lambda: r.signal_node(sched, signal.SIGKILL))
     wait_until(lambda: c.agreed(ids), 40, "one scheduler after the reboot")
-    r.join(sched)
+    # No `chaosctl join`: the rebooted chaosd starts the job it remembers.
     wait_until(lambda: r.active(ids), 90, "the rebooted node to rejoin the survivors")
     r.advance(ids, 5, timeout=90)
     # One cluster: every step that two nodes committed has one digest (a bootstrapped second
