@@ -105,9 +105,7 @@ def test_close_kills_grandchildren(tmp_path: Path) -> None:
     time.sleep(0.3)
     pgid = os.getpgid(child.proc.pid)
     assert pgid != os.getpgid(0)  # its own group, away from our Ctrl-C
-    started = time.monotonic()
-    cluster.close(grace=0.5)
-    assert time.monotonic() - started < 5
+    cluster.close(grace=0.5)  # returns (a close that waited out the sleep would time out)
     assert not child.alive()
     # SIGKILL is delivered at once, but an orphan takes a moment to finish exiting.
     deadline = time.monotonic() + 3

@@ -37,11 +37,9 @@ def test_a_round_waiting_for_a_silent_peer_aborts_when_superseded(
     policy = SyncPolicy.build(5, ["solo", "mute"], [("mute", "solo")], "solo")
     got: list[tuple[str, ...]] = []
     t = _later(0.3, lambda: got.append(solo.supersede(6, 0)))
-    t0 = time.monotonic()
     with pytest.raises(RoundAborted, match="superseded by policy v6") as info:
         solo.allreduce(np.ones(1000, np.float32), 1, step=4, policy=policy, timeout=LONG)
     t.join(5)
-    assert time.monotonic() - t0 < LONG / 2
     assert info.value.step == 4 and info.value.policy_version == 5
     assert got == [("mute",)]  # the neighbours of the phase it aborted
     # The round reruns at once under the newer policy (here without the silent peer).
@@ -66,10 +64,8 @@ def test_a_phase_started_after_the_policy_arrived_aborts_before_it_waits(
     solo = trio["solo"]
     old = SyncPolicy.build(5, ["solo", "mute"], [("mute", "solo")], "solo")
     assert solo.supersede(6, 3) == ()  # nothing in flight
-    t0 = time.monotonic()
     with pytest.raises(RoundAborted, match="superseded by policy v6"):
         solo.allreduce(np.ones(10, np.float32), 1, step=3, policy=old, timeout=LONG)
-    assert time.monotonic() - t0 < 5.0
 
 
 def test_rounds_the_newer_policy_does_not_govern_run_on(trio: dict[str, AllReducer]) -> None:
@@ -98,11 +94,9 @@ def test_a_send_blocked_on_a_silent_peer_returns_once_its_link_closes(
             solo.links.disconnect(peer, reason="dropped by policy v6")
 
     t = _later(2.0, drop)  # the buffers (MiBs) fill well within this
-    t0 = time.monotonic()
-    with pytest.raises(RoundAborted):
+    with pytest.raises(RoundAborted, match="superseded by policy v6"):  # not the timeout
         solo.allreduce(grad, 1, step=1, policy=policy, timeout=LONG)
     t.join(5)
-    assert time.monotonic() - t0 < LONG / 2
 
 
 def test_fences_pick_the_newer_policy_that_governs_the_round() -> None:
