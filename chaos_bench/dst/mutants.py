@@ -145,6 +145,15 @@ def _leave_drops_state() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_serves_last", never)]
 
 
+def _extrapolated_hold() -> list[tuple[Any, str, Any]]:
+    init = primitives.Negotiator.__dict__["__init__"]
+
+    def extrapolating(self: primitives.Negotiator, *args: Any, **kw: Any) -> None:
+        init(self, *args, **kw)
+        self.reported = self.step_of  # a join holds the step extrapolated at the old rate
+    return [(primitives.Negotiator, "__init__", extrapolating)]
+
+
 def _unchallenged() -> list[tuple[Any, str, Any]]:
     return [(Election, "challenged", property(lambda self: False))]
 
@@ -228,6 +237,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "before its election as left, with no policy, and the last member leaves at once "
            "while it is the source of a join (seed 319 needed both)",
            lambda: [*_presence_unacted(), *_leave_drops_state()]),
+    Mutant("extrapolated-hold", "HEAD", "a partitioned node linked back holds its step "
+           "extrapolated at its old rate, not the one it said", _extrapolated_hold),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
            "scheduler's own part", _tie_lower_id),
     Mutant("stale-replicate", "7b9202f", "a joiner keeps waiting on a replicate command a "

@@ -513,6 +513,17 @@ class NodeAgent:
         """The step each node's last heartbeat said (ours: our worker's), as heard."""
         return {**{n: hb.step for n, hb in self.beats.items()}, self.me: self.step}
 
+    def reported_step(self, node: str) -> int:
+        """The step ``node`` last said it holds (its heartbeat; ours: our worker's), not
+        extrapolated: a node that is cut off or waiting does not step on."""
+        if node == self.me:
+            return self.step
+        hb = self.beats.get(node)
+        if hb is not None:
+            return hb.step
+        rec = self.view.nodes.get(node) if self.view is not None else None
+        return rec.step if rec is not None else 0
+
     def step_of(self, node: str) -> int:
         """``node``'s training step now: its last heartbeat's step tag, plus the steps it
         has likely made since at its recent rate (a heartbeat is up to 0.5 s old, and a

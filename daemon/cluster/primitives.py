@@ -126,13 +126,19 @@ class Negotiator:
     def __init__(self, sched: Scheduler, clock: Clock, step_of: Callable[[str], int],
                  alive: Callable[[str], bool] = lambda _node: True,
                  strategy: Strategy = "chaos", wire: str = "fp32",
-                 sync: SyncMode = EVERY_STEP) -> None:
+                 sync: SyncMode = EVERY_STEP,
+                 reported: Callable[[str], int] | None = None) -> None:
         self.sched = sched
         self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
         self.wire = wire  # gradient wire format, put in every policy (all members alike)
         self.sync = sync  # every-step or diloco, likewise
         self.clock = clock
-        self.step_of = step_of
+        self.step_of = step_of  # a member's step now, extrapolated at its rate (timing)
+        # The step a node last said it holds, not extrapolated: what a join holds. A node cut
+        # off stands still; extrapolated at its old rate, a partitioned node linked back a
+        # second later looked ahead of the members, and the cluster started over from its
+        # stale state (the simulator's seed 27921).
+        self.reported = reported or step_of
         self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
         self.out: list[tuple[str, CommandBody]] = []  # (node, command) for the agent to send
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
@@ -400,7 +406,7 @@ class Negotiator:
                 self.sched.set_node(m, state="standby")
             self._bootstrap(node, step)
             for m in members:
-                self.join(m, self.sched.nodes[m].data_addr, [node], step=self.step_of(m))
+                self.join(m, self.sched.nodes[m].data_addr, [node], step=self.reported(m))
             return
         if not members:
             # A joiner whose sources went holds its state still (the simulator's seed 35: a
@@ -665,7 +671,7 @@ class Negotiator:
                 # A link back to a waiting (partitioned) node: it rejoins by scale-out.
                 for n in idle:
                     self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n],
-                              step=self.step_of(n))
+                              step=self.reported(n))
             else:
                 self.publish_policy(effective_step=self.max_step() + self.lead())
             kind: EventKind = "connect-link"

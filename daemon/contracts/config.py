@@ -76,7 +76,11 @@ class DetectorConfig:
 
 @dataclass(frozen=True)
 class ElectionConfig:
-    stagger_s: float = 0.3
+    # Candidates stand in id order this far apart. More than a heartbeat interval (0.5 s):
+    # each node judges silence only up to its own last heartbeat's return, so two nodes judge
+    # the same silence up to one interval apart, and at 0.3 s the second in line often stood
+    # first (the bridge and fan-out tests). Only a second candidate waits longer.
+    stagger_s: float = 0.6
     grace_s: float = 1.5
     # A node that knows a cluster existed (a term, kept in data_dir, or a live peer's presence
     # says so) but holds no snapshot of it waits this long before it stands and starts afresh:

@@ -67,6 +67,9 @@ class FakeHost:
     def step_of(self, node: str) -> int:
         return self.steps.get(node, 0)
 
+    def reported_step(self, node: str) -> int:
+        return self.steps.get(node, 0)
+
     def heard_steps(self) -> dict[str, int]:
         return dict(self.steps)
 

@@ -143,6 +143,25 @@ def test_partition_keeps_the_largest_part_and_a_link_reunites() -> None:
     assert [n for n, _ in cmds(neg, "replicate")] == ["d", "c"]
 
 
+def test_a_partitioned_node_linked_back_holds_the_step_it_said_not_an_extrapolated_one() -> None:
+    """Cut off, a node stands still; extrapolated at its old rate, a moment later it looked
+    ahead of the members and the cluster started over from its stale state (the simulator's
+    seed 27921). A join holds the step the node last reported."""
+    clock = FakeClock()
+    sched = Scheduler("s", 1, None, clock)
+    said = {"a": 30, "b": 30, "c": 30, "d": 25}
+    ahead = {**said, "d": 60}  # what extrapolating d's old rate would say
+    neg = Negotiator(sched, clock, ahead.__getitem__, reported=said.__getitem__)
+    grow(neg, "a", "b", "c")
+    neg.join("d", "127.0.0.1:4", ["a"])
+    neg.replicated("d", done())
+    neg.link("a", "d", up=False)  # d is cut off: the largest part trains on
+    neg.link("c", "d", up=True)
+    assert neg.sched.nodes["d"].state == "joining"  # from the members, not their new start
+    assert neg.joins["d"].holds == 25
+    assert not [e for e in neg.sched.events if e.kind in ("state-lost", "state-restored")]
+
+
 def test_a_tied_partition_keeps_the_schedulers_own_part() -> None:
     """Cut off with one peer, the scheduler keeps its own side: it is surely up and reaches it.
     Keeping the lower id used to set the scheduler's own node aside to rejoin from a peer that
