@@ -237,7 +237,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "before its election as left, with no policy, and the last member leaves at once "
            "while it is the source of a join (seed 319 needed both)",
            lambda: [*_presence_unacted(), *_leave_drops_state()]),
-    Mutant("extrapolated-hold", "HEAD", "a partitioned node linked back holds its step "
+    Mutant("extrapolated-hold", "5e2e34c", "a partitioned node linked back holds its step "
            "extrapolated at its old rate, not the one it said", _extrapolated_hold),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
            "scheduler's own part", _tie_lower_id),
