@@ -37,7 +37,6 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "keep-joiners": (98, 60.0, frozenset({"state-lost"})),
     # Found by the 100,000-seed campaign (BENCHMARKS.md), the seeds it found them with.
     "snapshot-step": (8852, 30.0, frozenset({"state-lost"})),
-    "unchallenged": (16629, 30.0, frozenset({"split"})),
     "extrapolated-hold": (27921, 20.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "one-report-partitions": (50, 200.0, frozenset({"split", "state-lost"})),
@@ -60,6 +59,11 @@ UNCAUGHT: dict[str, str] = {
     # removed) breaks. A cut-off node learns it is deaf (ECHO_S, 1.6 s) before the detector
     # would judge a peer's silence (about 2 s), so the deaf check alone covers it here.
     "judged-to-now": "masked by the deaf check (deaf-judges removes both and is caught)",
+    # Caught at e1516ae by the campaign (seed 16629, 30 s). Since 5e2e34c (the stagger of
+    # 0.6 s changed who stands when) none in 392 seeds of 30 s nor 400 of 200 s, nor 16629
+    # at 20-60 s; not hunted further this stop. Its rule has a unit test
+    # (tests/unit/test_election_contest.py, ``challenged``).
+    "unchallenged": "not re-found since the stagger change (hunt cut short; unit-tested)",
 }
 
 # Seeds the campaign found failing whose fault another pin covers: they must keep passing.
