@@ -21,6 +21,7 @@ from daemon.contracts.config import Config
 from daemon.contracts.errors import ControlError
 from daemon.contracts.messages import Request, decode
 from daemon.contracts.protocol import WorkerExit, parse_request
+from tests.agent._wait import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,14 +47,6 @@ def test_a_file_that_is_no_job_is_ignored_with_one_line(
     assert JobMemory(str(tmp_path)).load() is None
     [rec] = [r for r in caplog.records if "ignoring the remembered job" in r.getMessage()]
     assert "\n" not in rec.getMessage()
-
-
-async def wait_for(pred: object, timeout: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():  # type: ignore[operator]
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
 
 
 async def test_the_job_runs_where_and_as_asked_and_a_clean_exit_forgets_it(

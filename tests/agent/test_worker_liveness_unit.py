@@ -18,6 +18,7 @@ from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import Config, WorkerConfig, load_config
 from daemon.contracts.errors import ConfigError
 from daemon.contracts.messages import Request, decode
+from tests.agent._wait import wait_for
 
 pytestmark = pytest.mark.timeout(30)
 LIMIT = 4.0
@@ -121,14 +122,6 @@ def test_a_gone_worker_started_by_hand_is_a_plain_exit(tmp_path: Path) -> None:
 
 
 # --- the supervisor, with a real child ---------------------------------------------------------
-async def wait_for(pred: object, timeout: float = 15.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():  # type: ignore[operator]
-        assert loop.time() < deadline, "timed out"
-        await asyncio.sleep(0.02)
-
-
 async def test_kill_of_a_stopped_worker_restarts_it(tmp_path: Path) -> None:
     sup = WorkerSupervisor(str(tmp_path), {})
     exits: list[int] = []
