@@ -91,6 +91,21 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
     assert fixed.ok, [f"{v.kind} at {v.at:.1f}s: {v.detail}" for v in fixed.violations]
 
 
+# Faults found and traced but not fixed yet (BENCHMARKS.md, "Open"): each seed must still
+# fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED.
+OPEN: tuple[tuple[int, float, str], ...] = (
+    (77973, 20.0, "the last member leaves just before a dropped node asks to join"),
+    (960, 200.0, "a member's worker replaced by hand: rounds wait for the old one"),
+    (107, 200.0, "a scheduler knows only its side's step; the other site's newer state"),
+)
+
+
+@pytest.mark.parametrize(("seed", "duration", "fault"), OPEN)
+def test_an_open_fault_still_breaks_an_invariant(seed: int, duration: float, fault: str) -> None:
+    run = run_seed(seed, duration)
+    assert not run.ok, f"seed {seed} passes now ({fault}): move it to FIXED and pin its mutant"
+
+
 @pytest.mark.parametrize(("seed", "duration"), FIXED)
 def test_a_seed_the_campaign_found_keeps_every_invariant(seed: int, duration: float) -> None:
     res = run_seed(seed, duration)
