@@ -60,6 +60,9 @@ RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
 # holder of it to come back (a cut site, a box that reboots) before the cluster starts over
 # from the best state that did come, and says so (a state-lost event).
 HOLD_S = 60.0
+# The last member's leave waits this long for a node outside (its worker attached) to ask to
+# join and take the state, before it goes ahead with nobody to hand it to.
+HAND_OVER_S = 5.0
 # Links to one member that fail from two peers within this long, while neither peer's own
 # links fail to others, say that member's worker broke, not the links (see _blame).
 BLAME_S = 10.0
@@ -150,7 +153,7 @@ class Negotiator:
         self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
         # The last member's leave, held while it is the source of a join in flight
         # (node -> the step it asked at): see :meth:`leave`.
-        self._handing_over: dict[str, int] = {}
+        self._handing_over: dict[str, tuple[int, float]] = {}  # node -> (step, held since)
         self._blamed: dict[str, dict[str, float]] = {}  # node -> {peer whose link failed: when}
         self._heard: set[str] = set()  # nodes whose heartbeats this scheduler has had
         # Joins that wait for members' heartbeats: node -> (when, the join's arguments).
@@ -579,15 +582,17 @@ class Negotiator:
         rec = self.sched.nodes.get(node)
         if rec is None or rec.state not in MEMBER_STATES:
             return
-        if self._serves_last(node):
-            # The last member, and the source of a join in flight: it leaves once the new
-            # node holds the state (tick), or the state would go with it (the simulator's
-            # seed 319: a fresh model started the cluster over). Its worker takes part in
-            # the rounds with no samples meanwhile, and serves the new node.
+        since = self._handing_over.get(node, (step, self.clock.monotonic()))[1]
+        if self._serves_last(node) or self._heir_may_ask(node, since):
+            # The last member, and the source of a join in flight (or a node that can take
+            # the state is up and may ask in a moment): it leaves once the new node holds
+            # the state (tick), or the state would go with it (the simulator's seeds 319 and
+            # 77973: a fresh or older state started the cluster over). Its worker takes part
+            # in the rounds with no samples meanwhile, and serves the new node.
             if node not in self._handing_over:
-                log.info("%s is the last member and a source of a join: its leave waits "
-                         "until the new node holds the state", node)
-            self._handing_over[node] = step
+                log.info("%s is the last member: its leave waits until a node that can "
+                         "take the state holds it", node)
+            self._handing_over[node] = (step, since)
             return
         self._handing_over.pop(node, None)
         t0 = self.clock.monotonic()
@@ -613,14 +618,24 @@ class Negotiator:
             node in j.command.sources for n, j in self.joins.items()
             if self.sched.nodes[n].state == "joining")
 
+    def _heir_may_ask(self, node: str, since: float) -> bool:
+        """Whether ``node`` is the only active member while another node whose worker is
+        attached waits outside (dropped a moment ago, say) and may ask to join, for at most
+        HAND_OVER_S."""
+        if self._active() != [node] or self.clock.monotonic() - since >= HAND_OVER_S:
+            return False
+        return any(n != node and r.state == "standby" and valid_addr(r.data_addr)
+                   and self.alive(n) for n, r in self.sched.nodes.items())
+
     def _hand_over_if_due(self) -> None:
         """A last member's leave held for a join (:meth:`leave`) goes ahead once that join
-        ended: the new node is a member now, or the join went another way."""
-        for node, step in sorted(self._handing_over.items()):
+        ended (the new node is a member now, or the join went another way), or when no
+        join came within HAND_OVER_S."""
+        for node, (step, since) in sorted(self._handing_over.items()):
             rec = self.sched.nodes.get(node)
             if rec is None or rec.state not in MEMBER_STATES:
                 del self._handing_over[node]
-            elif not self._serves_last(node):
+            elif not self._serves_last(node) and not self._heir_may_ask(node, since):
                 self.leave(node, step)
 
     def gone(self, node: str, reason: str) -> None:

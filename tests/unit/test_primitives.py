@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cluster.primitives import HOLD_S, UNHEARD_WAIT_S, JoinPhase, Negotiator
+from daemon.cluster.primitives import (
+    HAND_OVER_S,
+    HOLD_S,
+    UNHEARD_WAIT_S,
+    JoinPhase,
+    Negotiator,
+)
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import MessageError
@@ -752,14 +758,36 @@ def test_the_last_members_leave_waits_until_the_new_node_holds_the_state() -> No
 
 
 def test_a_held_leave_goes_ahead_when_the_join_ends_another_way() -> None:
-    neg, _ = make({"a": 40})
+    neg, clock = make({"a": 40})
     grow(neg, "a")
     neg.join("b", "127.0.0.1:9", [])
     neg.leave("a", 40)
     neg.gone("b", "failure")  # the new node failed: nobody to hand the state to
     neg.tick()
+    assert neg.sched.nodes["a"].state == "active"  # b may be back: waited for, briefly
+    clock.advance(HAND_OVER_S)
+    neg.tick()
     assert neg.sched.nodes["a"].state == "left"
     assert neg.sched.policy.members == ()
+
+
+def test_the_last_members_leave_waits_briefly_for_a_node_outside_to_ask() -> None:
+    """The partition rule dropped b a moment before the last member a asked to leave; b's
+    join came 2 ms after the leave, which went ahead, and a's last step was lost (the
+    simulator's seed 77973). A node outside with its worker attached may still ask: the
+    leave waits for it, HAND_OVER_S at most, and then hands the state over."""
+    neg, _ = make({"a": 18, "b": 17})
+    grow(neg, "a", "b")
+    neg.link("a", "b", up=False)  # the cut: b is dropped, its worker attached
+    assert neg.sched.nodes["b"].state == "standby"
+    neg.leave("a", 18)
+    assert neg.sched.nodes["a"].state == "active"
+    neg.join("b", neg.sched.nodes["b"].data_addr, [], step=17)
+    assert neg.sched.nodes["b"].state == "joining"  # from a, not a start over
+    assert not [e for e in neg.sched.events if e.kind == "state-lost"]
+    neg.replicated("b", done())
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ("b",)
 
 
 def test_a_member_with_others_leaves_at_once_even_while_it_serves() -> None:
