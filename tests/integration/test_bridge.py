@@ -163,6 +163,17 @@ def sites(tmp_path: Path) -> Iterator[MakeSites]:
         s.close(r)
 
 
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """Hold a worker's process group stopped (SIGSTOP) for the block."""
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:  # its daemon may have killed it as hung meanwhile (a stopped worker polls not)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGCONT)
+
+
 def leaders(c: LocalCluster) -> dict[str, int]:
     """node -> term, for every running node that says it is the scheduler."""
     out = {}
@@ -240,9 +251,7 @@ def test_bridge_cut_and_healed_follows_the_partition_rules(sites: MakeSites) -> 
     assert leaders(c).get("node-1") == term  # the site keeps its own, alone: two for now
     # The site's node trains alone, faster than two can: held, so that the hub's branch is
     # the newer one when the bridge heals (a contest ranks the newer state first).
-    site_worker = r.worker_pid("node-1")
-    os.killpg(site_worker, signal.SIGSTOP)
-    try:
+    with stopped(r.worker_pid("node-1")):
         site_step = r.step("node-1")
         r.advance(hub, 5)
         wait_until(lambda: r.step("node-2") > site_step + 3, 60, "the hub to pass the site")
@@ -251,9 +260,6 @@ def test_bridge_cut_and_healed_follows_the_partition_rules(sites: MakeSites) -> 
         # scale-out from the part that kept training, dropping the steps it took alone.
         wait_until(lambda: c.agreed(ids) and len(leaders(c)) == 1, 30,
                    "one scheduler after the bridge healed")
-    finally:  # its daemon may have killed it as hung meanwhile (a stopped worker polls not)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(site_worker, signal.SIGCONT)
     assert (c.agreed(ids) or ("", 0))[0] == hub_sched
     # The healed bridge resent the retained topics, which reach subscribed nodes as live
     # copies of messages they had already accepted: the replay cache dropped them.
@@ -286,18 +292,13 @@ def test_the_larger_part_keeps_its_scheduler_when_the_cut_heals(sites: MakeSites
     # A contest ranks the newer state first, then the nodes training: one node alone steps
     # faster than two, so its branch could be the newer one by the time the bridge heals.
     # Its worker waits (the daemon keeps its seat) until the hub's branch is clearly ahead.
-    site_worker = r.worker_pid("node-3")
-    os.killpg(site_worker, signal.SIGSTOP)
-    try:
+    with stopped(r.worker_pid("node-3")):
         site_step = r.step("node-3")
         wait_until(lambda: r.step("node-1") > site_step + 3, 60, "the hub to pass the site")
         hub_joins = len([e for e in r.events("scale-out") if e["node"] in hub])
         s.relay.heal()
         wait_until(lambda: c.agreed(ids) and len(leaders(c)) == 1, 30,
                    "one scheduler after the bridge healed")
-    finally:  # its daemon may have killed it as hung meanwhile (a stopped worker polls not)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(site_worker, signal.SIGCONT)
     new, new_term = c.agreed(ids) or ("", 0)
     assert new == "node-1" and new_term > site_term
     outbid = [e for e in r.events("scheduler-elected") if e.get("contest")]
