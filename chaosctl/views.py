@@ -43,6 +43,7 @@ EVENT_STYLES: dict[str, str] = {
     "state-restored": "bold green",
     "state-lost": "bold red",
     "job-failed": "bold red",
+    "round-stuck": "bold yellow",
 }
 # Shown in this order in status; unknown states follow, sorted.
 STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")
@@ -336,11 +337,20 @@ def _job_failed(ev: dict[str, Any]) -> str:
     return f"the job did not start: {detail}" if detail else "the job did not start"
 
 
+def _stuck(ev: dict[str, Any]) -> str:
+    """``round-stuck``: a worker's step timeout passed; it keeps its state and waits."""
+    waited = ev.get("waited_s")
+    text = f"step {cell(ev.get('step'))}"
+    text += f" waiting {duration(waited * 1e3)}" if _num(waited) else " waiting"
+    return f"{text}: {ev['reason']}" if ev.get("reason") else text
+
+
 SUMMARIES = {
     "scale-out": _scale_out, "scale-in": _scale_in, "connect-link": _link,
     "disconnect-link": _link, "link-failed": _link, "node-failed": _node_failed,
     "scheduler-elected": _elected, "partition": _partition, "state-diverged": _diverged,
     "state-restored": _state, "state-lost": _state, "job-failed": _job_failed,
+    "round-stuck": _stuck,
 }
 
 

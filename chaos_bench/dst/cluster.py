@@ -60,7 +60,7 @@ class Box:
         gen = self.gen
         cfg = Config(node_id=self.name, cluster="sim", data_dir=self.data_dir,
                      advertise="127.0.0.1")
-        agent = NodeAgent(cfg, c.sim.clock, resources=lambda: QUIET)
+        agent = NodeAgent(cfg, c.sim.clock, resources=lambda: QUIET, alive=c.pid_alive)
         bus = SimBus(c.sim, c.broker, cfg, client_id=f"chaos-sim-{self.name}",
                      will=agent._will, on_message=agent.on_message,
                      on_connect=agent.on_connect, on_disconnect=agent.on_disconnect,
@@ -143,6 +143,7 @@ class Box:
         w = SimWorker(self.c.sim, self.agent, self.c.plane, State(*held), self._exited,
                       self.c.ref)
         w.misfit = misfit
+        w.pid = self.c.next_pid()
         self.worker = w
         self.c.plane.workers[self.name] = w
         w.start()
@@ -226,7 +227,17 @@ class Cluster:
         self.plane = DataPlane(sim, self.reach, self.ref.committed)
         self.boxes = {name: Box(self, name, site) for name, site in plan.sites.items()}
         self.splits: set[frozenset[str]] = set()  # pairs of sites cut apart on the data plane
+        self._pids = 1000
         self._watch_traffic()
+
+    def next_pid(self) -> int:
+        self._pids += 1
+        return self._pids
+
+    def pid_alive(self, pid: int) -> bool:
+        """A process exists while its worker does (killed, it is gone; frozen, it is not)."""
+        return any((w := b.worker) is not None and w.pid == pid and w.alive
+                   for b in self.boxes.values())
 
     def close(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -295,10 +306,11 @@ class Cluster:
         elif f.kind == "kill-worker" and box is not None:
             box._kill_worker(supervised=True)
         elif f.kind == "misfit" and box is not None and box.agent is not None:
-            # Its owner starts another script, whose model is not the cluster's.
+            # Its owner starts another script, whose model is not the cluster's: at once
+            # (within chaosd's tick, before it sees the old one gone) or a moment later.
             box._kill_worker(supervised=False)
             box.agent.supervisor.refused = None
-            self.sim.at(1.0, functools.partial(box.start_worker, True))
+            self.sim.at(0.1 + self.sim.rng.random(), functools.partial(box.start_worker, True))
         elif f.kind == "link-op" and box is not None and box.agent is not None:
             peer, _, action = f.target.split(">")[1].partition("/")
             box.agent.request(LinkRequest(peer=peer, action="add" if action == "add" else "del"),

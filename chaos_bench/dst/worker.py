@@ -9,13 +9,13 @@ real :class:`~chaos_edge.trainer.scaleout.JoinMachine` and
 (:mod:`chaos_bench.dst.plane`).
 
 Like the ``Trainer``: a worker that is not in the policy of its next round rejoins; one that
-gets no round done within its step timeout, cannot reach its daemon, or finds itself behind the
-others exits with an error, and its supervisor starts it again.
+gets no round done within its step timeout says so and waits on, holding its state; one that
+cannot reach its daemon, or finds itself behind the others, exits with an error, and its
+supervisor starts it again.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,7 @@ from daemon.contracts.protocol import (
     Replicate,
     Replicated,
     RoundAborted,
+    RoundStuck,
     ServeDeclined,
     Stall,
     StateRefused,
@@ -79,12 +80,14 @@ class SimWorker:
         self.phase = "attaching"  # attaching, joining, active, leaving, gone
         self.version = -1  # policy of the last committed round
         self.alive, self.frozen = True, False
+        self.pid = 0  # the process id it attaches with, unique in the run (set by its box)
         self.join: JoinMachine | None = None
         self.serve = ServeMachine(self.me)
         self.mine: Replicate | Bootstrap | None = None  # the newest command naming us new
         self.pull: Pull | None = None
         self.was_member = False
         self._round_since: float | None = None  # when we began to wait for the next round
+        self._alarm_at = 0.0  # when the step alarm last rang (or the wait began)
         self._reported: set[tuple[int, str]] = set()  # (policy version, peer) link failures
         self.join_started: float | None = None
         self._near: tuple[int, tuple[str | None, ...]] | None = None  # tree neighbours
@@ -104,7 +107,7 @@ class SimWorker:
                 self.sim.at(POLL_S, self._attach)
             return
         try:
-            drive(ops.worker_attach(self.agent, {"pid": os.getpid(), "port": 7000,
+            drive(ops.worker_attach(self.agent, {"pid": self.pid, "port": 7000,
                                                  "host": "127.0.0.1",
                                                  "step": self.state.step}))
         except ControlError as exc:
@@ -286,7 +289,7 @@ class SimWorker:
         if verdict != "member":
             self.plane.unready(self.me)
             if verdict == "left":
-                ops.worker_detach(self.agent, {"pid": os.getpid()})
+                ops.worker_detach(self.agent, {"pid": self.pid})
                 self.events.count("op:worker.detach")
                 self.phase = "gone"
                 self.exit(0, "left")
@@ -295,7 +298,7 @@ class SimWorker:
             # lets us back in, even when a newer policy adds us back.
             self.sim.note(f"{self.me} is not in policy v{pub.version}; rejoins")
             self.events.count("worker:rejoin")
-            drive(ops.worker_attach(self.agent, {"pid": os.getpid(), "port": 7000,
+            drive(ops.worker_attach(self.agent, {"pid": self.pid, "port": 7000,
                                                  "host": "127.0.0.1",
                                                  "step": self.state.step}))
             self._begin_join()
@@ -317,11 +320,14 @@ class SimWorker:
     def _waiting_for_round(self) -> None:
         now = self.sim.now
         if self._round_since is None:
-            self._round_since = now
-        elif now - self._round_since > STEP_TIMEOUT_S:
-            self.report(RoundAborted(step=self.state.step + 1, reason="step timeout"))
-            self.exit(1, f"TrainerError: step {self.state.step + 1} could not complete "
-                         f"within {STEP_TIMEOUT_S:g}s")
+            self._round_since = self._alarm_at = now
+        elif now - self._alarm_at > STEP_TIMEOUT_S:
+            # As the Trainer's step alarm: said, and waited on with the state kept.
+            self._alarm_at = now
+            self.report(RoundStuck(step=self.state.step + 1,
+                                   waited_s=round(now - self._round_since, 3),
+                                   reason="step timeout (simulated)"))
+            self.events.count("worker:round-stuck")
 
     def _link_failures(self, pub: SyncPolicy) -> None:
         """A tree neighbour our data plane cannot reach: its socket breaks, we report it."""

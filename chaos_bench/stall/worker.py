@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leave-at", type=int, default=-1)
     ap.add_argument("--width", type=int, default=16, help="hidden units (state size)")
     ap.add_argument("--chunk", type=int, default=256, help="all-reduce chunk bytes")
+    ap.add_argument("--timeout", type=float, default=60.0, help="the Trainer's step timeout")
     ap.add_argument("--digest-every", type=int, default=None,
                     help="the divergence guard's period (default: the Trainer's)")
     args = ap.parse_args(argv)
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
                                 torch.nn.Linear(args.width, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     guard = {} if args.digest_every is None else {"digest_every": args.digest_every}
-    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk, timeout=60.0,
+    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk,
+                      timeout=args.timeout,
                       **guard)
     node = trainer.node_id
     if args.fault:

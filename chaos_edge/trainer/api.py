@@ -64,7 +64,7 @@ from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handl
 from chaos_edge.trainer.shares import Shard, Shares
 from chaos_edge.trainer.source import Source
 from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
-from chaos_edge.trainer.timing import StallMeter, StepTiming
+from chaos_edge.trainer.timing import StallMeter, StepAlarm, StepTiming
 from daemon.contracts import protocol
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.policy import SyncMode, SyncPolicy
@@ -112,7 +112,10 @@ class Trainer:
         samples_per_step: Samples behind one local gradient (weights the global average);
             ``update(samples=...)`` overrides it per step. Default 1: nodes weigh equally.
         socket: chaosd's control socket (default ``$CHAOS_SOCKET``).
-        timeout: Seconds one ``update()`` may spend on reruns before it raises.
+        timeout: The step timeout: each time one ``update()`` has waited this long for its
+            round, the worker logs a warning and reports ``round-stuck`` (an event), then
+            waits on. It never exits for a stuck round: it holds the state, serves it to
+            joiners, and goes on when the round commits or the cluster re-forms.
         join_timeout: Seconds the constructor may wait to become a member.
         chunk_bytes: All-reduce pipeline chunk size in bytes; None (the default) sizes the
             chunks by the round's vector: about 12 chunks of 1 to 16 MiB. Every member must
@@ -178,7 +181,7 @@ class Trainer:
                                   poll=self._poll)
             self.reducer = AllReducer(self._s.links, chunk_bytes=chunk_bytes, timeout=timeout / 4)
             self._epochs = Epochs(me, self.reducer, self._s, self._replica, self._clock,
-                                  digest_every=digest_every, timeout=timeout, poll=self._poll,
+                                  digest_every=digest_every, poll=self._poll,
                                   commit=self._apply)  # fmt: skip
             self._membership = Membership(me, self._s, self._joiner, self._clock,
                                           join_timeout=join_timeout, step=lambda: self.step,
@@ -246,14 +249,14 @@ class Trainer:
     # -- public API ------------------------------------------------------------------------
     def update(self, samples: int | None = None) -> None:
         """All-reduce the gradients (and buffers), commit, then step: unscale, transform,
-        clip, ``optimizer.step()`` (through the scaler), and zero the gradients.
+        clip, ``optimizer.step()`` (through the scaler), and zero the gradients. A round
+        that cannot commit is waited on, however long (see ``timeout``).
 
         Args:
             samples: Samples behind this gradient (default: ``shard.size`` in consistent
                 mode, else ``samples_per_step``).
 
         Raises:
-            TrainerError: No round committed within ``timeout`` (the message says why).
             StateDiverged: This node cannot be reconciled; exit non-zero and rejoin.
             DaemonUnreachable: chaosd stopped answering.
         """
@@ -261,18 +264,18 @@ class Trainer:
         n = self._shares.samples(self.step + 1, self._next_policy) if samples is None else samples
         self._shares.began(t0, n)
         self._poll()
-        deadline = t0 + self.timeout
+        alarm = StepAlarm(self._s, self._clock, self.timeout)
         reruns, spent, reason = 0, 0.0, ""
         epochs, joins = self._epochs, self._membership.joins
-        pub = self._membership.policy(deadline)
+        pub = self._membership.policy(alarm)
         # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
         if self._replica.inner_step(pub, n if self._membership.joins == joins else 0):
             self._meter.account(t0, 0.0, 0, "", step=self.step, version=self._version)
             self._shares.ended(self._clock.monotonic())
             return
         while True:
-            pub = self._membership.policy(deadline)
-            self._source.before_round(pub, self._version, deadline)
+            pub = self._membership.policy(alarm)
+            self._source.before_round(pub, self._version, alarm.at)
             epochs.guard_turn(pub)
             epoch = epochs.epoch(pub)
             # A gradient of a state we no longer hold (rejoined in this call) or one the guard
@@ -306,7 +309,7 @@ class Trainer:
                 if exc.result is not None:
                     self._replica.held, self._replica.held_version = exc.result, exc.policy_version
                 self._s.report(protocol.RoundAborted(step=self.step + 1, reason=exc.reason[:200]))
-                nxt = epochs.next_epoch(pub, deadline, exc)
+                nxt = epochs.next_epoch(pub, alarm, exc)
                 if nxt is not None and epochs.catch_up(pub, nxt):
                     self._version = pub.version
                     break  # the peers' next epoch committed the result we held

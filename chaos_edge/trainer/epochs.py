@@ -22,10 +22,11 @@ from typing import Any
 
 from chaos_edge.dataplane import AllReducer, RoundAborted
 from chaos_edge.dataplane.agree import Decision
-from chaos_edge.trainer.control import StateDiverged, TrainerError
+from chaos_edge.trainer.control import StateDiverged
 from chaos_edge.trainer.poller import POLL_S
 from chaos_edge.trainer.replica import Replica
 from chaos_edge.trainer.session import Session
+from chaos_edge.trainer.timing import StepAlarm
 from daemon.contracts import protocol
 from daemon.contracts.clock import Clock
 from daemon.contracts.policy import SyncPolicy
@@ -51,17 +52,16 @@ class Epochs:
         replica: The state the agreements are about.
         clock: The time source of the rerun waits.
         digest_every: Steps between the guard's comparisons (0: joins only).
-        timeout: Seconds one ``update()`` may spend on reruns (for the message).
         poll: Callback: take in what the poller fetched (the Trainer's ``_poll``).
         commit: Callback: apply a committed result of round ``step + 1`` and the policy
             version it ran under (the Trainer's ``_apply``).
     """
 
     def __init__(self, me: str, reducer: AllReducer, session: Session, replica: Replica,
-                 clock: Clock, *, digest_every: int, timeout: float, poll: Callable[[], None],
+                 clock: Clock, *, digest_every: int, poll: Callable[[], None],
                  commit: Callable[[Any, int], None]) -> None:  # fmt: skip
         self.me, self.reducer, self._s, self._replica = me, reducer, session, replica
-        self._clock, self.digest_every, self.timeout = clock, digest_every, timeout
+        self._clock, self.digest_every = clock, digest_every
         self._poll, self._commit = poll, commit
         self.agreed: Epoch | None = None  # the last epoch whose agreement we took part in
         self.agreed_members: tuple[str, ...] | None = None  # the members of that epoch
@@ -176,19 +176,20 @@ class Epochs:
         self._bump(pub.version)
         return False
 
-    def next_epoch(self, pub: SyncPolicy, deadline: float, exc: RoundAborted
+    def next_epoch(self, pub: SyncPolicy, alarm: StepAlarm, exc: RoundAborted
                    ) -> SyncPolicy | None:  # fmt: skip
-        """After an abort: wait (bounded) for a newer policy, else rerun with a newer attempt.
+        """After an abort: wait (bounded) for a newer policy, else rerun with a newer attempt;
+        ``alarm`` rings at each step timeout meanwhile.
 
         Returns the policy of the round after ours when peers have already committed ours
         (:meth:`_past_us`) and we hold its result: the caller catches up in that epoch.
 
         Raises:
             StateDiverged: Peers committed our round and we lack its result.
-            TrainerError: The step's deadline passed.
         """
         self._s.redial()
-        wait_until = min(deadline, self._clock.monotonic() + RERUN_WAIT_S)
+        alarm.check(self._replica.step + 1, f"last abort: {exc.reason}")
+        wait_until = self._clock.monotonic() + RERUN_WAIT_S
         while self._s.book.for_round(self._replica.step + 1) is pub:
             nxt = self._past_us(pub)
             if nxt is not None:
@@ -198,10 +199,7 @@ class Epochs:
                         f"of the next one, which peers committed before opening policy "
                         f"v{nxt.version}; restart the worker to rejoin")  # fmt: skip
                 return nxt
-            # First: past the deadline, every rerun would abort at once (a spin), not wait.
-            if self._clock.monotonic() > deadline:
-                raise TrainerError(f"step {self._replica.step + 1} could not complete within "
-                                   f"{self.timeout:g}s; last abort: {exc.reason}")  # fmt: skip
+            alarm.check(self._replica.step + 1, f"last abort: {exc.reason}")
             # A newer version on the wire means its policy is on its way to us too.
             now = self._clock.monotonic()
             if self.reducer.newest_epoch()[0] <= pub.version and now >= wait_until:

@@ -23,11 +23,11 @@ import os
 import time
 from collections.abc import Callable
 
-from chaos_edge.trainer.control import TrainerError
 from chaos_edge.trainer.joiner import Joiner
 from chaos_edge.trainer.poller import POLL_S
 from chaos_edge.trainer.scaleout import standing
 from chaos_edge.trainer.session import Session
+from chaos_edge.trainer.timing import StepAlarm
 from daemon.contracts.clock import Clock
 from daemon.contracts.errors import ControlFailure
 from daemon.contracts.kinds import WorkerState
@@ -72,12 +72,12 @@ class Membership:
         self.joins += 1
         self._joined(restored)
 
-    def policy(self, deadline: float) -> SyncPolicy:
-        """The policy of round ``step + 1``; rejoins if this node was dropped from it.
+    def policy(self, alarm: StepAlarm) -> SyncPolicy:
+        """The policy of round ``step + 1``; rejoins if this node was dropped from it. Waits
+        as long as it takes, ringing ``alarm`` at each step timeout.
 
         Raises:
             Left: We are leaving, and the policy without us governs: the leave is done.
-            TrainerError: No policy for the round arrived before ``deadline``.
         """
         while True:
             step = self._step()
@@ -99,12 +99,9 @@ class Membership:
                 self._s.attach(step)
                 self.join(self._clock.monotonic() + self.join_timeout)
                 continue
-            if self._clock.monotonic() > deadline:
-                if verdict == "member":
-                    raise TrainerError(f"step {step + 1} could not start in time: chaosd was "
-                                       "out of touch with the cluster (no broker, or its own "
-                                       "heartbeats did not come back)")
-                raise TrainerError(f"no sync policy for step {step + 1} arrived in time")
+            alarm.check(step + 1, "chaosd is out of touch with the cluster (no broker, or its "
+                        "own heartbeats do not come back)" if verdict == "member" else
+                        "no sync policy for it has arrived")
             self._s.wait(POLL_S)
             self._poll()
 

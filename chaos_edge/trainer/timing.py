@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 from chaos_edge.trainer.session import Session
 from daemon.contracts.clock import Clock
-from daemon.contracts.protocol import Stall
+from daemon.contracts.protocol import RoundStuck, Stall
+
+log = logging.getLogger("chaos.trainer")
 
 
 class StepTiming(NamedTuple):
@@ -61,3 +64,39 @@ class StallMeter:
         if reruns or (first and stall_ms > 1.0):
             self._s.report(Stall(step=step, ms=round(stall_ms, 3), reruns=reruns,
                                  policy_version=version, reason=reason[:200]))
+
+
+class StepAlarm:
+    """The step timeout of one ``update()``: an alarm, not an exit.
+
+    A round that cannot commit (a member gone unnoticed, the broker down, a scheduler still
+    deciding) holds up every member alike. Raising at the timeout made them all exit together
+    and took the cluster's state with them (the soak's faults 4 and 5, and a 15-minute soak
+    that started over from a fresh model). Each time ``timeout`` passes with the step not
+    done, the worker says so (a warning and a ``round-stuck`` report, which the scheduler
+    records as an event) and waits on, holding its state, serving it to joiners and polling
+    chaosd, until the round commits or the cluster re-forms around it.
+
+    Args:
+        session: Where the report goes.
+        clock: The time source of the deadline.
+        timeout: Seconds between alarms.
+    """
+
+    def __init__(self, session: Session, clock: Clock, timeout: float) -> None:
+        self._s, self._clock, self.timeout = session, clock, timeout
+        self.since = clock.monotonic()
+        self.at = self.since + timeout  # the next alarm, monotonic
+        self.rang = 0
+
+    def check(self, step: int, reason: str) -> None:
+        """Ring once ``at`` passed (``reason``: what round ``step`` waits on), then re-arm."""
+        now = self._clock.monotonic()
+        if now <= self.at:
+            return
+        self.rang += 1
+        waited = now - self.since
+        log.warning("step %d has not completed for %.0fs (%s); keeping the state and waiting",
+                    step, waited, reason)
+        self._s.report(RoundStuck(step=step, waited_s=round(waited, 3), reason=reason[:200]))
+        self.at = now + self.timeout

@@ -73,11 +73,13 @@ class NodeAgent:
     """One node's membership, election and (when elected) scheduling logic."""
 
     def __init__(self, cfg: Config, clock: Clock | None = None,
-                 resources: Callable[[], Resources] = sample) -> None:
+                 resources: Callable[[], Resources] = sample,
+                 alive: Callable[[int], bool] = pid_alive) -> None:
         self.cfg = cfg
         self.me = cfg.node_id
         self.clock = clock or SystemClock()
         self.resources = resources  # the heartbeat's readings (a seam: the simulator's differ)
+        self.pid_alive = alive  # whether a process exists (a seam: the simulator's are modelled)
         self.topics = Topics(cfg.cluster)
         # Distinguishes this process from earlier (or zombie) ones with the same node id:
         # microseconds of wall time at start, from the clock (the simulator replays it).
@@ -472,7 +474,7 @@ class NodeAgent:
         finally:
             del self._replies[req_id]
 
-    def _check_worker(self, paused: bool = False) -> None:
+    def check_worker(self, paused: bool = False) -> None:
         """The attached worker's liveness: polls that stopped (a hang), or, for a worker
         started by hand (no supervisor sees it exit), a process that is gone."""
         w, now = self.worker, self.clock.monotonic()
@@ -481,7 +483,7 @@ class NodeAgent:
         silent = unresponsive_for(w, now, self.cfg.worker.poll_silence_s)
         if silent is not None:
             self._worker_hung(silent)
-        elif w.attached and not self.supervisor.running and not pid_alive(w.pid):
+        elif w.attached and not self.supervisor.running and not self.pid_alive(w.pid):
             log.warning("worker pid %d is gone", w.pid)
             self._worker_exited(-1)
 
@@ -590,7 +592,7 @@ class NodeAgent:
             self.detector.reset_all()
         elif self.bus.connected and self._hears_itself(now):
             self._decide(now)
-        self._check_worker(paused=gap > SELF_PAUSE_S)
+        self.check_worker(paused=gap > SELF_PAUSE_S)
         self.memory.save(self.election.term, self.election.leader)
         self._auth_failures.flush()
         self._rejects.flush()

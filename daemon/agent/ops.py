@@ -80,6 +80,10 @@ class AgentContext(Protocol):
         """Connected, and our own heartbeats come back (``worker.poll``'s ``in_touch``)."""
         ...
 
+    def check_worker(self) -> None:
+        """Judge the attached worker's liveness now; one that is gone is said to have exited."""
+        ...
+
     def request(self, body: RequestBody, reply: bool = False) -> str:
         """Queue a request to the scheduler (sent by :meth:`flush` or the next tick)."""
         ...
@@ -176,6 +180,11 @@ async def worker_attach(agent: AgentContext, args: dict[str, Any]) -> dict[str, 
     if not isinstance(host, str) or not 0 < port < 65536 or not pid:
         raise ControlError("worker.attach needs 'pid', 'host' and a 'port' in 1..65535")
     w = agent.worker
+    if w.attached and w.pid != pid:
+        # A script killed and started again by hand before the next tick: the old worker's
+        # exit reaches the scheduler first, so the new one joins as a newcomer, not as a
+        # member whose rounds still wait on the dead process.
+        agent.check_worker()
     if w.attached and w.pid != pid:
         raise ControlError(f"another worker (pid {w.pid}) is attached", code="failed")
     w.pid, w.data_addr, w.state, w.step = pid, f"{host}:{port}", "joining", step

@@ -42,6 +42,7 @@ from daemon.contracts.protocol import (
     Report,
     RequestBody,
     RoundAborted,
+    RoundStuck,
     ServeDeclined,
     Stall,
     StateDiverged,
@@ -156,9 +157,11 @@ class Negotiator:
         self._handing_over: dict[str, tuple[int, float]] = {}  # node -> (step, held since)
         self._blamed: dict[str, dict[str, float]] = {}  # node -> {peer whose link failed: when}
         self._heard: set[str] = set()  # nodes whose heartbeats this scheduler has had
-        # Joins that wait for members' heartbeats: node -> (when, the join's arguments).
-        self._unheard: dict[str, tuple[float, tuple[str, list[str], dict[str, float] | None,
-                                                     int]]] = {}
+        # The step each node's worker holds, from its heartbeat or its join (None: none).
+        self._holds: dict[str, int | None] = {}
+        # Joins that wait for heartbeats: node -> (when, whose, the join's arguments).
+        self._unheard: dict[str, tuple[float, frozenset[str],
+                                       tuple[str, list[str], dict[str, float] | None, int]]] = {}
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
@@ -254,12 +257,13 @@ class Negotiator:
         steps = [self.step_of(n) for n in self.members()]
         return max(steps, default=0)
 
-    def observe_worker(self, node: str, state: str, step: int) -> None:
+    def observe_worker(self, node: str, state: str, step: int, attached: bool = True) -> None:
         """A heartbeat says what ``node``'s worker is: one we list as joining whose worker is
         already active finished its join, and its ``replicated`` report was lost (sent to a
         scheduler that died the moment it went out: the simulator's seed 1389). Left joining,
         it was no holder of the state, and the next joiner bootstrapped a fresh model."""
         self._heard.add(node)
+        self._holds[node] = step if attached else None
         rec = self.sched.nodes.get(node)
         if rec is None or rec.state != "joining" or state != "active":
             return
@@ -387,6 +391,7 @@ class Negotiator:
             return
         self._leaving.pop(node, None)
         self._unheard.pop(node, None)
+        self._holds[node] = step
         if members and step > max(self.sched.step, self.max_step()) + self.lead():
             unheard = [m for m in members if m not in self._heard and m != self.sched.me]
             if unheard:
@@ -394,9 +399,7 @@ class Negotiator:
                 # moment old took a member that had trained on for one behind the joiner and
                 # started the cluster over from the joiner's older state (the simulator's
                 # seed 36). Judged when their heartbeats come (tick).
-                self._unheard[node] = (self.clock.monotonic(), (data_addr, wanted, rtts, step))
-                log.info("%s holds step %d; waiting for the heartbeats of %s", node, step,
-                         ", ".join(unheard))
+                self._wait_to_hear(node, unheard, (data_addr, wanted, rtts, step))
                 return
             # The joiner holds a newer state than every active member (they stalled, frozen or
             # cut off, while it trained on elsewhere): the cluster goes on from the joiner's
@@ -412,11 +415,22 @@ class Negotiator:
                 self.join(m, self.sched.nodes[m].data_addr, [node], step=self.reported(m))
             return
         if not members:
+            # Nodes up whose heartbeats we have not had may hold a newer state: a site back
+            # a moment before ours was heard only by its presence, and our older state started
+            # the cluster over (the simulator's seed 107). Judged when they are heard (tick).
+            up = [n for n, r in self.sched.nodes.items() if n != node and self.alive(n)
+                  and r.state not in ("failed", "left")]
+            unheard = [n for n in up if n not in self._holds and n != self.sched.me]
+            if unheard:
+                self._wait_to_hear(node, unheard, (data_addr, wanted, rtts, step))
+                return
             # A joiner whose sources went holds its state still (the simulator's seed 35: a
             # node back from a cut started the cluster over from an older state while one
-            # that had trained on waited on a source that went).
+            # that had trained on waited on a source that went); so does a node up whose
+            # worker holds a newer state, not yet asking to join.
             newest = max([self.sched.step, *(j.holds for n, j in self.joins.items()
-                                             if n != node and self.alive(n))])
+                                             if n != node and self.alive(n)),
+                          *(h for n in up if (h := self._holds.get(n)) is not None)])
             if step >= newest:
                 self._bootstrap(node, step)
                 return
@@ -505,11 +519,19 @@ class Negotiator:
         self._start_over_if_due()
         self._hand_over_if_due()
         now = self.clock.monotonic()
-        for node, (since, args) in sorted(self._unheard.items()):
-            heard = all(m in self._heard or m == self.sched.me for m in self._active())
-            if heard or now - since >= UNHEARD_WAIT_S:
-                self._heard.update(self._active())  # judged now, on what we know
+        for node, (since, whose, args) in sorted(self._unheard.items()):
+            if whose <= self._heard or now - since >= UNHEARD_WAIT_S:
+                self._heard.update(whose)  # judged now, on what we know
+                for n in whose:
+                    self._holds.setdefault(n, None)
                 self.join(node, *args[:3], step=args[3])
+
+    def _wait_to_hear(self, node: str, whose: list[str],
+                      args: tuple[str, list[str], dict[str, float] | None, int]) -> None:
+        """Judge ``node``'s join once ``whose`` heartbeats came, or UNHEARD_WAIT_S passed."""
+        self._unheard[node] = (self.clock.monotonic(), frozenset(whose), args)
+        log.info("%s holds step %d; waiting for the heartbeats of %s", node, args[3],
+                 ", ".join(whose))
 
     def _start_over_if_due(self) -> None:
         """With no member, after HOLD_S: the best state held by a node that is up."""
@@ -654,6 +676,9 @@ class Negotiator:
             # holders of the newest state cut off for a moment were forgotten, and a fresh
             # model started the cluster over while they waited (the simulator's seed 210).
             self.held.pop(node, None)
+            self._holds[node] = None
+        else:
+            self._holds.pop(node, None)  # back, what it holds is known from its heartbeats
         self._unheard.pop(node, None)
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:
@@ -772,6 +797,11 @@ class Negotiator:
             self.serve_declined(node, rep)
         elif isinstance(rep, RoundAborted):
             log.info("round %d aborted on %s: %s", rep.step, node, rep.reason)
+        elif isinstance(rep, RoundStuck):
+            log.warning("round %d stuck on %s for %.0fs: %s", rep.step, node, rep.waited_s,
+                        rep.reason)
+            self.sched.record("round-stuck", node=node, step=rep.step,
+                              waited_s=round(rep.waited_s, 1), reason=rep.reason[:200])
         elif isinstance(rep, StateDiverged):
             return self.diverged(node, rep)
         elif isinstance(rep, StateRefused):  # its worker exits next, and is not restarted

@@ -37,16 +37,16 @@ state did not fit, or the job's command could not start at all (a ``job-failed``
 WORKER_EXIT_REASONS: tuple[WorkerExitReason, ...] = get_args(WorkerExitReason)
 
 ReportKind = Literal[
-    "link-failed", "link-recovered", "link-metrics", "round-aborted", "replicated", "stall",
-    "serve-declined", "state-diverged", "state-refused",
+    "link-failed", "link-recovered", "link-metrics", "round-aborted", "round-stuck",
+    "replicated", "stall", "serve-declined", "state-diverged", "state-refused",
 ]
 """What a node reports to the scheduler (``report`` requests). The worker sends those in
 :data:`WORKER_REPORT_KINDS` through its daemon; the daemon itself sends ``link-metrics`` and
 ``link-recovered`` from its probes."""
 REPORT_KINDS: tuple[ReportKind, ...] = get_args(ReportKind)
 WORKER_REPORT_KINDS: tuple[ReportKind, ...] = (
-    "link-failed", "round-aborted", "replicated", "stall", "serve-declined", "state-diverged",
-    "state-refused",
+    "link-failed", "round-aborted", "round-stuck", "replicated", "stall", "serve-declined",
+    "state-diverged", "state-refused",
 )
 
 # --- commands from the scheduler (``node/<id>/cmd``) ----------------------------------------
@@ -71,7 +71,7 @@ CONTROL_OPS: tuple[ControlOp, ...] = (*get_args(ReadOp), *get_args(ActionOp),
 EventKind = Literal[
     "scale-out", "scale-in", "connect-link", "disconnect-link", "node-failed", "link-failed",
     "scheduler-elected", "partition", "state-diverged", "state-restored", "state-lost",
-    "job-failed",
+    "job-failed", "round-stuck",
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 

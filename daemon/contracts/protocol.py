@@ -187,6 +187,18 @@ class RoundAborted(_Report):
 
 
 @dataclass(frozen=True)
+class RoundStuck(_Report):
+    """Round ``step`` has not committed for ``waited_s`` (a step timeout, and each one after
+    it): the worker keeps its state, serves it and waits, and the scheduler records a
+    ``round-stuck`` event. ``reason``: the last abort, or what the round waits for."""
+
+    KIND: ClassVar[str] = "round-stuck"
+    step: int
+    waited_s: float
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Stall(_Report):
     """What the first step under a new policy (or a rerun) cost this worker."""
 
@@ -305,18 +317,19 @@ class Replicated(_Report):
         return {k: v for k, v in doc.items() if v not in ({}, None) or k == "sources"}
 
 
-Report: TypeAlias = (LinkFailed | LinkRecovered | LinkMetrics | RoundAborted | Stall
-                     | ServeDeclined | StateDiverged | StateRefused | Replicated)
+Report: TypeAlias = (LinkFailed | LinkRecovered | LinkMetrics | RoundAborted | RoundStuck
+                     | Stall | ServeDeclined | StateDiverged | StateRefused | Replicated)
 RequestBody: TypeAlias = JoinRequest | LeaveRequest | LinkRequest | WorkerExit | Report
-WorkerReport: TypeAlias = (LinkFailed | RoundAborted | Stall | ServeDeclined | StateDiverged
-                           | StateRefused | Replicated)
+WorkerReport: TypeAlias = (LinkFailed | RoundAborted | RoundStuck | Stall | ServeDeclined
+                           | StateDiverged | StateRefused | Replicated)
 """The reports a worker sends through its daemon (the daemon's probes send the others)."""
 
 REPORTS: dict[str, type[Report]] = {c.KIND: c for c in (
-    LinkFailed, LinkRecovered, LinkMetrics, RoundAborted, Stall, ServeDeclined, StateDiverged,
-    StateRefused, Replicated)}
+    LinkFailed, LinkRecovered, LinkMetrics, RoundAborted, RoundStuck, Stall, ServeDeclined,
+    StateDiverged, StateRefused, Replicated)}
 WORKER_REPORTS: dict[str, type[WorkerReport]] = {c.KIND: c for c in (
-    LinkFailed, RoundAborted, Stall, ServeDeclined, StateDiverged, StateRefused, Replicated)}
+    LinkFailed, RoundAborted, RoundStuck, Stall, ServeDeclined, StateDiverged, StateRefused,
+    Replicated)}
 REQUESTS: dict[str, type[JoinRequest | LeaveRequest | LinkRequest | WorkerExit]] = {
     c.OP: c for c in (JoinRequest, LeaveRequest, LinkRequest, WorkerExit)}
 

@@ -11,14 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from daemon.agent import ops
 from daemon.agent.memory import Job
 from daemon.agent.node import NodeAgent
 from daemon.agent.worker import WorkerSession, WorkerSupervisor, unresponsive_for
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import Config, WorkerConfig, load_config
-from daemon.contracts.errors import ConfigError
+from daemon.contracts.errors import ConfigError, ControlError
 from daemon.contracts.messages import Request, decode
 from tests.agent._wait import wait_for
+from tests.agent.test_node import FakeBus
 
 pytestmark = pytest.mark.timeout(30)
 LIMIT = 4.0
@@ -92,33 +94,55 @@ def requests(agent: NodeAgent) -> list[Request]:
 def test_hung_worker_started_by_hand_is_dropped_with_its_reason(tmp_path: Path) -> None:
     agent, clock = agent_with_worker(tmp_path, os.getpid())  # alive, and not our child
     clock.advance(LIMIT - 0.5)
-    agent._check_worker()
+    agent.check_worker()
     assert agent.worker.attached and not requests(agent)
     clock.advance(1.0)
-    agent._check_worker()
+    agent.check_worker()
     assert not agent.worker.attached
     [req] = requests(agent)
     assert req.op == "worker-exit" and req.args == {"code": -1, "reason": "worker-unresponsive"}
     assert agent.counters["worker_unresponsive"] == 1
-    agent._check_worker()  # reported once
+    agent.check_worker()  # reported once
     assert len(requests(agent)) == 1
 
 
 def test_a_frozen_daemon_does_not_blame_its_worker(tmp_path: Path) -> None:
     agent, clock = agent_with_worker(tmp_path, os.getpid())
     clock.advance(LIMIT * 5)  # the daemon itself was stopped: no tick, no poll served
-    agent._check_worker(paused=True)
+    agent.check_worker(paused=True)
     assert agent.worker.attached and not requests(agent)
     clock.advance(LIMIT + 0.1)  # from then on, silence counts again
-    agent._check_worker()
+    agent.check_worker()
     assert not agent.worker.attached
 
 
 def test_a_gone_worker_started_by_hand_is_a_plain_exit(tmp_path: Path) -> None:
     agent, _ = agent_with_worker(tmp_path, 2**22 + 12345)  # beyond pid_max: no process
-    agent._check_worker()
+    agent.check_worker()
     [req] = requests(agent)
     assert req.args == {"code": -1, "reason": "worker-exit"}
+
+
+async def test_a_script_killed_and_started_again_by_hand_joins_after_the_old_ones_exit(
+        tmp_path: Path) -> None:
+    """The simulator's seed 960: a worker started by hand was killed and its owner started the
+    script again before chaosd's next tick. The new worker's attach took the old one's seat,
+    its join left the old worker in the rounds until the join took effect, and they waited on
+    it until the step timeout. The old worker's exit is said first, then the join."""
+    agent, _ = agent_with_worker(tmp_path, 2**22 + 12345)  # the old one: gone
+    agent.bus = bus = FakeBus(agent)
+    await ops.worker_attach(agent, {"pid": os.getpid(), "port": 7001, "host": "127.0.0.1"})
+    assert agent.worker.pid == os.getpid()
+    sent = [decode(o.payload, Request) for o in bus.sent if o.topic == agent.topics.req]
+    assert [(r.op, r.args.get("reason")) for r in sent] == [  # type: ignore[attr-defined]
+        ("worker-exit", "worker-exit"), ("join", None)]
+
+
+async def test_a_second_worker_is_refused_while_the_first_one_lives(tmp_path: Path) -> None:
+    agent, _ = agent_with_worker(tmp_path, os.getppid())  # alive, and not our child
+    with pytest.raises(ControlError, match="another worker"):
+        await ops.worker_attach(agent, {"pid": os.getpid(), "port": 7001, "host": "127.0.0.1"})
+    assert agent.worker.pid == os.getppid() and not requests(agent)
 
 
 # --- the supervisor, with a real child ---------------------------------------------------------

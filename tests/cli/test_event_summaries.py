@@ -21,6 +21,7 @@ from daemon.contracts.clock import FakeClock
 from daemon.contracts.kinds import EVENT_KINDS
 from daemon.contracts.protocol import (
     Replicated,
+    RoundStuck,
     Stall,
     StateDiverged,
     WorkerExit,
@@ -69,6 +70,9 @@ def real_events() -> list[dict[str, Any]]:
     # node-7's daemon came back from a reboot and its remembered command was gone.
     neg.handle("node-7", WorkerExit(code=127, reason="job-failed", detail=(
         "cannot start worker /srv/old-venv/bin/python: No such file or directory")))
+    # node-1's round waited past its step timeout; its worker keeps the state and waits.
+    neg.handle("node-1", RoundStuck(step=121, waited_s=120.4, reason="last abort: timed out "
+                                    "after waiting for neighbours ['node-3']"))
     agent = SimpleNamespace(events={(ev.seq, ev.ts): ev for ev in sched.events})
     return daemon_views.events(cast(NodeAgent, agent), {})
 
@@ -126,6 +130,8 @@ def test_the_other_kinds() -> None:
     assert summary["state-diverged"] == "at step 120: abababab vs majority cdcdcdcd"
     assert summary["job-failed"] == ("the job did not start: cannot start worker "
                                      "/srv/old-venv/bin/python: No such file or directory")
+    assert summary["round-stuck"] == ("step 121 waiting 2.0 min: last abort: timed out after "
+                                      "waiting for neighbours ['node-3']")
     ins = [event_summary(ev) for ev in by_kind(events, "scale-in")]
     assert ins[0].startswith("left gracefully at step ")
     assert ins[1:] == ["dropped: its worker hung and was killed",

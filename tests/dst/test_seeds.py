@@ -70,7 +70,7 @@ UNCAUGHT: dict[str, str] = {
 FIXED: tuple[tuple[int, float], ...] = (
     (5060, 30.0), (5095, 30.0), (11348, 20.0),
     (31, 200.0), (35, 200.0), (36, 200.0), (97, 200.0), (145, 200.0), (210, 200.0),
-    (397, 200.0), (77973, 20.0), (83271, 20.0),
+    (397, 200.0), (77973, 20.0), (83271, 20.0), (960, 200.0), (107, 200.0),
 )
 
 
@@ -93,10 +93,7 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 
 # Faults found and traced but not fixed yet (BENCHMARKS.md, "Open"): each seed must still
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED.
-OPEN: tuple[tuple[int, float, str], ...] = (
-    (960, 200.0, "a member's worker replaced by hand: rounds wait for the old one"),
-    (107, 200.0, "a scheduler knows only its side's step; the other site's newer state"),
-)
+OPEN: tuple[tuple[int, float, str], ...] = ()
 
 
 @pytest.mark.parametrize(("seed", "duration", "fault"), OPEN)

@@ -796,3 +796,34 @@ def test_a_member_with_others_leaves_at_once_even_while_it_serves() -> None:
     neg.join("c", "127.0.0.1:9", ["a"])
     neg.leave("a", 40)
     assert neg.sched.nodes["a"].state == "left"
+
+
+def test_with_no_member_a_joiner_hears_the_nodes_up_before_it_starts_over() -> None:
+    """The simulator's seed 107: a site came back first and its scheduler, which knew only its
+    own side's step, bootstrapped its joiner 50 ms after the other site reconnected: that
+    site's presence was heard, its heartbeats (a worker holding a newer state) not yet. With
+    no member, a joiner waits for the heartbeats of the nodes up (or UNHEARD_WAIT_S), and a
+    worker one of them holds at a newer step counts as a holder to wait for."""
+    neg, _ = emptied(set())
+    neg.sched.set_node("n1", state="standby", data_addr="127.0.0.1:1")  # its presence: up
+    neg.join("c", "127.0.0.1:3", [], step=300)
+    assert not cmds(neg, "bootstrap") and "c" not in neg.held  # n1 unheard: not judged yet
+    neg.observe_worker("n1", "standby", 407)  # its worker holds step 407
+    neg.tick()
+    assert not cmds(neg, "bootstrap") and neg.held == {"c": 300}
+    neg.join("n1", "127.0.0.1:1", [], step=407)  # its worker asks: it starts the cluster over
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["n1"]
+    assert neg.joins["c"].command.sources == {"n1": "127.0.0.1:1"}
+    # A node up whose heartbeats never come is judged on what we know, after the wait.
+    neg2, clock2 = emptied(set())
+    neg2.sched.set_node("n1", state="standby", data_addr="127.0.0.1:1")
+    neg2.join("c", "127.0.0.1:3", [], step=300)
+    clock2.advance(UNHEARD_WAIT_S)
+    neg2.tick()
+    assert [n for n, _ in cmds(neg2, "bootstrap")] == ["c"]
+    # A heard node without a worker holds nothing to wait for.
+    neg3, _ = emptied(set())
+    neg3.sched.set_node("n1", state="standby", data_addr="127.0.0.1:1")
+    neg3.observe_worker("n1", "standby", 407, attached=False)
+    neg3.join("c", "127.0.0.1:3", [], step=300)
+    assert [n for n, _ in cmds(neg3, "bootstrap")] == ["c"]
