@@ -44,6 +44,7 @@ EVENT_STYLES: dict[str, str] = {
     "state-lost": "bold red",
     "job-failed": "bold red",
     "round-stuck": "bold yellow",
+    "snapshot-failed": "bold red",
 }
 # Shown in this order in status; unknown states follow, sorted.
 STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")
@@ -345,12 +346,17 @@ def _stuck(ev: dict[str, Any]) -> str:
     return f"{text}: {ev['reason']}" if ev.get("reason") else text
 
 
+def _snapshot_failed(ev: dict[str, Any]) -> str:
+    """``snapshot-failed``: a member's disk refused a snapshot; it trains on without them."""
+    return f"no more snapshots: {ev['reason']}" if ev.get("reason") else "no more snapshots"
+
+
 SUMMARIES = {
     "scale-out": _scale_out, "scale-in": _scale_in, "connect-link": _link,
     "disconnect-link": _link, "link-failed": _link, "node-failed": _node_failed,
     "scheduler-elected": _elected, "partition": _partition, "state-diverged": _diverged,
     "state-restored": _state, "state-lost": _state, "job-failed": _job_failed,
-    "round-stuck": _stuck,
+    "round-stuck": _stuck, "snapshot-failed": _snapshot_failed,
 }
 
 

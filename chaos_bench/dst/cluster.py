@@ -306,8 +306,9 @@ class Cluster:
         elif f.kind == "kill-worker" and box is not None:
             box._kill_worker(supervised=True)
         elif f.kind == "misfit" and box is not None and box.agent is not None:
-            # Its owner starts another script, whose model is not the cluster's: at once
-            # (within chaosd's tick, before it sees the old one gone) or a moment later.
+            # Its owner starts another script, whose model is not the cluster's, a tenth of
+            # a second to a second later (never inside one 0.1-s tick: a Python script takes
+            # longer than that to start).
             box._kill_worker(supervised=False)
             box.agent.supervisor.refused = None
             self.sim.at(0.1 + self.sim.rng.random(), functools.partial(box.start_worker, True))

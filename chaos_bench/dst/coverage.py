@@ -6,7 +6,8 @@ The referee counts what happens under names like ``mqtt:hb``, ``cmd:replicate``,
 judged against. A ``state-diverged`` report and a stale member are left out on purpose: only
 a broken protocol (or a bit flip, which the simulator does not model) makes one. So is a
 ``round-stuck`` report: a round stuck for the step timeout (120 s) has outlasted the stall
-bound (90 s), so only a run that already broke an invariant gets there.
+bound (90 s), so only a run that already broke an invariant gets there. The simulator models
+no disk, so no ``snapshot-failed`` either.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from chaos_bench.dst.faults import FAULT_KINDS
 from daemon.contracts.kinds import COMMAND_OPS, REPORT_KINDS, REQUEST_OPS
 
 MQTT_KINDS = ("hb", "status", "leader", "req", "cmd", "state")
-NEVER_EXPECTED = ("req:report:state-diverged", "req:report:round-stuck")
+NEVER_EXPECTED = ("req:report:state-diverged", "req:report:round-stuck",
+                  "req:report:snapshot-failed")
 EXPECTED: tuple[str, ...] = (
     *(f"mqtt:{k}" for k in MQTT_KINDS),
     *(f"req:{op}" for op in REQUEST_OPS if op != "report"),

@@ -15,7 +15,6 @@ from typing import Any
 
 from chaos_bench.dst import worker as sim_worker
 from chaos_edge.trainer import scaleout
-from daemon.agent import ops
 from daemon.agent.node import NodeAgent
 from daemon.cluster import primitives
 from daemon.cluster.detector import PhiAccrualDetector
@@ -159,17 +158,6 @@ def _unchallenged() -> list[tuple[Any, str, Any]]:
     return [(Election, "challenged", property(lambda self: False))]
 
 
-def _seat_taken() -> list[tuple[Any, str, Any]]:
-    attach = ops.__dict__["worker_attach"]
-
-    async def take_seat(agent: ops.AgentContext, args: dict[str, Any]) -> dict[str, Any]:
-        w = agent.worker
-        if w.attached and isinstance(args.get("pid"), int):
-            w.pid = args["pid"]  # the new worker takes the old one's seat, unjudged
-        return await attach(agent, args)
-    return [(ops, "worker_attach", take_seat)]
-
-
 class _KnowsNothing(dict[str, "int | None"]):
     """Every node's holding known, and none holding: nobody is waited for or counted."""
 
@@ -270,9 +258,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            lambda: [*_presence_unacted(), *_leave_drops_state()]),
     Mutant("extrapolated-hold", "5e2e34c", "a partitioned node linked back holds its step "
            "extrapolated at its old rate, not the one it said", _extrapolated_hold),
-    Mutant("seat-taken", "SEAT", "a worker started again by hand takes the seat of one "
-           "killed since chaosd's last tick, which stays in the rounds", _seat_taken),
-    Mutant("unheard-bootstrap", "UNHEARD", "with no member, a joiner starts the cluster over "
+    Mutant("unheard-bootstrap", "31c57f8", "with no member, a joiner starts the cluster over "
            "before the nodes up are heard, and a newer state their workers hold does not "
            "count", _unheard_bootstrap),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "

@@ -62,6 +62,7 @@ from chaos_edge.trainer.rendezvous import StateTransfer
 from chaos_edge.trainer.replica import Replica
 from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handlers
 from chaos_edge.trainer.shares import Shard, Shares
+from chaos_edge.trainer.snapshots import SnapshotSettings, Snapshotter
 from chaos_edge.trainer.source import Source
 from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
 from chaos_edge.trainer.timing import StallMeter, StepAlarm, StepTiming
@@ -169,7 +170,14 @@ class Trainer:
         self._meter = StallMeter(self._s, self._clock)
         rendezvous = StateTransfer(self._s.links, host=self._s.bind)
         try:
-            self._s.attach()
+            # Before the join: a worker started again after a power cut (or any restart)
+            # holds the newest snapshot of its box, and its join says which step that is.
+            info = self._s.client.call("ping", {})
+            settings = SnapshotSettings.from_reply(info.get("snapshots"))
+            self._snapshots = None if not settings.directory else Snapshotter(
+                settings, str(info.get("cluster") or ""), self._replica, self._clock,
+                self._snapshot_failed)
+            self._s.attach(self._snapshots.restore() if self._snapshots else 0)
             self.node_id = me = self._s.node_id
             self._shares = Shares(me, samples_per_step or 1, global_batch)
             # Both sides of scale-out see the state only through the replica, and come back
@@ -191,6 +199,8 @@ class Trainer:
         except BaseException:
             self._s.close()
             rendezvous.close()
+            if self._snapshots is not None:
+                self._snapshots.close()
             raise
 
     @property
@@ -315,6 +325,8 @@ class Trainer:
                     break  # the peers' next epoch committed the result we held
         # Every member of the epoch that committed has its state: it needs no offer any more.
         self._source.withdraw(pub.members)
+        if self._snapshots is not None:
+            self._snapshots.committed()
         self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version)
         self._shares.ended(self._clock.monotonic())
 
@@ -333,10 +345,17 @@ class Trainer:
             self.close()
 
     def close(self) -> None:
-        """Close links and the control connection (idempotent)."""
+        """Close links and the control connection (idempotent); a snapshot being written is
+        finished first."""
+        if self._snapshots is not None:
+            self._snapshots.close()
         self.reducer.close()
         self._s.close()
         self._source.close()
+
+    def _snapshot_failed(self, reason: str) -> None:
+        """The disk refused a snapshot (full, read-only): said once; training goes on."""
+        self._s.report(protocol.SnapshotFailed(reason=reason[:300]))
 
     def state_digest(self) -> str:
         """SHA-256 of the whole state: parameters, buffers (as agreed at the last step),

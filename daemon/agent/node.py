@@ -17,6 +17,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from daemon.agent.bus import Bus, Outgoing
@@ -55,6 +56,7 @@ from daemon.contracts.protocol import (
 )
 from daemon.contracts.ratelog import RateLimitedLog
 from daemon.contracts.signing import AuthError
+from daemon.contracts.snapshots import SNAPSHOT_DIR, newest_snapshot_step
 
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
@@ -257,8 +259,14 @@ class NodeAgent:
                        self.state, cpu_percent=res.cpu_percent,
                        mem_percent=res.mem_percent, battery_percent=res.battery_percent,
                        policy_version=self.worker.version if self.worker.attached else -1,
-                       leader=self.election.leader or "")
+                       leader=self.election.leader or "", snapshot=self._snapshot_step())
         await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
+
+    def _snapshot_step(self) -> int:
+        """The newest snapshot on our disk, by name (what the worker restores if it starts)."""
+        if not self.cfg.snapshots.enabled:
+            return -1
+        return newest_snapshot_step(Path(self.cfg.data_dir) / SNAPSHOT_DIR)
 
     async def leave(self) -> None:
         """Graceful exit: a retained 'left' status, so the last will never fires."""

@@ -6,11 +6,14 @@ import dataclasses
 import os
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from daemon.agent.node import NodeAgent
+from daemon.contracts.config import Config
 from daemon.contracts.errors import ControlError
 from daemon.contracts.kinds import ReadOp
+from daemon.contracts.snapshots import SNAPSHOT_DIR
 
 
 def node_ids(agent: NodeAgent) -> list[str]:
@@ -105,7 +108,15 @@ def ping(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
             "worker": {"pid": agent.worker.pid or agent.supervisor.pid,
                        "data_addr": agent.worker.data_addr, "step": agent.worker.step,
                        "restarts": agent.supervisor.restarts,
-                       "refused": agent.supervisor.refused}}
+                       "refused": agent.supervisor.refused},
+            "cluster": agent.cfg.cluster, "snapshots": snapshot_settings(agent.cfg)}
+
+
+def snapshot_settings(cfg: Config) -> dict[str, Any]:
+    """Where and when the worker snapshots (``[snapshots]``; ``dir`` empty: off)."""
+    snaps = cfg.snapshots
+    return {"dir": str(Path(cfg.data_dir) / SNAPSHOT_DIR) if snaps.enabled else "",
+            "every_steps": snaps.every_steps, "every_s": snaps.every_s, "keep": snaps.keep}
 
 
 HANDLERS: dict[ReadOp, Callable[[NodeAgent, dict[str, Any]], Any]] = {

@@ -44,6 +44,7 @@ from daemon.contracts.protocol import (
     RoundAborted,
     RoundStuck,
     ServeDeclined,
+    SnapshotFailed,
     Stall,
     StateDiverged,
     StateRefused,
@@ -159,6 +160,12 @@ class Negotiator:
         self._heard: set[str] = set()  # nodes whose heartbeats this scheduler has had
         # The step each node's worker holds, from its heartbeat or its join (None: none).
         self._holds: dict[str, int | None] = {}
+        # The newest snapshot on each node's disk, from its heartbeat (-1: none).
+        self._on_disk: dict[str, int] = {}
+        # Members gone silent (cut off, frozen, or dead: we cannot tell), whose workers may
+        # hold the state in memory still; forgotten when they ask to join or come back as a
+        # new process (a reboot: their memory is gone).
+        self._silent: set[str] = set()
         # Joins that wait for heartbeats: node -> (when, whose, the join's arguments).
         self._unheard: dict[str, tuple[float, frozenset[str],
                                        tuple[str, list[str], dict[str, float] | None, int]]] = {}
@@ -257,13 +264,15 @@ class Negotiator:
         steps = [self.step_of(n) for n in self.members()]
         return max(steps, default=0)
 
-    def observe_worker(self, node: str, state: str, step: int, attached: bool = True) -> None:
+    def observe_worker(self, node: str, state: str, step: int, attached: bool = True,
+                       snapshot: int = -1) -> None:
         """A heartbeat says what ``node``'s worker is: one we list as joining whose worker is
         already active finished its join, and its ``replicated`` report was lost (sent to a
         scheduler that died the moment it went out: the simulator's seed 1389). Left joining,
         it was no holder of the state, and the next joiner bootstrapped a fresh model."""
         self._heard.add(node)
         self._holds[node] = step if attached else None
+        self._on_disk[node] = snapshot
         rec = self.sched.nodes.get(node)
         if rec is None or rec.state != "joining" or state != "active":
             return
@@ -392,6 +401,7 @@ class Negotiator:
         self._leaving.pop(node, None)
         self._unheard.pop(node, None)
         self._holds[node] = step
+        self._silent.discard(node)  # what it holds is what it says now
         if members and step > max(self.sched.step, self.max_step()) + self.lead():
             unheard = [m for m in members if m not in self._heard and m != self.sched.me]
             if unheard:
@@ -501,8 +511,9 @@ class Negotiator:
         self._cmd(node, Bootstrap(new=node, policy_version=version))
         self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
                           policy_version=version)
-        if known > 0:  # a cluster that had a state goes on from this one
-            kind: EventKind = "state-restored" if step >= known else "state-lost"
+        if known > 0:  # a cluster that had a state goes on from this one (a snapshot's,
+            # perhaps, with the steps since lost), or starts over from a fresh model
+            kind: EventKind = "state-restored" if step > 0 else "state-lost"
             self.sched.record(kind, node=node, step=step, source=node,
                               steps_lost=max(0, known - step), held=held is not None)
         self.sched.step = step
@@ -533,10 +544,29 @@ class Negotiator:
         log.info("%s holds step %d; waiting for the heartbeats of %s", node, args[3],
                  ", ".join(whose))
 
+    def restarted(self, node: str) -> None:
+        """``node``'s daemon came back as a new process: its worker's memory is gone."""
+        self._silent.discard(node)
+
+    def _awaited(self, step: int) -> list[str]:
+        """Who may still bring a state newer than ``step``: members gone silent (in memory),
+        and nodes up, not asking yet, whose worker or disk holds a newer one."""
+        newer = [n for n in self.sched.nodes if n not in self.held and self.alive(n)
+                 and (((h := self._holds.get(n)) is not None and h > step)
+                      or self._on_disk.get(n, -1) > step)]
+        return sorted(self._silent.difference(self.held).union(newer))
+
     def _start_over_if_due(self) -> None:
-        """With no member, after HOLD_S: the best state held by a node that is up."""
+        """With no member: the best state held by a node that is up, at once when nobody may
+        bring a newer one (every member back from a power cut, each with its snapshot), else
+        after HOLD_S."""
         up = [n for n in self.held if self.alive(n)]
         empty_for = self._empty_for() if self.held else 0.0
+        if up and not self._awaited(max(self.held[n] for n in up)):
+            best = max(up, key=lambda n: (self.held[n], n))
+            if max(self.held.values()) <= self.held[best]:
+                self._bootstrap(best, self.held[best])
+                return
         if up and empty_for >= HOLD_S:
             best = max(up, key=lambda n: (self.held[n], n))  # most steps, then id
             # A held node with a newer state, silent for now (frozen, cut off), is waited
@@ -670,6 +700,10 @@ class Negotiator:
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
         self.joins.pop(node, None)
+        if reason == "failure" and was_member:
+            self._silent.add(node)
+        elif reason != "failure":
+            self._silent.discard(node)
         if reason != "failure":
             # A worker that went holds nothing; one whose daemon went silent (cut off) may
             # still hold its state, and is counted again when it is back (tick): dropped, two
@@ -804,6 +838,9 @@ class Negotiator:
                               waited_s=round(rep.waited_s, 1), reason=rep.reason[:200])
         elif isinstance(rep, StateDiverged):
             return self.diverged(node, rep)
+        elif isinstance(rep, SnapshotFailed):
+            log.warning("%s snapshots no more: %s", node, rep.reason)
+            self.sched.record("snapshot-failed", node=node, reason=rep.reason[:300])
         elif isinstance(rep, StateRefused):  # its worker exits next, and is not restarted
             log.warning("%s cannot join: %s", node, rep.reason[:300])
         else:

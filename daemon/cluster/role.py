@@ -134,7 +134,8 @@ class SchedulerRole:
 
     def on_heartbeat(self, hb: Heartbeat, addr: str) -> None:
         self.sched.observe_heartbeat(hb, addr)
-        self.neg.observe_worker(hb.node, hb.state, hb.step, attached=hb.policy_version >= 0)
+        self.neg.observe_worker(hb.node, hb.state, hb.step, attached=hb.policy_version >= 0,
+                               snapshot=hb.snapshot)
         self.neg.observe_progress()
         self.flush()
 
@@ -148,11 +149,15 @@ class SchedulerRole:
             self.on_status(st)
 
     def on_status(self, st: Status) -> None:
+        rec = self.sched.nodes.get(st.node)
         verdict = self.sched.observe_status(st)
+        if st.online and rec is not None and st.incarnation > rec.incarnation:
+            self.neg.restarted(st.node)  # a new process: its worker's memory is gone
         if verdict == "lost":
             self.fail(st.node, "last-will")
         elif verdict == "restarted":
             self.fail(st.node, "restarted")
+            self.neg.restarted(st.node)
             self.sched.observe_status(st)  # failed now: admitted again as a standby
         elif verdict == "left":
             self.neg.gone(st.node, "daemon-left")

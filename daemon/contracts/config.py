@@ -167,6 +167,19 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotConfig:
+    """Durable snapshots of the training state in the data dir (chaosd.toml(5)). The worker
+    writes one once both ``every_steps`` steps and ``every_s`` seconds have passed since the
+    last, so a power cut of every box costs at most the larger of the two; it keeps ``keep``.
+    A worker that starts loads the newest one that verifies, and joins holding its step."""
+
+    enabled: bool = True
+    every_steps: int = 100
+    every_s: float = 10.0
+    keep: int = 3
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     """Prometheus metrics (chaosd(8), METRICS). Off by default: an address a scraper can
     reach is the operator's choice, and two daemons on one box would collide on a fixed one."""
@@ -197,6 +210,7 @@ class Config:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
@@ -231,6 +245,7 @@ _SECTIONS: dict[str, type] = {
     "replication": ReplicationConfig,
     "training": TrainingConfig,
     "worker": WorkerConfig,
+    "snapshots": SnapshotConfig,
     "metrics": MetricsConfig,
 }
 # Flags the CLI may override; the names match the TOML keys.
@@ -365,6 +380,12 @@ def validate(cfg: Config) -> Config:
     if silence != 0 and not MIN_POLL_SILENCE_S <= silence <= 3600:
         raise ConfigError(f"config: worker.poll_silence_s must be 0 (off) or "
                           f"{MIN_POLL_SILENCE_S:g}..3600, not {silence:g}")
+    snaps = cfg.snapshots
+    if not 1 <= snaps.every_steps <= 10**9 or not 0 <= snaps.every_s <= 86400:
+        raise ConfigError("config: snapshots.every_steps must be >= 1 and snapshots.every_s "
+                          f"0..86400, not {snaps.every_steps} and {snaps.every_s:g}")
+    if not 1 <= snaps.keep <= 1000:
+        raise ConfigError(f"config: snapshots.keep must be 1..1000, not {snaps.keep}")
     listen = cfg.metrics.listen
     m_host, sep, m_port = listen.rpartition(":")
     if listen and (not sep or not m_host.strip("[]") or not m_port.isdigit()

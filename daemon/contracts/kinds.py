@@ -39,6 +39,7 @@ WORKER_EXIT_REASONS: tuple[WorkerExitReason, ...] = get_args(WorkerExitReason)
 ReportKind = Literal[
     "link-failed", "link-recovered", "link-metrics", "round-aborted", "round-stuck",
     "replicated", "stall", "serve-declined", "state-diverged", "state-refused",
+    "snapshot-failed",
 ]
 """What a node reports to the scheduler (``report`` requests). The worker sends those in
 :data:`WORKER_REPORT_KINDS` through its daemon; the daemon itself sends ``link-metrics`` and
@@ -46,7 +47,7 @@ ReportKind = Literal[
 REPORT_KINDS: tuple[ReportKind, ...] = get_args(ReportKind)
 WORKER_REPORT_KINDS: tuple[ReportKind, ...] = (
     "link-failed", "round-aborted", "round-stuck", "replicated", "stall", "serve-declined",
-    "state-diverged", "state-refused",
+    "state-diverged", "state-refused", "snapshot-failed",
 )
 
 # --- commands from the scheduler (``node/<id>/cmd``) ----------------------------------------
@@ -71,7 +72,7 @@ CONTROL_OPS: tuple[ControlOp, ...] = (*get_args(ReadOp), *get_args(ActionOp),
 EventKind = Literal[
     "scale-out", "scale-in", "connect-link", "disconnect-link", "node-failed", "link-failed",
     "scheduler-elected", "partition", "state-diverged", "state-restored", "state-lost",
-    "job-failed", "round-stuck",
+    "job-failed", "round-stuck", "snapshot-failed",
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 

@@ -95,6 +95,9 @@ class Heartbeat:
     # The scheduler this node follows ("": none yet): a scheduler contesting a claim counts
     # the nodes that train following it, and the newest step they hold.
     leader: str = ""
+    # The newest step a snapshot on this node's disk holds, by its file name (-1: none): a
+    # scheduler with no member left waits for the node to bring it (a power cut of every box).
+    snapshot: int = -1
 
 
 @dataclass(frozen=True)

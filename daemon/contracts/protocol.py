@@ -199,6 +199,15 @@ class RoundStuck(_Report):
 
 
 @dataclass(frozen=True)
+class SnapshotFailed(_Report):
+    """The disk refused this member's snapshot (full, read-only): it snapshots no more, and
+    trains on; the scheduler records a ``snapshot-failed`` event."""
+
+    KIND: ClassVar[str] = "snapshot-failed"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Stall(_Report):
     """What the first step under a new policy (or a rerun) cost this worker."""
 
@@ -318,18 +327,19 @@ class Replicated(_Report):
 
 
 Report: TypeAlias = (LinkFailed | LinkRecovered | LinkMetrics | RoundAborted | RoundStuck
-                     | Stall | ServeDeclined | StateDiverged | StateRefused | Replicated)
+                     | Stall | ServeDeclined | StateDiverged | StateRefused | Replicated
+                     | SnapshotFailed)
 RequestBody: TypeAlias = JoinRequest | LeaveRequest | LinkRequest | WorkerExit | Report
 WorkerReport: TypeAlias = (LinkFailed | RoundAborted | RoundStuck | Stall | ServeDeclined
-                           | StateDiverged | StateRefused | Replicated)
+                           | StateDiverged | StateRefused | Replicated | SnapshotFailed)
 """The reports a worker sends through its daemon (the daemon's probes send the others)."""
 
 REPORTS: dict[str, type[Report]] = {c.KIND: c for c in (
     LinkFailed, LinkRecovered, LinkMetrics, RoundAborted, RoundStuck, Stall, ServeDeclined,
-    StateDiverged, StateRefused, Replicated)}
+    StateDiverged, StateRefused, Replicated, SnapshotFailed)}
 WORKER_REPORTS: dict[str, type[WorkerReport]] = {c.KIND: c for c in (
     LinkFailed, RoundAborted, RoundStuck, Stall, ServeDeclined, StateDiverged, StateRefused,
-    Replicated)}
+    Replicated, SnapshotFailed)}
 REQUESTS: dict[str, type[JoinRequest | LeaveRequest | LinkRequest | WorkerExit]] = {
     c.OP: c for c in (JoinRequest, LeaveRequest, LinkRequest, WorkerExit)}
 

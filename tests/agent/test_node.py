@@ -487,6 +487,7 @@ REPORTS: dict[str, dict[str, Any]] = {
     "link-failed": {"peer": "c", "reason": "connection reset"},
     "round-aborted": {"step": 3, "reason": "peer c failed"},
     "round-stuck": {"step": 3, "waited_s": 120.0, "reason": "last abort: peer c failed"},
+    "snapshot-failed": {"reason": "/var/lib/chaos/snapshots: [Errno 28] No space left"},
     "replicated": {"version": 1, "bytes": 4096, "delay_ms": 80.0, "sources": ["b", "c"]},
     "stall": {"step": 3, "ms": 7.5, "reruns": 1, "policy_version": 1, "reason": ""},
     "serve-declined": {"new": "d", "reason": "needs 512 MiB, 100 MiB free"},

@@ -320,6 +320,7 @@ REPORTS: dict[str, dict[str, Any]] = {
     "link-failed": {"peer": "c", "reason": "connection reset"},
     "round-aborted": {"step": 12, "reason": "peer c failed"},
     "round-stuck": {"step": 12, "waited_s": 120.0, "reason": "last abort: peer c failed"},
+    "snapshot-failed": {"reason": "/var/lib/chaos/snapshots: [Errno 30] Read-only"},
     "replicated": {"version": 3, "bytes": 4096, "delay_ms": 80.0, "transfer_ms": 60.0,
                    "strategy": "chaos", "sources": ["b", "c"], "per_source": {}},
     "stall": {"step": 12, "ms": 7.5, "reruns": 1, "reason": "peer c failed"},

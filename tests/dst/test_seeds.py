@@ -31,7 +31,7 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "deaf-judges": (310, 30.0, frozenset({"split"})),
     "no-hold": (101, 60.0, frozenset({"split", "state-lost"})),
     "silent-empty": (498, 60.0, frozenset({"split", "state-lost"})),
-    "no-heal": (471, 60.0, frozenset({"state-lost"})),
+    "no-heal": (227, 60.0, frozenset({"state-lost"})),
     "newcomer-stands": (166, 60.0, frozenset({"split", "state-lost"})),
     "tie-lower-id": (98, 60.0, frozenset({"state-lost"})),
     "keep-joiners": (98, 60.0, frozenset({"state-lost"})),
@@ -39,9 +39,10 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "snapshot-step": (8852, 30.0, frozenset({"state-lost"})),
     "extrapolated-hold": (27921, 20.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
-    "one-report-partitions": (50, 200.0, frozenset({"split", "state-lost"})),
+    "one-report-partitions": (532, 200.0, frozenset({"split"})),
     "last-leave-lost": (319, 200.0, frozenset({"state-lost"})),
     "stale-replicate": (188, 200.0, frozenset({"join-stuck"})),
+    "unheard-bootstrap": (107, 200.0, frozenset({"state-lost"})),
     "lost-replicate": (25, 200.0, frozenset({"split"})),
     "inferred-bootstrap": (11, 200.0, frozenset({"join-stuck"})),
 }
@@ -70,7 +71,12 @@ UNCAUGHT: dict[str, str] = {
 FIXED: tuple[tuple[int, float], ...] = (
     (5060, 30.0), (5095, 30.0), (11348, 20.0),
     (31, 200.0), (35, 200.0), (36, 200.0), (97, 200.0), (145, 200.0), (210, 200.0),
-    (397, 200.0), (77973, 20.0), (83271, 20.0), (960, 200.0), (107, 200.0),
+    (397, 200.0), (77973, 20.0), (83271, 20.0), (107, 200.0),
+    # A harness gap, not a protocol fault: the simulator gave every worker one pid, so chaosd
+    # never saw a worker started by hand die, as the real one does at its next tick. The race
+    # it hid (a script started again within one tick) is closed in worker.attach and unit-
+    # tested; no seed reaches it, since a script takes longer than a tick to start.
+    (960, 200.0),
 )
 
 

@@ -458,8 +458,11 @@ def test_with_no_holder_back_in_time_the_best_state_starts_over_and_says_so() ->
     clock.advance(HOLD_S)
     neg.tick()
     assert neg.sched.nodes["d"].state == "active" and neg.sched.step == 280
-    lost = [e for e in neg.sched.events if e.kind == "state-lost"]
-    assert lost and lost[-1].node == "d" and lost[-1].detail["steps_lost"] == 20
+    # Some state survives: restored, with the steps since said lost (state-lost is a fresh
+    # model, when nothing survives).
+    back = [e for e in neg.sched.events if e.kind == "state-restored"]
+    assert back and back[-1].node == "d" and back[-1].detail["steps_lost"] == 20
+    assert not [e for e in neg.sched.events if e.kind == "state-lost"]
     assert neg.joins["c"].command.sources == {"d": "127.0.0.1:4"}
 
 
@@ -827,3 +830,48 @@ def test_with_no_member_a_joiner_hears_the_nodes_up_before_it_starts_over() -> N
     neg3.observe_worker("n1", "standby", 407, attached=False)
     neg3.join("c", "127.0.0.1:3", [], step=300)
     assert [n for n, _ in cmds(neg3, "bootstrap")] == ["c"]
+
+
+def power_cut(silent: set[str]) -> tuple[Negotiator, FakeClock]:
+    """Members a and b trained to step 300; every box lost power. ``silent``: not back."""
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("s", 1, None, clock), clock, lambda n: 0,
+                     alive=lambda n: n not in silent)
+    grow(neg, "a", "b")
+    neg.sched.step = 300
+    for node in ("a", "b"):
+        neg.sched.fail(node, "heartbeat", 2.0)
+        neg.gone(node, "failure")
+    for node in {"a", "b"} - silent:  # back as new processes, their workers not started yet
+        neg.restarted(node)
+        neg.sched.set_node(node, state="standby")
+    neg.out.clear()
+    return neg, clock
+
+
+def test_after_a_power_cut_the_newest_snapshot_restores_the_cluster_at_once() -> None:
+    """Every member's memory is gone (their daemons came back as new processes); each box
+    says in its heartbeats the newest snapshot on its disk. The cluster goes on from the
+    newest, as soon as its holder asks, with no hold, and says what was lost."""
+    neg, _ = power_cut(set())
+    neg.observe_worker("b", "standby", 0, attached=False, snapshot=290)
+    neg.observe_worker("a", "standby", 0, attached=False, snapshot=280)
+    neg.join("a", "127.0.0.1:1", [], step=280)  # a's worker first, with an older snapshot
+    assert neg.held == {"a": 280} and not cmds(neg, "bootstrap")  # b's disk has a newer one
+    neg.join("b", "127.0.0.1:2", [], step=290)
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["b"]
+    assert neg.joins["a"].command.sources == {"b": "127.0.0.1:2"}
+    [ev] = [e for e in neg.sched.events if e.kind == "state-restored"]
+    assert ev.node == "b" and ev.detail["step"] == 290 and ev.detail["steps_lost"] == 10
+
+
+def test_after_a_power_cut_a_member_not_back_is_waited_for() -> None:
+    """b is not back: cut off rather than powered off, it may hold step 300 in memory. a's
+    snapshot restores the cluster only after HOLD_S."""
+    neg, clock = power_cut({"b"})
+    neg.observe_worker("a", "standby", 0, attached=False, snapshot=280)
+    neg.join("a", "127.0.0.1:1", [], step=280)
+    assert neg.held == {"a": 280} and not cmds(neg, "bootstrap")
+    clock.advance(HOLD_S)
+    neg.tick()
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["a"]
