@@ -22,6 +22,7 @@ from daemon.contracts.kinds import EVENT_KINDS
 from daemon.contracts.protocol import (
     Replicated,
     RoundStuck,
+    SnapshotFailed,
     Stall,
     StateDiverged,
     WorkerExit,
@@ -73,6 +74,8 @@ def real_events() -> list[dict[str, Any]]:
     # node-1's round waited past its step timeout; its worker keeps the state and waits.
     neg.handle("node-1", RoundStuck(step=121, waited_s=120.4, reason="last abort: timed out "
                                     "after waiting for neighbours ['node-3']"))
+    neg.handle("node-1", SnapshotFailed(reason="/var/lib/chaos/snapshots: [Errno 28] No space "
+                                        "left on device"))
     agent = SimpleNamespace(events={(ev.seq, ev.ts): ev for ev in sched.events})
     return daemon_views.events(cast(NodeAgent, agent), {})
 
@@ -130,6 +133,8 @@ def test_the_other_kinds() -> None:
     assert summary["state-diverged"] == "at step 120: abababab vs majority cdcdcdcd"
     assert summary["job-failed"] == ("the job did not start: cannot start worker "
                                      "/srv/old-venv/bin/python: No such file or directory")
+    assert summary["snapshot-failed"] == ("no more snapshots: /var/lib/chaos/snapshots: "
+                                          "[Errno 28] No space left on device")
     assert summary["round-stuck"] == ("step 121 waiting 2.0 min: last abort: timed out after "
                                       "waiting for neighbours ['node-3']")
     ins = [event_summary(ev) for ev in by_kind(events, "scale-in")]
