@@ -162,10 +162,6 @@ class Negotiator:
         self._holds: dict[str, int | None] = {}
         # The newest snapshot on each node's disk, from its heartbeat (-1: none).
         self._on_disk: dict[str, int] = {}
-        # Members gone silent (cut off, frozen, or dead: we cannot tell), whose workers may
-        # hold the state in memory still; forgotten when they ask to join or come back as a
-        # new process (a reboot: their memory is gone).
-        self._silent: set[str] = set()
         # Joins that wait for heartbeats: node -> (when, whose, the join's arguments).
         self._unheard: dict[str, tuple[float, frozenset[str],
                                        tuple[str, list[str], dict[str, float] | None, int]]] = {}
@@ -401,7 +397,6 @@ class Negotiator:
         self._leaving.pop(node, None)
         self._unheard.pop(node, None)
         self._holds[node] = step
-        self._silent.discard(node)  # what it holds is what it says now
         if members and step > max(self.sched.step, self.max_step()) + self.lead():
             unheard = [m for m in members if m not in self._heard and m != self.sched.me]
             if unheard:
@@ -544,17 +539,17 @@ class Negotiator:
         log.info("%s holds step %d; waiting for the heartbeats of %s", node, args[3],
                  ", ".join(whose))
 
-    def restarted(self, node: str) -> None:
-        """``node``'s daemon came back as a new process: its worker's memory is gone."""
-        self._silent.discard(node)
-
     def _awaited(self, step: int) -> list[str]:
-        """Who may still bring a state newer than ``step``: members gone silent (in memory),
-        and nodes up, not asking yet, whose worker or disk holds a newer one."""
-        newer = [n for n in self.sched.nodes if n not in self.held and self.alive(n)
-                 and (((h := self._holds.get(n)) is not None and h > step)
-                      or self._on_disk.get(n, -1) > step)]
-        return sorted(self._silent.difference(self.held).union(newer))
+        """Who may still bring a state newer than ``step``: any node we do not hear (failed,
+        cut off or frozen, it may hold one in memory: the simulator's seed 67, a frozen box
+        that thawed as a new scheduler started over from a fresh model), and nodes up, not
+        asking yet, whose worker or disk holds a newer one. A box back from a power cut is
+        heard again, as a new process, and brings what its disk holds."""
+        return sorted(n for n, r in self.sched.nodes.items()
+                      if n not in self.held and r.state != "left" and n != self.sched.me
+                      and (r.state == "failed" or not self.alive(n)
+                           or ((h := self._holds.get(n)) is not None and h > step)
+                           or self._on_disk.get(n, -1) > step))
 
     def _start_over_if_due(self) -> None:
         """With no member: the best state held by a node that is up, at once when nobody may
@@ -700,10 +695,6 @@ class Negotiator:
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
         self.joins.pop(node, None)
-        if reason == "failure" and was_member:
-            self._silent.add(node)
-        elif reason != "failure":
-            self._silent.discard(node)
         if reason != "failure":
             # A worker that went holds nothing; one whose daemon went silent (cut off) may
             # still hold its state, and is counted again when it is back (tick): dropped, two

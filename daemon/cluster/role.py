@@ -149,15 +149,11 @@ class SchedulerRole:
             self.on_status(st)
 
     def on_status(self, st: Status) -> None:
-        rec = self.sched.nodes.get(st.node)
         verdict = self.sched.observe_status(st)
-        if st.online and rec is not None and st.incarnation > rec.incarnation:
-            self.neg.restarted(st.node)  # a new process: its worker's memory is gone
         if verdict == "lost":
             self.fail(st.node, "last-will")
         elif verdict == "restarted":
             self.fail(st.node, "restarted")
-            self.neg.restarted(st.node)
             self.sched.observe_status(st)  # failed now: admitted again as a standby
         elif verdict == "left":
             self.neg.gone(st.node, "daemon-left")

@@ -71,7 +71,7 @@ UNCAUGHT: dict[str, str] = {
 FIXED: tuple[tuple[int, float], ...] = (
     (5060, 30.0), (5095, 30.0), (11348, 20.0),
     (31, 200.0), (35, 200.0), (36, 200.0), (97, 200.0), (145, 200.0), (210, 200.0),
-    (397, 200.0), (77973, 20.0), (83271, 20.0), (107, 200.0),
+    (397, 200.0), (77973, 20.0), (83271, 20.0), (107, 200.0), (67, 200.0),
     # A harness gap, not a protocol fault: the simulator gave every worker one pid, so chaosd
     # never saw a worker started by hand die, as the real one does at its next tick. The race
     # it hid (a script started again within one tick) is closed in worker.attach and unit-

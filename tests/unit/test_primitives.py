@@ -843,7 +843,6 @@ def power_cut(silent: set[str]) -> tuple[Negotiator, FakeClock]:
         neg.sched.fail(node, "heartbeat", 2.0)
         neg.gone(node, "failure")
     for node in {"a", "b"} - silent:  # back as new processes, their workers not started yet
-        neg.restarted(node)
         neg.sched.set_node(node, state="standby")
     neg.out.clear()
     return neg, clock
