@@ -19,6 +19,7 @@ tensors; it never holds a second copy of the whole state.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import random
@@ -199,6 +200,7 @@ class StateSpace:
         model_state: Mapping[str, torch.Tensor] | None = None,
         extra: Extra = (),
         rng: bool = True,
+        hashed: bool = True,
     ) -> StateSpace:
         """Flatten model, optimizer and runtime state into one checksummed byte space.
 
@@ -215,6 +217,8 @@ class StateSpace:
                 member's RNG is its own (its dropout masks, its augmentations), so the sources'
                 snapshots would differ in them and could not be pulled from several at once,
                 and a joiner that copied one source's stream would repeat that source's noise.
+            hashed: Whether to compute the block digests now. A durable snapshot copies on
+                the step's path and hashes on its writer's thread (:meth:`hashed`).
 
         Returns:
             The state; ``buffer`` is one copy of it (see the module docstring on memory).
@@ -237,9 +241,16 @@ class StateSpace:
         buffer[offset:] = meta
         manifest = Manifest(
             int(runtime.get("step", 0)), total, block_size,
-            block_digests(buffer, block_size), tuple(entries),
+            block_digests(buffer, block_size) if hashed else (), tuple(entries),
         )  # fmt: skip
         return cls(manifest, buffer)
+
+    def hashed(self) -> StateSpace:
+        """This state with its block digests, computed now if :meth:`capture` left them out."""
+        if self.manifest.blocks or not self.manifest.total_bytes:
+            return self
+        blocks = block_digests(self.buffer, self.manifest.block_size)
+        return StateSpace(dataclasses.replace(self.manifest, blocks=blocks), self.buffer)
 
     @staticmethod
     def load(manifest: Manifest, buffer: Buffer) -> Loaded:

@@ -163,13 +163,14 @@ class Replica:
         tensors, _ = self.objects.capture()
         return tensor_bytes(self.model, self.optimizer, tensors)
 
-    def snapshot(self) -> StateSpace:
+    def snapshot(self, hashed: bool = True) -> StateSpace:
         """The state a source serves a new node, at this step boundary.
 
         A held result travels with it: the new node is then as uncertain about round
         ``step + 1`` as we are, and the first agreement settles it for both alike. In diloco
         mode it is the outer state, the same all window long, so sources at different steps
-        of one window serve the same state.
+        of one window serve the same state. ``hashed=False`` leaves the block digests for
+        later (:meth:`StateSpace.hashed`): a durable snapshot hashes off the step's path.
         """
         tensors, doc = self.objects.capture()
         runtime: dict[str, Any] = {"step": self.step, "objects": doc}
@@ -180,7 +181,7 @@ class Replica:
             runtime["outer"] = {"inner_steps": self.outer.inner_steps}
         with self._shared(self.stepper.model_state(), tensors) as (opt, state, extra):
             return StateSpace.capture(self.model, opt, runtime, model_state=state, extra=extra,
-                                      rng=False)  # fmt: skip
+                                      rng=False, hashed=hashed)  # fmt: skip
 
     def fit_error(self, loaded: Loaded) -> str | None:
         """What keeps a replicated state from loading here (one line), or None."""

@@ -228,19 +228,19 @@ class SnapshotWriter:
 
     def __init__(self, store: SnapshotStore, on_error: Callable[[str], None]) -> None:
         self.store, self._on_error = store, on_error
-        self._q: queue.Queue[tuple[StateSpace, str] | None] = queue.Queue(maxsize=1)
+        self._q: queue.Queue[StateSpace | None] = queue.Queue(maxsize=1)
         self.written: list[Snapshot] = []
         self.failed: str | None = None
         self._thread = threading.Thread(target=self._run, name="chaos-snapshots", daemon=True)
         self._thread.start()
 
-    def submit(self, space: StateSpace, digest: str) -> bool:
-        """Queue ``space`` for writing; False (and nothing queued) while one is in flight or
-        after a failure."""
+    def submit(self, space: StateSpace) -> bool:
+        """Queue ``space`` for writing (hashed here, if it is not yet); False (and nothing
+        queued) while one is in flight or after a failure."""
         if self.failed is not None or self.busy():
             return False
         try:
-            self._q.put_nowait((space, digest))
+            self._q.put_nowait(space)
         except queue.Full:
             return False
         return True
@@ -254,14 +254,14 @@ class SnapshotWriter:
             try:
                 if item is None:
                     return
-                space, digest = item
+                space = item.hashed()
                 try:
-                    self.written.append(self.store.write(space, digest))
+                    self.written.append(self.store.write(space, space_digest(space)))
                     del self.written[:-16]
                 except (OSError, ReplicationError) as exc:
                     self.failed = f"{self.store.dir}: {exc}"
                     log.error("snapshot of step %d failed, snapshots stop: %s",
-                              space.manifest.version, self.failed)
+                              item.manifest.version, self.failed)
                     self._on_error(self.failed)
             finally:
                 self._q.task_done()
@@ -334,8 +334,7 @@ class Snapshotter:
         if (step % self.settings.every_steps or step == last_step
                 or now - last_at < self.settings.every_s or self.writer.busy()):
             return
-        space = self._replica.snapshot()
-        if self.writer.submit(space, space_digest(space)):
+        if self.writer.submit(self._replica.snapshot(hashed=False)):  # hashed by the writer
             self._last = (step, now)
 
     def close(self) -> None:

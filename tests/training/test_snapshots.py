@@ -105,10 +105,10 @@ def test_a_disk_that_refuses_stops_snapshots_with_one_report(tmp_path: Path) -> 
     said: list[str] = []
     writer = SnapshotWriter(SnapshotStore(blocker, "c1"), said.append)
     rep = replica()
-    assert writer.submit(rep.snapshot(), "x")
+    assert writer.submit(rep.snapshot(hashed=False))
     writer.flush(10)
     assert len(said) == 1 and str(blocker) in said[0]
-    assert not writer.submit(rep.snapshot(), "x")  # stopped: training goes on without them
+    assert not writer.submit(rep.snapshot())  # stopped: training goes on without them
     writer.close()
 
 
