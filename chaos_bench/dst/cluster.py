@@ -21,12 +21,13 @@ from chaos_bench.dst.faults import Fault, Plan
 from chaos_bench.dst.loop import Sim, drive
 from chaos_bench.dst.plane import DataPlane, State, fresh_state
 from chaos_bench.dst.referee import Referee
-from chaos_bench.dst.worker import SimWorker
+from chaos_bench.dst.worker import SNAPSHOT_KEEP, SNAPSHOT_WRITE_S, SimWorker
 from daemon.agent.node import NodeAgent
 from daemon.agent.resources import Resources
 from daemon.contracts.config import Config
 from daemon.contracts.messages import Command, LeaderClaim, Request, Status, decode
 from daemon.contracts.protocol import LinkMetrics, LinkRecovered, LinkRequest
+from daemon.contracts.snapshots import SNAPSHOT_DIR, snapshot_name
 
 TICK_S = 0.1
 HB_S = 0.5
@@ -46,6 +47,9 @@ class Box:
         self.worker: SimWorker | None = None
         self.wants_worker = False  # its job is on (chaosctl join), off after a leave
         self.held: State | None = None  # what its last worker held (a restart starts fresh)
+        # Its disk: the snapshots its workers wrote (step -> state), which outlive crashes and
+        # power cuts; the files' names are written for real, so chaosd reads them as it does.
+        self.disk: dict[int, State] = {}
         self.gen = 0  # each boot of chaosd, so that a dead one's timers stop
         self.frozen = False
         self.cut = False
@@ -139,15 +143,32 @@ class Box:
         if self.agent is None or (self.worker is not None and self.worker.alive):
             return
         self.wants_worker = True
-        held = fresh_state()
-        w = SimWorker(self.c.sim, self.agent, self.c.plane, State(*held), self._exited,
-                      self.c.ref)
+        # A script that starts loads the newest snapshot on its box's disk, or a fresh model.
+        held = self.disk[max(self.disk)] if self.disk else State(*fresh_state())
+        w = SimWorker(self.c.sim, self.agent, self.c.plane, held, self._exited, self.c.ref)
         w.misfit = misfit
+        w.snapshot_to = self.write_snapshot
         w.pid = self.c.next_pid()
         self.worker = w
         self.c.plane.workers[self.name] = w
         w.start()
         self.c.ref.count("worker:start")
+
+    def write_snapshot(self, w: SimWorker, state: State) -> None:
+        """``w`` snapshots ``state``: on disk after SNAPSHOT_WRITE_S, if ``w`` is still alive
+        then (written atomically: a crash during the write leaves the older ones)."""
+        def done() -> None:
+            if not w.alive or w is not self.worker:
+                return
+            self.disk[state.step] = state
+            folder = os.path.join(self.data_dir, SNAPSHOT_DIR)
+            os.makedirs(folder, exist_ok=True)
+            open(os.path.join(folder, snapshot_name(state.step)), "w").close()
+            for old in sorted(self.disk)[:-SNAPSHOT_KEEP]:
+                del self.disk[old]
+                os.unlink(os.path.join(folder, snapshot_name(old)))
+            self.c.ref.count("snapshot")
+        self.c.sim.at(SNAPSHOT_WRITE_S, done)
 
     def _exited(self, node: str, code: int, why: str) -> None:
         """The supervisor saw its child exit: it tells chaosd, and restarts it unless done."""
@@ -223,6 +244,7 @@ class Cluster:
         self.root = tempfile.mkdtemp(prefix=f"chaos-dst-{plan.seed}-")
         self.ref = Referee(lambda: sim.now, sim.note)
         self.ref.holders = self.holders
+        self.ref.disks = self.disks
         self.broker = SimBroker(sim, plan.net, self.ref.count)
         self.plane = DataPlane(sim, self.reach, self.ref.committed)
         self.boxes = {name: Box(self, name, site) for name, site in plan.sites.items()}
@@ -403,6 +425,12 @@ class Cluster:
         quorum = connected and 2 * len(healthy) > len(workers)
         members = any(b.worker.phase in ("active", "leaving") for b in workers)  # type: ignore[union-attr]
         self.ref.check(quorum, members)
+
+    def disks(self) -> list[tuple[str, State]]:
+        """The newest snapshot of each box that is up, reachable and runs its job."""
+        return [(b.name, b.disk[max(b.disk)]) for b in self.boxes.values()
+                if b.disk and b.wants_worker and b.agent is not None and not b.frozen
+                and not b.cut and self.broker.up and b.bus is not None and b.bus.connected]
 
     def holders(self) -> list[tuple[State, bool]]:
         """The state of every running worker process, and whether the cluster reaches it

@@ -6,8 +6,8 @@ The referee counts what happens under names like ``mqtt:hb``, ``cmd:replicate``,
 judged against. A ``state-diverged`` report and a stale member are left out on purpose: only
 a broken protocol (or a bit flip, which the simulator does not model) makes one. So is a
 ``round-stuck`` report: a round stuck for the step timeout (120 s) has outlasted the stall
-bound (90 s), so only a run that already broke an invariant gets there. The simulator models
-no disk, so no ``snapshot-failed`` either.
+bound (90 s), so only a run that already broke an invariant gets there. The simulator's disks
+never fail, so no ``snapshot-failed`` either.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ EXPECTED: tuple[str, ...] = (
     "fault:qos0-lost", "fault:duplicated", "fault:delayed", "will",
     "status:up", "status:left", "status:lost",
     "join:member", "join:abandoned", "bootstrap", "restored", "round", "worker:rejoin",
-    "total-loss",
+    "total-loss", "snapshot",
 )
 # Counted but not expected: a member that reaches a round behind the others (the data plane
 # turns it away, as the real agreement does) means the protocol let a stale state in.

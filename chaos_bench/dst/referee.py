@@ -20,7 +20,8 @@ The invariants (DST section of issue 20; docs/architecture.md):
    (runs, not frozen, connected). Every member that commits a round holds the same state.
 3. No member starts the cluster over (a bootstrap) from an older or a fresh state while a
    reachable process holds a newer committed state of the same lineage (or any committed
-   state, for a fresh model).
+   state, for a fresh model), nor while a box that is up and runs its job holds a newer
+   snapshot of it on disk (issue 21: after a power cut the newest snapshot returns).
 
    A holder the cluster cannot reach (frozen, cut off, or gone with its site) cannot be told
    apart from a dead one: what only it held may be lost, and is counted (``steps-lost``), not
@@ -80,6 +81,9 @@ class Referee:
     quorum_since: float | None = None
     # Every running worker's state, and whether the cluster can reach it now.
     holders: Callable[[], list[tuple[State, bool]]] = list
+    # (box, the newest snapshot on its disk) for each box that is up, reachable, and runs its
+    # job: its worker will load that snapshot and bring it.
+    disks: Callable[[], list[tuple[str, State]]] = list
 
     # --- recording ----------------------------------------------------------------------
     def count(self, what: str) -> None:
@@ -168,9 +172,15 @@ class Referee:
         else:
             root = self.root_of(state)
             newer = [st for st in others if self.root_of(st) == root and st.step > state.step]
+        on_disk = [(box, st) for box, st in self.disks() if st.step > state.step
+                   and (state.digest == FRESH or self.root_of(st) == self.root_of(state))]
         if newer:
             self.violation("state-lost", f"{node} bootstraps from {what} while a reachable "
                            f"process holds step {max(st.step for st in newer)}")
+        elif on_disk:
+            box, st = max(on_disk, key=lambda b: b[1].step)
+            self.violation("snapshot-lost", f"{node} bootstraps from {what} while {box}, up "
+                           f"and running its job, holds a snapshot of step {st.step}")
         elif state.step < self.frontier or (state.digest == FRESH and self.frontier):
             self.count("total-loss")
             self.coverage["steps-lost"] += self.frontier - state.step

@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 POLL_S = 0.2  # how often the simulated worker polls and steps (the real poller: 20 ms)
 STEP_TIMEOUT_S = 120.0  # the Trainer's default step timeout
+SNAPSHOT_EVERY = 20  # steps between snapshots ([snapshots] every_steps; every_s 0 here)
+SNAPSHOT_WRITE_S = 0.2  # how long a write takes: a crash inside it loses that one
+SNAPSHOT_KEEP = 3
 JOIN_TIMEOUT_S = 300.0  # the Trainer's default join timeout
 DECLINE_P = 0.05  # a source's memory guard refuses now and then
 
@@ -81,6 +84,8 @@ class SimWorker:
         self.version = -1  # policy of the last committed round
         self.alive, self.frozen = True, False
         self.pid = 0  # the process id it attaches with, unique in the run (set by its box)
+        # Where its snapshots go (its box's disk; set by the box): every SNAPSHOT_EVERY steps.
+        self.snapshot_to: Callable[[SimWorker, State], None] = lambda w, st: None
         self.join: JoinMachine | None = None
         self.serve = ServeMachine(self.me)
         self.mine: Replicate | Bootstrap | None = None  # the newest command naming us new
@@ -352,6 +357,8 @@ class SimWorker:
                                   policy_version=pub.version))
         self.version = pub.version
         self._round_since = None
+        if rnd % SNAPSHOT_EVERY == 0:  # the Trainer's schedule, with every_s 0
+            self.snapshot_to(self, self.state)
         self.plane.withdraw(self.me, pub.members)
         for m in pub.members:
             self.serve.forget(m)
