@@ -145,6 +145,7 @@ class Leadership:
         if leader is None or leader == before or not w.attached or w.state != "joining":
             return
         log.info("asking the new scheduler %s to let our worker join", leader)
+        w.asked_at = self._a.clock.monotonic()
         self._a.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, step=w.step))
 
     def settled(self, verdict: Verdict, before: str | None, term: int) -> None:

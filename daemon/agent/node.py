@@ -48,6 +48,9 @@ from daemon.contracts.messages import (
     encode,
 )
 from daemon.contracts.protocol import (
+    Bootstrap,
+    JoinRequest,
+    Replicate,
     Reply,
     RequestBody,
     WorkerExit,
@@ -61,6 +64,7 @@ from daemon.contracts.snapshots import SNAPSHOT_DIR, newest_snapshot_step
 log = logging.getLogger("chaosd.node")
 REPUBLISH_S = 5.0       # the scheduler refreshes the retained state this often
 SELF_PAUSE_S = 1.0      # a tick gap this long means *we* were paused (SIGSTOP, swap storm)
+JOIN_ASK_AGAIN_S = 5.0  # a join request no command answered goes again this often
 # We hear our own heartbeats back from the broker (we subscribe to them). Silent this long,
 # our path to the broker is broken even if the connection has not noticed yet (a keepalive
 # takes seconds): everyone else's silence is then ours, and we judge nobody.
@@ -259,7 +263,8 @@ class NodeAgent:
                        self.state, cpu_percent=res.cpu_percent,
                        mem_percent=res.mem_percent, battery_percent=res.battery_percent,
                        policy_version=self.worker.version if self.worker.attached else -1,
-                       leader=self.election.leader or "", snapshot=self._snapshot_step())
+                       leader=self.election.leader or "", snapshot=self._snapshot_step(),
+                       holds=self.worker.step if self.worker.attached else -1)
         await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
 
     def _snapshot_step(self) -> int:
@@ -436,7 +441,24 @@ class NodeAgent:
             if fut is not None and not fut.done():
                 fut.set_result(body.error)
         else:
+            if isinstance(body, (Replicate, Bootstrap)) and body.new == self.me:
+                self.worker.answered = True
             self.worker.push(body)
+
+    def _ask_join_again(self, now: float) -> None:
+        """Our worker asked to join and no command came: ask again every JOIN_ASK_AGAIN_S.
+
+        A request is lost when no scheduler holds the seat as it goes out: after a power cut
+        of every box, the workers asked the scheduler they remembered, before it had claimed
+        the seat again, and waited for a minute (the simulator's seed 1112). The same
+        scheduler claiming again is no new leader, so :meth:`Leadership.ask_new_leader` does
+        not fire. A request the scheduler has is answered again, or held again, at no cost.
+        """
+        w = self.worker
+        if (w.attached and w.state == "joining" and not w.answered
+                and self.election.leader is not None and now - w.asked_at >= JOIN_ASK_AGAIN_S):
+            w.asked_at = now
+            self.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, step=w.step))
 
     def _on_request(self, req: Request) -> None:
         if self.role is not None:
@@ -601,6 +623,7 @@ class NodeAgent:
         elif self.bus.connected and self._hears_itself(now):
             self._decide(now)
         self.check_worker(paused=gap > SELF_PAUSE_S)
+        self._ask_join_again(now)
         self.memory.save(self.election.term, self.election.leader)
         self._auth_failures.flush()
         self._rejects.flush()

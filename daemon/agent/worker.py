@@ -54,6 +54,8 @@ class WorkerSession:
     leave_requested: bool = False
     attached_at: float = 0.0
     last_poll: float = 0.0
+    asked_at: float = 0.0  # when its join request last went to the scheduler
+    answered: bool = False  # a replicate or bootstrap naming it came since it asked to join
     commands: deque[tuple[int, WorkerCommand]] = field(default_factory=lambda: deque(maxlen=1000))
     _seq: int = 0
     _serving: int = 0  # the worker's requests the daemon is still working on

@@ -443,10 +443,11 @@ class Negotiator:
             # older state must not start the cluster over while one may come back (the
             # simulator's seed 4: a site back first bootstrapped a fresh model while the
             # other site, still cut off, held the state).
+            if self.held.get(node) != step:  # (a join asked again is held again, quietly)
+                log.warning("%s holds step %d, the cluster was at %d: waiting up to %gs for "
+                            "a holder of the state", node, step, self.sched.step, HOLD_S)
             self.held[node] = step
             self.sched.set_node(node, state="standby")
-            log.warning("%s holds step %d, the cluster was at %d: waiting up to %gs for a "
-                        "holder of the state", node, step, self.sched.step, HOLD_S)
             # Past the hold, the best state held starts it over, not the last to ask (the
             # simulator's seed 397: a fresh joiner did, beside a holder of step 279).
             self._start_over_if_due()
@@ -540,16 +541,21 @@ class Negotiator:
                  ", ".join(whose))
 
     def _awaited(self, step: int) -> list[str]:
-        """Who may still bring a state newer than ``step``: any node we do not hear (failed,
-        cut off or frozen, it may hold one in memory: the simulator's seed 67, a frozen box
-        that thawed as a new scheduler started over from a fresh model), and nodes up, not
-        asking yet, whose worker or disk holds a newer one. A box back from a power cut is
-        heard again, as a new process, and brings what its disk holds."""
+        """Who may still bring a state newer than ``step``: every box the cluster knows that
+        has not asked to join yet, unless it is up and we know it holds nothing newer (no
+        worker attached, no newer snapshot on its disk). A box we do not hear (failed, cut
+        off, frozen) may hold one in memory (the simulator's seed 67: a frozen box thawed as
+        a new scheduler started over from a fresh model), and one up that we have not heard
+        since may too (seed 1119: a site back 15 ms before). Our own box too: its worker, hung
+        and killed, restarts from the snapshot on its disk (seed 1071). After a power cut of
+        every box, each comes back and asks, holding its newest snapshot: nobody is awaited."""
+        def may_bring(n: str) -> bool:
+            if not self.alive(n) or self.sched.nodes[n].state == "failed" or n not in self._holds:
+                return True
+            held = self._holds[n]
+            return (held is not None and held > step) or self._on_disk.get(n, -1) > step
         return sorted(n for n, r in self.sched.nodes.items()
-                      if n not in self.held and r.state != "left" and n != self.sched.me
-                      and (r.state == "failed" or not self.alive(n)
-                           or ((h := self._holds.get(n)) is not None and h > step)
-                           or self._on_disk.get(n, -1) > step))
+                      if n not in self.held and r.state != "left" and may_bring(n))
 
     def _start_over_if_due(self) -> None:
         """With no member: the best state held by a node that is up, at once when nobody may

@@ -134,7 +134,7 @@ class SchedulerRole:
 
     def on_heartbeat(self, hb: Heartbeat, addr: str) -> None:
         self.sched.observe_heartbeat(hb, addr)
-        self.neg.observe_worker(hb.node, hb.state, hb.step, attached=hb.policy_version >= 0,
+        self.neg.observe_worker(hb.node, hb.state, hb.step, attached=hb.holds >= 0,
                                snapshot=hb.snapshot)
         self.neg.observe_progress()
         self.flush()

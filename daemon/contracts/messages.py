@@ -98,6 +98,9 @@ class Heartbeat:
     # The newest step a snapshot on this node's disk holds, by its file name (-1: none): a
     # scheduler with no member left waits for the node to bring it (a power cut of every box).
     snapshot: int = -1
+    # The step the attached worker holds (-1: no worker attached). Not policy_version: a
+    # worker that restored a snapshot, or rejoins, holds a state before it commits a round.
+    holds: int = -1
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import pytest
 
 from daemon.agent import ops
 from daemon.agent.bus import Bus, Outgoing
-from daemon.agent.node import WILL_CONFIRM_S, NodeAgent
+from daemon.agent.node import JOIN_ASK_AGAIN_S, WILL_CONFIRM_S, NodeAgent
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import Config
 from daemon.contracts.kinds import WORKER_REPORT_KINDS
@@ -532,3 +532,35 @@ async def test_a_worker_is_told_when_its_daemon_is_out_of_touch() -> None:
     assert not ops.worker_poll(agent, {"step": 0, "state": "active"})["in_touch"]
     await run(agent, clock, 1.0)  # a heartbeat comes back
     assert ops.worker_poll(agent, {"step": 0, "state": "active"})["in_touch"]
+
+
+async def test_a_join_no_command_answered_is_asked_again_until_one_comes() -> None:
+    """The simulator's seed 1112: after a power cut of every box, the workers asked the
+    scheduler they remembered before it had claimed the seat again; the requests were lost,
+    and the same scheduler claiming again is no new leader, so nobody asked again for a
+    minute. A join no replicate or bootstrap answered goes again every JOIN_ASK_AGAIN_S."""
+    clock = FakeClock()
+    agent, bus = await attach("b", clock)
+    bus.deliver(T.leader, LeaderClaim(id="a", term=2))
+    a = Peer("a", leader="a")
+    bus.deliver(T.status("a"), a.status())
+
+    def joins() -> int:
+        return sum(1 for _, r in bus.published(T.req) if r.op == "join")  # type: ignore[union-attr]
+
+    async def polled(seconds: float) -> None:  # the worker polls on, as a live one does
+        for _ in range(round(seconds)):
+            ops.worker_poll(agent, {"step": 280, "state": "joining"})
+            await run(agent, clock, 1.0, [a])
+
+    await ops.worker_attach(agent, {"pid": os.getpid(), "port": 7001, "host": "127.0.0.1",
+                                    "step": 280})
+    await run(agent, clock, 0.5, [a])
+    assert joins() == 1
+    await polled(JOIN_ASK_AGAIN_S + 1)
+    [*_, again] = [r for _, r in bus.published(T.req) if r.op == "join"]  # type: ignore[union-attr]
+    assert joins() == 2 and again.args["step"] == 280  # type: ignore[union-attr]
+    bus.deliver(T.cmd("b"), Command(term=2, leader="a", seq=1, op="bootstrap",
+                                    args={"new": "b", "policy_version": 3}))
+    await polled(3 * JOIN_ASK_AGAIN_S)
+    assert joins() == 2  # answered: never again
