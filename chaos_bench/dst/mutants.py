@@ -167,6 +167,9 @@ class _KnowsNothing(dict[str, "int | None"]):
     def get(self, key: str, default: Any = None) -> Any:
         return None
 
+    def __getitem__(self, key: str) -> None:
+        return None
+
 
 def _unheard_bootstrap() -> list[tuple[Any, str, Any]]:
     init = primitives.Negotiator.__dict__["__init__"]
