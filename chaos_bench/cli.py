@@ -222,6 +222,24 @@ def signing(
     typer.echo(bench_signing.table(doc))
 
 
+@bench_app.command("snapshots")
+def snapshots(
+    quick: Annotated[bool, typer.Option(help="cnn only, few steps and repeats (seconds).")]
+    = False,
+    models: Annotated[str, typer.Option(help="cnn, mlp100m, comma-separated (default: both; "
+                                        "with --quick, cnn).")] = "",
+    out: Annotated[Path, typer.Option(help="Where results go (and, deleted afterwards, the "
+                                      "snapshots timed: so on this folder's disk).")]
+    = Path("snapshots"),
+) -> None:
+    """What durable snapshots cost: the step's path, the writer's thread, the disk per hour."""
+    from chaos_bench.snapshots import run as bench_snapshots
+
+    names = _choices(models, "--models", bench_snapshots.MODELS) if models else None
+    doc = bench_snapshots.run(quick, names, out, say)
+    typer.echo(bench_snapshots.table(doc))
+
+
 @bench_app.command("loopback")
 def loopback(
     quick: Annotated[bool, typer.Option(help="ResNet101 and AlexNet, 2 repeats.")] = False,

@@ -35,6 +35,7 @@ from typing import Any
 
 from chaos_edge.replication.errors import ReplicationError
 from chaos_edge.replication.manifest import Manifest
+from chaos_edge.replication.manifest import digest as block_digest
 from chaos_edge.replication.state import Loaded, StateSpace
 from chaos_edge.trainer.replica import Replica
 from daemon.contracts.clock import Clock
@@ -135,8 +136,19 @@ class SnapshotStore:
             os.close(fd)
 
     def _verified(self, path: Path) -> Snapshot:
+        """Read ``path`` back block by block against its manifest (one block in memory at a
+        time: a second copy of a large state is what the write must not cost).
+
+        Raises:
+            ReplicationError: A block differs, or the file is short.
+        """
         snap = self.read_header(path)
-        StateSpace.load(snap.manifest, self._body(snap))
+        m = snap.manifest
+        with open(path, "rb") as f:
+            f.seek(snap.offset)
+            for i, want in enumerate(m.blocks):
+                if block_digest(f.read(m.block_size)) != want:
+                    raise ReplicationError(f"block {i} differs from what was written")
         return snap
 
     def _prune(self, newest: Snapshot) -> None:
@@ -255,14 +267,17 @@ class SnapshotWriter:
                 if item is None:
                     return
                 space = item.hashed()
+                item = None  # the state's copy goes as soon as it is written, not at the next
                 try:
                     self.written.append(self.store.write(space, space_digest(space)))
                     del self.written[:-16]
                 except (OSError, ReplicationError) as exc:
                     self.failed = f"{self.store.dir}: {exc}"
                     log.error("snapshot of step %d failed, snapshots stop: %s",
-                              item.manifest.version, self.failed)
+                              space.manifest.version, self.failed)
                     self._on_error(self.failed)
+                finally:
+                    del space
             finally:
                 self._q.task_done()
 
