@@ -590,17 +590,20 @@ class Negotiator:
         if none is: the new node would otherwise retry a dead source until its timeout.
         All are set aside first, so that one bootstrapping finds no stranded joiner."""
         active = set(self._active())
+        # A source that declined to serve counts as gone (the simulator's seed 1028: one
+        # source declined, the other's worker died, and the join waited on the decliner).
         orphans = [j for j in self.joins.values()
                    if self.sched.nodes[j.node].state == "joining"
-                   and not active.intersection(j.command.sources)]
+                   and not active.difference(j.declined).intersection(j.command.sources)]
         for join in orphans:
             log.warning("the sources of %s's join are gone (%s); planning it again",
                         join.node, ", ".join(join.command.sources))
             join.phase = JoinPhase.ORPHANED
             del self.joins[join.node]
             self.sched.set_node(join.node, state="standby")
-        for join in orphans:
-            self._plan_again(join, self._active())
+        for join in orphans:  # with members that did not decline, if there are any
+            active = self._active()
+            self._plan_again(join, [m for m in active if m not in join.declined] or active)
 
     def _plan_again(self, join: Join, wanted: list[str]) -> None:
         """Plan ``join`` anew from ``wanted``, with the state it holds: planned as fresh, an
@@ -895,13 +898,21 @@ class Negotiator:
         if join is None:
             return
         join.declined[source] = why
-        if not set(join.command.sources) <= set(join.declined):
+        active = set(self._active())
+        if active.difference(join.declined).intersection(join.command.sources):
             return  # the others serve it
         # Every source declined: the new node would retry a pull nobody serves until its own
         # timeout (the simulator's seed 145). Planned again, with members that did not
         # decline if there are any, or else the same ones asked again.
         others = [m for m in self._active() if m != rep.new and m not in join.declined]
         log.warning("every source of %s's join declined; planning it again", rep.new)
+        # The policy that added it governs the rounds from its first one on, and they would
+        # wait for a node that has no state until the new plan's later step, while its new
+        # sources wait in them to serve it (the simulator's seed 1063: a deadlock from step
+        # 5 on). A policy without it governs at once; the new plan adds it again later.
+        del self.joins[rep.new]
+        self.sched.set_node(rep.new, state="standby")
+        self.publish_policy(effective_step=0)
         self._plan_again(join, others)
 
     def stall(self, node: str, rep: Stall) -> None:

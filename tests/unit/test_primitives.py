@@ -645,6 +645,12 @@ def test_a_join_every_source_declined_is_planned_again() -> None:
                                        "reason": "memory"}) is None
     assert neg.joins["c"].command.sources == {"b": neg.sched.nodes["b"].data_addr}
     assert [n for n, _ in cmds(neg, "replicate")] == ["c", "b"]
+    # The simulator's seed 1063: the rounds from c's first one on waited for c, which waited
+    # for b to serve at a later step, b being in those rounds. A policy without c governs at
+    # once, and c is a member only from the new plan's step on.
+    without, with_c = list(neg.sched.policies)[-2:]
+    assert "c" not in without.members and without.effective_step == 0
+    assert "c" in with_c.members and with_c.effective_step == neg.joins["c"].member_from
     neg.out.clear()  # b declines too: no one else, so both are asked again
     handle(neg, "b", "report", {"kind": "serve-declined", "new": "c", "reason": "memory"})
     assert neg.sched.nodes["c"].state == "joining" and cmds(neg, "replicate")
@@ -874,3 +880,16 @@ def test_after_a_power_cut_a_member_not_back_is_waited_for() -> None:
     clock.advance(HOLD_S)
     neg.tick()
     assert [n for n, _ in cmds(neg, "bootstrap")] == ["a"]
+
+
+def test_a_join_whose_sources_declined_or_went_is_planned_again() -> None:
+    """The simulator's seed 1028: one source declined (its memory), the other's worker died,
+    and the join waited on the decliner while its rounds waited on the new node."""
+    neg, _ = make()
+    grow(neg, "a", "b", "c")
+    neg.join("d", "127.0.0.1:4", ["a", "b"])
+    assert sorted(neg.joins["d"].command.sources) == ["a", "b"]
+    handle(neg, "b", "report", {"kind": "serve-declined", "new": "d", "reason": "memory"})
+    assert sorted(neg.joins["d"].command.sources) == ["a", "b"]  # a serves it alone
+    neg.gone("a", "worker-exit")
+    assert neg.joins["d"].command.sources == {"c": neg.sched.nodes["c"].data_addr}
