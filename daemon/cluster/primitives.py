@@ -602,8 +602,8 @@ class Negotiator:
             del self.joins[join.node]
             self.sched.set_node(join.node, state="standby")
         for join in orphans:  # with members that did not decline, if there are any
-            active = self._active()
-            self._plan_again(join, [m for m in active if m not in join.declined] or active)
+            left = self._active()
+            self._plan_again(join, [m for m in left if m not in join.declined] or left)
 
     def _plan_again(self, join: Join, wanted: list[str]) -> None:
         """Plan ``join`` anew from ``wanted``, with the state it holds: planned as fresh, an
