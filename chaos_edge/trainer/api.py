@@ -169,14 +169,16 @@ class Trainer:
         self._s = Session(socket, call_timeout=10.0)
         self._meter = StallMeter(self._s, self._clock)
         rendezvous = StateTransfer(self._s.links, host=self._s.bind)
+        self._snapshots: Snapshotter | None = None
         try:
             # Before the join: a worker started again after a power cut (or any restart)
             # holds the newest snapshot of its box, and its join says which step that is.
             info = self._s.client.call("ping", {})
             settings = SnapshotSettings.from_reply(info.get("snapshots"))
-            self._snapshots = None if not settings.directory else Snapshotter(
-                settings, str(info.get("cluster") or ""), self._replica, self._clock,
-                self._snapshot_failed)
+            if settings.directory:
+                self._snapshots = Snapshotter(settings, str(info.get("cluster") or ""),
+                                              self._replica, self._clock,
+                                              self._snapshot_failed)
             self._s.attach(self._snapshots.restore() if self._snapshots else 0)
             self.node_id = me = self._s.node_id
             self._shares = Shares(me, samples_per_step or 1, global_batch)

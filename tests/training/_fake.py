@@ -101,6 +101,8 @@ class FakeCluster:
                     for target in (node, source):
                         self._cmd(target, rep)
                 return {"node": node, "cluster": "fake", "secret": SECRET, "incarnation": "x"}
+            if op == "ping":  # a daemon without snapshots ([snapshots] off)
+                return {"node": node, "cluster": "fake"}
             if op == "worker.poll":
                 self.steps[node] = int(args.get("step", 0))
                 return {"policy": self.policy, "commands": self.commands.pop(node, []),
