@@ -103,7 +103,10 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 
 # Faults found and traced but not fixed yet (BENCHMARKS.md, "Open"): each seed must still
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED.
-OPEN: tuple[tuple[int, float, str], ...] = ()
+OPEN: tuple[tuple[int, float, str], ...] = (
+    (1127, 200.0, "a scheduler frozen through a cut and a broker restart claims its old term "
+                  "and plans joins from its stale state beside the newer term's members"),
+)
 
 
 @pytest.mark.parametrize(("seed", "duration", "fault"), OPEN)
