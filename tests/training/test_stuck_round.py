@@ -22,14 +22,19 @@ TIMEOUT_S = 2.0  # the workers' step timeout: short, so the stall outlasts it se
 ALARM = "keeping the state and waiting"
 
 
-def test_a_cluster_wide_stall_longer_than_the_step_timeout_keeps_every_worker(run: Any) -> None:
-    r = run(2)
+def training(run: Any, config: str = "") -> tuple[Any, list[str], dict[str, int]]:
+    """Two members training with the short step timeout; their worker pids."""
+    r = run(2, config=config)
     ids = r.c.node_ids
     for node in ids:
         r.join(node, extra=["--timeout", str(TIMEOUT_S)])
         r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
     r.advance(ids, 5)
-    pids = {n: r.worker_pid(n) for n in ids}
+    return r, ids, {n: r.worker_pid(n) for n in ids}
+
+
+def test_a_cluster_wide_stall_longer_than_the_step_timeout_keeps_every_worker(run: Any) -> None:
+    r, ids, pids = training(run)
     logs = {n: r.c.workdir / n / "worker.log" for n in ids}
     r.c.stop_broker(signal.SIGKILL)  # the gateway's power cut: every round stops
 
@@ -57,13 +62,7 @@ def test_a_member_frozen_longer_than_the_step_timeout_holds_up_the_round_not_the
         run: Any) -> None:
     """A member's worker frozen (SIGSTOP) with chaosd's liveness check off: the other waits
     on it in the all-reduce, past several step timeouts, then both go on when it thaws."""
-    r = run(2, config="[worker]\npoll_silence_s = 0\n")
-    ids = r.c.node_ids
-    for node in ids:
-        r.join(node, extra=["--timeout", str(TIMEOUT_S)])
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
-    r.advance(ids, 5)
-    pids = {n: r.worker_pid(n) for n in ids}
+    r, ids, pids = training(run, config="[worker]\npoll_silence_s = 0\n")
     frozen, waiting = ids
     log = r.c.workdir / waiting / "worker.log"
     os.kill(pids[frozen], signal.SIGSTOP)
