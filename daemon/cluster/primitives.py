@@ -13,7 +13,7 @@ import enum
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import TypeGuard
 
@@ -123,6 +123,10 @@ class Join:
     def member_from(self) -> int:
         """The first round the node takes part in (one past the replicated step)."""
         return self.command.version_step + 1
+
+    def serving(self, active: Iterable[str]) -> set[str]:
+        """Its sources that may still serve it: active members that did not decline."""
+        return set(active).difference(self.declined).intersection(self.command.sources)
 
 
 class Negotiator:
@@ -589,12 +593,11 @@ class Negotiator:
         """Joins whose every source is gone start over from the members left, or bootstrap
         if none is: the new node would otherwise retry a dead source until its timeout.
         All are set aside first, so that one bootstrapping finds no stranded joiner."""
-        active = set(self._active())
+        active = self._active()
         # A source that declined to serve counts as gone (the simulator's seed 1028: one
         # source declined, the other's worker died, and the join waited on the decliner).
         orphans = [j for j in self.joins.values()
-                   if self.sched.nodes[j.node].state == "joining"
-                   and not active.difference(j.declined).intersection(j.command.sources)]
+                   if self.sched.nodes[j.node].state == "joining" and not j.serving(active)]
         for join in orphans:
             log.warning("the sources of %s's join are gone (%s); planning it again",
                         join.node, ", ".join(join.command.sources))
@@ -898,8 +901,7 @@ class Negotiator:
         if join is None:
             return
         join.declined[source] = why
-        active = set(self._active())
-        if active.difference(join.declined).intersection(join.command.sources):
+        if join.serving(self._active()):
             return  # the others serve it
         # Every source declined: the new node would retry a pull nobody serves until its own
         # timeout (the simulator's seed 145). Planned again, with members that did not
