@@ -387,13 +387,18 @@ def soak(
                                                  "most 120).")] = None,
     bw: Annotated[str, typer.Option(help="Link bandwidth range, Mbit/s.")] = "100-400",
     seed: Annotated[int, typer.Option(help="Seed of the testbed and the chaos.")] = 1,
+    power_cut_every: Annotated[float, typer.Option(min=0.0, help="Seconds between power cuts "
+                                                   "of every box at once (0: none).")] = 0.0,
+    stall_limit: Annotated[float, typer.Option(min=1.0, help="Seconds without a committed "
+                                               "step that count as a stall.")] = 60.0,
     out: Annotated[Path, typer.Option(help="Where soak.json and soak.png go.")]
     = Path("soak"),
     keep: Annotated[Path | None, typer.Option(help="Copy the step records and logs here.")]
     = None,
 ) -> None:
     """A training cluster on the netns testbed under Poisson joins, leaves, kills, freezes,
-    link cuts and broker restarts: growth per hour and every invariant violation."""
+    link cuts and broker restarts, and power cuts of every box: growth per hour and every
+    invariant violation (state loss, rollback, loss continuity, stalls)."""
     from chaos_bench.soak import report as soak_report
     from chaos_bench.soak import run as bench_soak
     from chaosctl.cluster import ClusterError
@@ -407,8 +412,12 @@ def soak(
     if warmup is not None and warmup >= minutes * 60:
         raise CtlUsageError(f"--warmup ({warmup:g} s) must be shorter than the run "
                             f"({minutes * 60:g} s)")
+    if power_cut_every and power_cut_every >= minutes * 60:
+        raise CtlUsageError(f"--power-cut-every ({power_cut_every:g} s) must be shorter than "
+                            f"the run ({minutes * 60:g} s)")
     opts = bench_soak.Options(minutes, nodes, rate, sample_seconds, warmup, tuple(chosen),
-                              rates, seed)
+                              rates, seed, power_cut_every_s=power_cut_every,
+                              limits=soak_report.Limits(stall_s=stall_limit))
     doc = bench_soak.run(opts, out, say, keep)
     console.print(soak_report.table(doc))
     console.print(soak_report.summary(doc))

@@ -17,6 +17,7 @@ reads them back), and workers in a network namespace count what its links sent
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import select
 import subprocess
@@ -39,11 +40,13 @@ def reap(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:
 
 
 def records(path: Path) -> list[dict[str, Any]]:
-    """The JSON lines a worker wrote to ``path`` (none if it wrote no file); a line cut by a
-    kill or a leave is skipped."""
+    """The JSON lines a worker wrote to ``path`` (none if it wrote no file; ``.gz``: a kept
+    copy); a line cut by a kill or a leave is skipped."""
     rows = []
     if path.exists():
-        for line in path.read_text().splitlines():
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else \
+            path.read_text()
+        for line in text.splitlines():
             try:
                 rows.append(json.loads(line))
             except ValueError:

@@ -1,14 +1,27 @@
 """The soak test's verdict: invariants over the step records, growth fits, table, JSON, PNG.
 
-Invariants over the workers' records (:mod:`chaos_bench.soak.run`):
+Invariants over the workers' records (:mod:`chaos_bench.soak.run`); an *epoch* is the time
+between two power cuts of every box, and a *segment* one process between two joins:
 
-- *state mismatch*: two rows of the same step with different digests. The last row of a
-  *segment* (one process between two joins) is left out: a member dropped mid-round may have
-  applied a result that the others then reran without it; it is re-replicated at once (its
-  next segment), so that row is an abandoned branch, counted as ``abandoned`` and not a fault;
+- *state mismatch*: two rows of one step of one epoch with different digests. The last row
+  of a segment is left out: a member dropped mid-round may have applied a result that the
+  others then reran without it; it is re-replicated at once (its next segment), so that row is
+  an abandoned branch, counted as ``abandoned`` and not a fault;
 - *doubled or lost steps*: inside a segment each row's step is the previous one plus one;
-  and every step between the cluster's first and last was committed by some node;
-- *stall*: no node committed a step for ``stall_limit_s`` during the chaos phase.
+  and every step between an epoch's first and last was committed by some node;
+- *state invented*: a process starts (its ``start`` row) with a state of step > 0 that no
+  member ever committed: a replica or a snapshot must be one the cluster agreed on;
+- *state went back*: once a step is committed, no member commits an older one (a rollback,
+  or a reset to an older state or a fresh model); only a power cut may cost steps, and
+- *state lost in a power cut*: at most one snapshot interval (both ``every_steps`` and
+  ``every_s`` passed, plus the time to write one), and *slow resume*: training again within
+  ``resume_s`` of the daemons' return; *never resumed* if it did not;
+- *loss jumped*: a segment starting after step 100 begins with a median loss nearer the
+  fresh model's than the cluster's just before (a reset that renumbered its steps);
+- *training stalled*: no node committed a step for ``stall_s`` during the chaos phase, a
+  power cut's outage left out.
+
+Stalls and slow resumes depend on timing (``TIMING``); the others are faults on any box.
 
 Growth per hour: per process kind and metric, one least-squares slope shared by all the
 processes of that kind, each with an intercept of its own (so a restart is not a drop),
@@ -18,7 +31,10 @@ first ``min(warm-up, 30 s)``.
 
 from __future__ import annotations
 
+import gzip
 import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +50,17 @@ PROC_WARMUP_S = 30.0  # the most a process of its own is left out after it start
 
 
 def load_records(directory: Path) -> dict[str, list[list[dict[str, Any]]]]:
-    """Each node's segments (a process between two joins), in the order they started."""
+    """Each node's segments (a process between two joins), in the order they started. A
+    process's ``start`` row (the state it held once its Trainer was built) opens its first
+    segment. Reads the ``.jsonl`` files a run writes and the ``.jsonl.gz`` copies it keeps."""
     procs: dict[str, list[list[dict[str, Any]]]] = {}
-    for path in sorted(directory.glob("*.jsonl")):
+    paths = sorted([*directory.glob("*.jsonl"), *directory.glob("*.jsonl.gz")])
+    for path in paths:
         node = path.name.split(".")[0]
         segments: list[list[dict[str, Any]]] = []
         for row in records(path):
-            if not segments or segments[-1][-1].get("joins") != row.get("joins"):
+            if not segments or (segments[-1][-1].get("joins") != row.get("joins")
+                                and not segments[-1][-1].get("start")):
                 segments.append([])
             segments[-1].append(row)
         procs.setdefault(node, []).extend(segments)
@@ -49,49 +69,206 @@ def load_records(directory: Path) -> dict[str, list[list[dict[str, Any]]]]:
     return procs
 
 
-def check(records: dict[str, list[list[dict[str, Any]]]], window: tuple[float, float],
-          stall_limit_s: float) -> tuple[list[str], dict[str, Any]]:
+@dataclass(frozen=True)
+class Limits:
+    """The bounds the invariants hold the run to (the defaults are the documented goals)."""
+
+    stall_s: float = 60.0  # no step committed for this long, outside a power cut
+    resume_s: float = 30.0  # training again this long after the daemons return
+    every_steps: int = 100  # the snapshot interval (chaosd's [snapshots] defaults) ...
+    every_s: float = 10.0
+    write_s: float = 1.0  # ... and how long a snapshot of the soak's tiny state may take
+
+
+# Violations that depend on timing (a loaded box can break them); every other kind is a
+# correctness fault wherever it runs.
+TIMING = ("training stalled", "slow resume")
+
+
+class Checker:
+    """The invariants over one run's step records; each method adds its violations."""
+
+    def __init__(self, recs: dict[str, list[list[dict[str, Any]]]], window: tuple[float, float],
+                 limits: Limits, outages: Sequence[tuple[float, float]]) -> None:
+        self.recs, self.window, self.limits = recs, window, limits
+        self.outages = sorted(outages)  # (power cut, power back), wall clock
+        self.violations: list[str] = []
+        self.rows = sorted(((node, r) for node, segs in recs.items() for seg in segs for r in seg
+                            if not r.get("start")), key=lambda nr: nr[1]["t"])
+        # (epoch, step) -> digests committed; an epoch is the time between two power cuts,
+        # since steps lost in a cut are committed again after it with other data.
+        self.digests: dict[tuple[int, int], set[str]] = {}
+        self.tails: list[dict[str, Any]] = []
+        self.restores: list[dict[str, Any]] = []
+
+    def epoch(self, t: float) -> int:
+        return sum(cut <= t for cut, _ in self.outages)
+
+    def segments(self) -> None:
+        """Inside a segment each step is the previous one plus one."""
+        for node, segs in self.recs.items():
+            for seg in segs:
+                steps = [r for r in seg if not r.get("start")]
+                for prev, row in itertools.pairwise(seg):
+                    if row["step"] <= prev["step"]:
+                        self.violations.append(f"doubled step: {node} committed step "
+                                               f"{row['step']} after step {prev['step']}")
+                    elif row["step"] > prev["step"] + 1:
+                        self.violations.append(f"lost steps: {node} went from step "
+                                               f"{prev['step']} to {row['step']} without a "
+                                               "rejoin")
+                for row in steps[:-1]:
+                    key = (self.epoch(row["t"]), row["step"])
+                    self.digests.setdefault(key, set()).add(row["digest"])
+                if steps:
+                    self.tails.append(steps[-1])
+
+    def mismatches(self) -> int:
+        """Two members never commit one step of one epoch with different states. The last
+        row of a segment is left out: a member dropped mid-round may have applied a result
+        the others then reran without it (an abandoned branch, counted, not a fault)."""
+        by_step: dict[int, int] = {}
+        for (_, step), ds in self.digests.items():
+            by_step[step] = max(by_step.get(step, 0), len(ds))
+        for first, last in _runs(sorted(s for s, n in by_step.items() if n > 1)):
+            n = max(by_step.get(s, 0) for s in range(first, last + 1))
+            where = f"step {first}" if first == last else f"steps {first}..{last}"
+            self.violations.append(f"state mismatch at {where}: up to {n} digests per step")
+        abandoned = 0
+        for row in self.tails:
+            known = self.digests.setdefault((self.epoch(row["t"]), row["step"]), {row["digest"]})
+            abandoned += row["digest"] not in known
+        return abandoned
+
+    def starts(self) -> None:
+        """A process starts with a state some member committed (a replica or a snapshot),
+        or with a fresh model only when nothing was ever committed."""
+        committed: dict[int, set[str]] = {}
+        for (_, step), ds in self.digests.items():
+            committed.setdefault(step, set()).update(ds)
+        for node, segs in self.recs.items():
+            for seg in segs:
+                row = seg[0]
+                if not row.get("start") or row["step"] == 0:
+                    continue
+                if row["digest"] not in committed.get(row["step"], set()):
+                    self.violations.append(f"state invented: {node} started at step "
+                                           f"{row['step']} with a state no member committed")
+
+    def regressions(self) -> None:
+        """State loss and rollback: once a step is committed, no member commits an older
+        step again (a reset to an older state or to a fresh model), but after a power cut of
+        every box, which may cost one snapshot interval and no more."""
+        top = 0  # the newest step committed so far in this epoch
+        epoch = 0
+        told: set[tuple[str, int]] = set()
+        history: list[tuple[float, int]] = []  # (t, step) of this epoch's commits
+        for node, row in self.rows:
+            e = self.epoch(row["t"])
+            if e != epoch:
+                self._restore(epoch, e, history, top, row)
+                epoch, top, history = e, row["step"], []
+            elif row["step"] < top and (node, e) not in told:
+                told.add((node, e))
+                what = "a fresh model" if row["step"] == 1 else f"step {row['step']}"
+                self.violations.append(f"state went back: {node} committed {what} at "
+                                       f"t={row['t'] - self.window[0]:.1f}s after step {top} "
+                                       "was committed")
+            top = max(top, row["step"])
+            history.append((row["t"], row["step"]))
+
+    def _restore(self, old: int, new: int, history: list[tuple[float, int]], top: int,
+                 row: dict[str, Any]) -> None:
+        cut, back = self.outages[new - 1]
+        lim = self.limits
+        restored = row["step"] - 1
+        # The newest snapshot due before the cut: one interval (both its steps and its
+        # seconds passed) plus the time to write it.
+        recent = [s for t, s in history if t >= cut - lim.every_s - lim.write_s]
+        in_write = [s for t, s in history if t >= cut - lim.write_s]
+        allowed = max(lim.every_steps + len(set(in_write)), len(set(recent)))
+        lost = top - restored
+        resumed = row["t"] - back
+        self.restores.append({"cut_t": round(cut - self.window[0], 2), "back_s":
+                              round(back - cut, 2), "top": top, "restored": restored,
+                              "lost": lost, "allowed": allowed,
+                              "resumed_s": round(resumed, 2)})
+        if new != old + 1:
+            self.violations.append(f"no step between two power cuts (epoch {old} to {new})")
+        if lost > allowed:
+            what = "a fresh model" if restored == 0 else f"step {restored}"
+            self.violations.append(f"state lost in a power cut: resumed from {what} after "
+                                   f"step {top}, {lost} steps lost (one interval: {allowed})")
+        if resumed > lim.resume_s:
+            self.violations.append(f"slow resume: training again {resumed:.0f} s after the "
+                                   "daemons returned")
+
+    def loss_continuity(self) -> None:
+        """A segment starting late in the run trains on a trained model: its first losses
+        stay near the cluster's recent ones, not the fresh model's."""
+        early = sorted(r.get("loss", 0.0) for _, r in self.rows[:40] if r["step"] <= 10)
+        if len(early) < 5:
+            return
+        fresh = early[len(early) // 2]
+        for node, segs in self.recs.items():
+            for seg in segs:
+                rows = [r for r in seg if not r.get("start") and "loss" in r]
+                if len(rows) < 5 or rows[0]["step"] <= 100:
+                    continue
+                t0 = rows[0]["t"]
+                before = sorted(r["loss"] for _, r in self.rows
+                                if t0 - 30.0 <= r["t"] < t0 and "loss" in r)
+                if len(before) < 10:
+                    continue
+                prev = before[len(before) // 2]
+                first = sorted(r["loss"] for r in rows[:10])[len(rows[:10]) // 2]
+                if prev < fresh / 4 and first > (fresh + prev) / 2:
+                    self.violations.append(
+                        f"loss jumped: {node} resumed at step {rows[0]['step']} with loss "
+                        f"{first:.3g} (cluster {prev:.3g} before, fresh model {fresh:.3g})")
+
+    def stalls(self) -> float:
+        """The longest time without a committed step, a power cut's own outage left out
+        (its resume is held to ``resume_s`` instead)."""
+        lo, hi = self.window
+        times = sorted({r["t"] for _, r in self.rows if lo <= r["t"] <= hi} |
+                       {lo, hi} | {t for o in self.outages for t in o if lo <= t <= hi})
+        gaps = [b - a for a, b in itertools.pairwise(times)
+                if not any(cut <= a and b <= back for cut, back in self.outages)]
+        longest = max(gaps, default=0.0)
+        if longest > self.limits.stall_s:
+            self.violations.append(f"training stalled: no step for {longest:.0f} s")
+        return longest
+
+
+def check(recs: dict[str, list[list[dict[str, Any]]]], window: tuple[float, float],
+          limits: Limits | None = None,
+          outages: Sequence[tuple[float, float]] = ()) -> tuple[list[str], dict[str, Any]]:
     """The violations, and a summary of the steps."""
-    violations: list[str] = []
-    digests: dict[int, set[str]] = {}
-    tails: list[dict[str, Any]] = []
-    for node, segments in records.items():
-        for seg in segments:
-            for prev, row in itertools.pairwise(seg):
-                if row["step"] <= prev["step"]:
-                    violations.append(f"doubled step: {node} committed step {row['step']} "
-                                      f"after step {prev['step']}")
-                elif row["step"] > prev["step"] + 1:
-                    violations.append(f"lost steps: {node} went from step {prev['step']} to "
-                                      f"{row['step']} without a rejoin")
-            for row in seg[:-1]:
-                digests.setdefault(row["step"], set()).add(row["digest"])
-            tails.append(seg[-1])
-    bad = [step for step, ds in sorted(digests.items()) if len(ds) > 1]
-    for first, last in _runs(bad):  # one line per run of steps (a split brain is hundreds)
-        n = max(len(digests[s]) for s in range(first, last + 1))
-        where = f"step {first}" if first == last else f"steps {first}..{last}"
-        violations.append(f"state mismatch at {where}: up to {n} digests per step")
-    abandoned = 0
-    for row in tails:
-        known = digests.setdefault(row["step"], {row["digest"]})
-        abandoned += row["digest"] not in known
-    steps = sorted(digests)
+    c = Checker(recs, window, limits or Limits(), outages)
+    c.segments()
+    abandoned = c.mismatches()
+    steps = sorted({s for _, s in c.digests})
     if not steps:
-        return [*violations, "no step was committed"], {"steps": 0}
-    lost = [s for s in range(steps[0], steps[-1] + 1) if s not in digests]
-    if lost:
-        violations.append(f"lost steps: {len(lost)} steps committed by no node, first {lost[0]}")
-    times = sorted(r["t"] for segs in records.values() for seg in segs for r in seg
-                   if window[0] <= r["t"] <= window[1])
-    gaps = [b - a for a, b in itertools.pairwise([window[0], *times, window[1]])]
-    if max(gaps) > stall_limit_s:
-        violations.append(f"training stalled: no step for {max(gaps):.0f} s")
+        return [*c.violations, "no step was committed"], {"steps": 0}
+    for e in range(len(c.outages) + 1):
+        mine = sorted(s for ep, s in c.digests if ep == e)
+        lost = [s for s in range(mine[0], mine[-1] + 1)
+                if (e, s) not in c.digests] if mine else []
+        if lost:
+            c.violations.append(f"lost steps: {len(lost)} steps committed by no node, "
+                                f"first {lost[0]}")
+    c.starts()
+    c.regressions()
+    c.loss_continuity()
+    longest = c.stalls()
+    for cut, _ in c.outages[len(c.restores):]:
+        c.violations.append(f"never resumed after the power cut at t={cut - window[0]:.0f}s")
     summary = {"first_step": steps[0], "last_step": steps[-1], "steps": len(steps),
-               "segments": sum(len(s) for s in records.values()), "abandoned": abandoned,
-               "longest_gap_s": round(max(gaps), 2),
-               "rows": sum(len(seg) for segs in records.values() for seg in segs)}
-    return violations, summary
+               "segments": sum(len(s) for s in recs.values()), "abandoned": abandoned,
+               "longest_gap_s": round(longest, 2), "power_cuts": c.restores,
+               "rows": len(c.rows)}
+    return c.violations, summary
 
 
 def _runs(steps: list[int]) -> list[tuple[int, int]]:
@@ -141,10 +318,10 @@ def growth(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, dict[str
 
 
 def analyse(records: dict[str, list[list[dict[str, Any]]]], samples: list[dict[str, Any]],
-            warmup_s: float, stall_limit_s: float,
-            window: tuple[float, float]) -> dict[str, Any]:
+            warmup_s: float, window: tuple[float, float], limits: Limits,
+            outages: Sequence[tuple[float, float]] = ()) -> dict[str, Any]:
     """The report document (without the run's options and timeline)."""
-    violations, steps = check(records, window, stall_limit_s)
+    violations, steps = check(records, window, limits, outages)
     return {"violations": violations, "steps": steps, "growth": growth(samples, warmup_s),
             "samples": samples}
 
@@ -191,9 +368,25 @@ def summary(doc: dict[str, Any]) -> str:
              f"({st.get('rows', 0)} rows in {st.get('segments', 0)} segments, "
              f"{st.get('abandoned', 0)} abandoned, longest gap {st.get('longest_gap_s', '-')} s)",
              f"leftovers after teardown: {len(doc['leftovers'])}"]
+    for cut in st.get("power_cuts", []):
+        lines.append(f"power cut at t={cut['cut_t']:g}s for {cut['back_s']:g}s: step "
+                     f"{cut['top']} -> {cut['restored']} ({cut['lost']} lost, one interval "
+                     f"{cut['allowed']}), training again {cut['resumed_s']:g}s after return")
     viol = doc["violations"]
     lines.append(f"invariant violations: {len(viol)}" + "".join(f"\n  {v}" for v in viol))
     return "\n".join(lines)
+
+
+def keep_records(records_dir: Path, dest: Path, say: Say) -> None:
+    """The workers' step records, gzipped, beside the results (:func:`load_records` reads
+    them back, so a verdict can be checked again from what was committed)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for path in sorted(records_dir.glob("*.jsonl")):
+        data = gzip.compress(path.read_bytes(), mtime=0)
+        (dest / f"{path.name}.gz").write_bytes(data)
+        total += len(data)
+    say(f"kept the step records in {dest} ({total / 1e6:.1f} MB gzipped)")
 
 
 def write(doc: dict[str, Any], out: Path, say: Say) -> None:

@@ -13,7 +13,10 @@ that are possible at that moment:
   a few seconds later, and its chaosd starts the job it remembers, which rejoins;
 - ``freeze``: SIGSTOP to both, SIGCONT a few seconds later (a power cut: no TCP reset);
 - ``cut``: a data link goes down, and comes back a few seconds later (never a partition);
-- ``broker-restart``: mosquitto stops and starts again.
+- ``broker-restart``: mosquitto stops and starts again;
+- ``power-cut`` (every ``--power-cut-every`` seconds, not drawn): SIGKILL to every chaosd and
+  worker at once, a whole site's power cut (the broker, a gateway's, stays up); the boxes come
+  back a few seconds later on their data dirs, and the cluster resumes from its snapshots.
 
 Leaves, kills and freezes keep at least ``MIN_TRAINING`` nodes training, counting only
 active members (a node whose join is still in flight holds no state yet). Every
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 import random
 import shutil
@@ -72,7 +76,8 @@ class Options:
     bw: tuple[float, float] = (100.0, 400.0)
     seed: int = 1
     outage_s: tuple[float, float] = (2.0, 10.0)  # how long a freeze, cut or reboot lasts
-    stall_limit_s: float = 90.0  # no step committed for this long is a violation
+    power_cut_every_s: float = 0.0  # every box loses power at once this often (0: never)
+    limits: soak_report.Limits = field(default_factory=soak_report.Limits)
 
     @property
     def warmup(self) -> float:
@@ -96,6 +101,8 @@ class Chaos:
     ready_at: dict[str, float] = field(default_factory=dict)  # an idle node may join then
     cut: set[tuple[str, str]] = field(default_factory=set)
     due: list[tuple[float, str, str]] = field(default_factory=list)  # (when, action, arg)
+    outages: list[tuple[float, float]] = field(default_factory=list)  # power cuts, wall clock
+    had_job: set[str] = field(default_factory=set)  # nodes a power cut found with a job
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
     def now(self) -> float:
@@ -193,6 +200,19 @@ class Chaos:
         elif kind == "broker-restart":
             self.tb.stop_broker()
             self.due.append((self.now() + self.rng.uniform(0.5, 3.0), "broker-start", "hub"))
+        elif kind == "power-cut":
+            self.power_cut()
+
+    def power_cut(self) -> None:
+        """Every box loses power at once; the ends of their other outages are moot."""
+        self.had_job = {n for n, s in self.state.items() if s != "idle"}
+        for node in self.tb.nodes:
+            if self.state[node] != "dead":
+                self._signal(node, signal.SIGKILL)  # a stopped process dies of it too
+            self.state[node] = "dead"
+        self.due = [d for d in self.due if d[1] not in ("reboot", "thaw")]
+        self.outages.append((time.time(), 0.0))
+        self._later("power-on", "all")
 
     def follow_up(self, action: str, arg: str) -> None:
         """A due follow-up: the end of an outage."""
@@ -210,6 +230,13 @@ class Chaos:
             self.cut.discard((a, b))
         elif action == "broker-start":
             self.tb.start_broker()
+        elif action == "power-on":
+            self.outages[-1] = (self.outages[-1][0], time.time())
+            for node in self.tb.nodes:  # a box that had left comes back idle
+                self.tb.start_node(node)
+                job = node in self.had_job
+                self.state[node] = "training" if job else "idle"
+                self.ready_at[node] = self.now() + (3.0 if job else 10.0)
 
     def act(self, kind: str, arg: str, follow: bool = False) -> None:
         entry: dict[str, Any] = {"t": round(self.now(), 3), "kind": kind, "arg": arg,
@@ -328,16 +355,21 @@ def _cluster(tb: Testbed, chaos: Chaos, sampler: Sampler, opts: Options, say: Sa
     end = opts.minutes * 60
     next_event = chaos.rng.expovariate(opts.rate / 60)
     next_sample = 0.0
+    next_cut = opts.power_cut_every_s or math.inf
     while chaos.now() < end:
         now = chaos.now()
         if now >= next_sample:
             sampler.sample()
             next_sample += opts.sample_s
         chaos.run_due()
-        if now >= next_event:
+        if now >= next_cut:
+            chaos.act("power-cut", "all")
+            next_cut += opts.power_cut_every_s
+        elif now >= next_event:
             chaos.event()
+        if now >= next_event:
             next_event += chaos.rng.expovariate(opts.rate / 60)
-        wake = min([next_sample, next_event, end, *(d[0] for d in chaos.due)])
+        wake = min([next_sample, next_event, next_cut, end, *(d[0] for d in chaos.due)])
         time.sleep(min(1.0, max(0.02, wake - chaos.now())))
     chaos.settle()
     time.sleep(3.0)  # the last rows reach the files
@@ -370,16 +402,19 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
         tb.down(grace_s=5.0)
     left = leftovers(tb, sampler.seen)
     rows = soak_report.load_records(records)
-    doc = soak_report.analyse(rows, sampler.rows, opts.warmup, opts.stall_limit_s,
-                              (chaos.t0_wall, chaos.t0_wall + opts.minutes * 60))
+    doc = soak_report.analyse(rows, sampler.rows, opts.warmup,
+                              (chaos.t0_wall, chaos.t0_wall + opts.minutes * 60), opts.limits,
+                              chaos.outages)
     doc["violations"] += [f"leaked process {w}" for w in sampler.leaks.values()]
     doc["violations"] += [f"left after teardown: {x}" for x in left]
     if error:
         doc["violations"].insert(0, f"the run did not complete: {error}")
     doc.update(options={**asdict(opts), "warmup_s": opts.warmup}, timeline=chaos.timeline,
-               leftovers=left)
+               leftovers=left, outages=[(round(a - chaos.t0_wall, 3), round(b - chaos.t0_wall, 3))
+                                        for a, b in chaos.outages])
     if keep is not None:
         keep_copy(tmp, keep, say, "the records and logs")
+    soak_report.keep_records(records, out / "records", say)
     shutil.rmtree(tmp, ignore_errors=True)
     soak_report.write(doc, out, say)
     return doc

@@ -1,7 +1,8 @@
 """The soak test's training worker (``python -m chaos_bench.soak.worker``).
 
 A tiny model trained with the Trainer API until a leave. Each process writes
-``<records>/<node>.<pid>.jsonl``, one line per committed step: ``{"t", "step", "joins",
+``<records>/<node>.<pid>.jsonl``: first the state it starts from (``{"t", "step", "joins",
+"digest", "start": true}``), then one line per committed step: ``{"t", "step", "joins",
 "digest", "loss"}``; ``joins`` counts the Trainer's joins, so a rejoin inside one process
 (after a freeze, say) is visible.
 """
@@ -41,6 +42,10 @@ def worker(argv: list[str] | None = None) -> int:
     w_true = torch.randn(8, 2, generator=torch.Generator().manual_seed(1))
     path = Path(args.out) / f"{trainer.node_id}.{os.getpid()}.jsonl"
     with open(path, "a") as out:
+        # The state this process starts from (a replica, a snapshot, or a fresh model).
+        out.write(json.dumps({"t": round(time.time(), 3), "step": trainer.step,
+                              "joins": trainer.joins, "digest": trainer.state_digest(),
+                              "start": True}) + "\n")
         while True:
             x = torch.randn(16, 8, generator=gen)
             loss = torch.nn.functional.mse_loss(model(x), x @ w_true)

@@ -44,6 +44,9 @@ def test_two_minute_soak_keeps_every_invariant(tmp_path: Path) -> None:
     assert list(work.iterdir()) == []
 
 
+LIMITS = soak_report.Limits(stall_s=90.0)
+
+
 def _rows(node_steps: list[tuple[int, int, str]], t0: float = 0.0) -> list[dict[str, Any]]:
     return [{"t": t0 + i, "step": s, "joins": j, "digest": d}
             for i, (s, j, d) in enumerate(node_steps)]
@@ -62,7 +65,7 @@ def test_checks_find_doubled_lost_and_mismatched_steps(tmp_path: Path) -> None:
                                            (4, 1, "d"), (5, 1, "e"), (7, 1, "g")], 0.5))
     records = soak_report.load_records(tmp_path)
     assert [len(s) for s in records["n1"]] == [4, 2]
-    violations, steps = soak_report.check(records, (0.0, 7.0), 90.0)
+    violations, steps = soak_report.check(records, (0.0, 7.0), LIMITS)
     assert any(v.startswith("doubled step: n2 committed step 3") for v in violations)
     assert any(v.startswith("lost steps: n2 went from step 5 to 7") for v in violations)
     assert "state mismatch at step 2: up to 2 digests per step" in violations
@@ -77,10 +80,10 @@ def test_checks_pass_a_rejoin_and_an_abandoned_last_step(tmp_path: Path) -> None
                                            (5, 1, "e")]))
     _write(tmp_path, "n2.20.jsonl", _rows([(1, 1, "a"), (2, 1, "b"), (3, 1, "z")]))
     _write(tmp_path, "n2.30.jsonl", _rows([(5, 1, "e")], 4.5))
-    violations, steps = soak_report.check(soak_report.load_records(tmp_path), (0.0, 5.0), 90.0)
+    violations, steps = soak_report.check(soak_report.load_records(tmp_path), (0.0, 5.0), LIMITS)
     assert violations == []
     assert steps["abandoned"] == 1 and steps["steps"] == 5
-    stalled, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 200.0), 90.0)
+    stalled, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 200.0), LIMITS)
     assert stalled == ["training stalled: no step for 196 s"]
 
 
@@ -93,3 +96,81 @@ def test_growth_is_one_slope_with_a_level_per_process() -> None:
     g = soak_report.growth(samples, warmup_s=10.0)["worker"]
     assert g["processes"] == 2 and g["rss_per_h"] == pytest.approx(60.0)
     assert g["fds_per_h"] == 0 and g["threads_per_h"] == 0
+
+
+def _train(steps: range, t0: float, digest: str = "", loss: float = 0.01,
+           dt: float = 0.1) -> list[dict[str, Any]]:
+    return [{"t": t0 + i * dt, "step": s, "joins": 1, "digest": f"{digest}{s}", "loss": loss}
+            for i, s in enumerate(steps)]
+
+
+def _start(step: int, t: float, digest: str) -> dict[str, Any]:
+    return {"t": t, "step": step, "joins": 1, "digest": digest, "start": True}
+
+
+def _power_cut_run(tmp: Path, restored: int) -> tuple[list[str], dict[str, Any]]:
+    """Two nodes train 1..300 (0.1 s a step), every box loses power at t=30.5 for 5 s, and
+    both come back at ``restored`` (their start rows), training on from there."""
+    tmp.mkdir()
+    for node, pid in (("n1", 1), ("n2", 2)):
+        before = [_start(0, 0.0, "fresh"), *_train(range(1, 301), 0.5, loss=1.0)]
+        after = [_start(restored, 36.0, f"{restored}"),
+                 *_train(range(restored + 1, restored + 200), 37.0, "b")]
+        _write(tmp, f"{node}.{pid}.jsonl", before)
+        _write(tmp, f"{node}.{pid + 10}.jsonl", after)
+    return soak_report.check(soak_report.load_records(tmp), (0.0, 60.0), LIMITS, [(30.5, 35.5)])
+
+
+def test_a_power_cut_may_cost_one_snapshot_interval_and_no_more(tmp_path: Path) -> None:
+    # One interval here: 10 s of 0.1-s steps (100 steps, and the 1-s write: 110).
+    ok, summary = _power_cut_run(tmp_path / "ok", 250)
+    assert ok == []
+    [cut] = summary["power_cuts"]
+    assert (cut["top"], cut["restored"], cut["lost"], cut["allowed"]) == (300, 250, 50, 110)
+    assert cut["resumed_s"] == pytest.approx(1.5)
+    lost, _ = _power_cut_run(tmp_path / "lost", 150)
+    assert lost == ["state lost in a power cut: resumed from step 150 after step 300, "
+                    "150 steps lost (one interval: 110)"]
+    fresh, _ = _power_cut_run(tmp_path / "fresh", 0)
+    assert fresh == ["state lost in a power cut: resumed from a fresh model after step 300, "
+                     "300 steps lost (one interval: 110)"]
+
+
+def test_a_reset_a_rollback_and_an_invented_state_are_each_named(tmp_path: Path) -> None:
+    # n1 trains 1..300; n2 joins at 100 with n1's state, trains with it, then its next
+    # process starts from a state nobody committed and commits steps n1 had passed.
+    _write(tmp_path, "n1.1.jsonl", _train(range(1, 301), 0.0))
+    _write(tmp_path, "n2.2.jsonl", [_start(100, 9.9, "100"), *_train(range(101, 201), 10.0)])
+    _write(tmp_path, "n2.3.jsonl", [_start(150, 21.0, "X"), *_train(range(151, 161), 21.0, "x")])
+    violations, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 30.0), LIMITS)
+    assert "state invented: n2 started at step 150 with a state no member committed" \
+        in violations
+    assert "state went back: n2 committed step 151 at t=21.0s after step 211 was committed" \
+        in violations
+    assert "state mismatch at steps 151..159: up to 2 digests per step" in violations
+    # A fresh model that restarts the step count is a reset, not a new run.
+    _write(tmp_path, "n2.3.jsonl", [_start(0, 21.0, "f"), *_train(range(1, 20), 21.0, "f")])
+    violations, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 30.0), LIMITS)
+    assert "state went back: n2 committed a fresh model at t=21.0s after step 211 was " \
+        "committed" in violations
+
+
+def test_a_segment_that_resumes_at_a_fresh_models_loss_is_caught(tmp_path: Path) -> None:
+    # The loss falls from 1.0 to 0.01 by step 200; n2's second process renumbers nothing
+    # (steps go on from 201) but its loss is back near the fresh model's.
+    falling = [{**r, "loss": 1.0 if r["step"] <= 10 else 0.01}
+               for r in _train(range(1, 301), 0.0)]
+    _write(tmp_path, "n1.1.jsonl", falling)
+    _write(tmp_path, "n2.2.jsonl", _train(range(201, 231), 20.0, loss=0.9))
+    violations, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 30.0), LIMITS)
+    assert violations == ["loss jumped: n2 resumed at step 201 with loss 0.9 (cluster 0.01 "
+                          "before, fresh model 1)"]
+
+
+def test_kept_records_read_back_the_same(tmp_path: Path) -> None:
+    src, kept = tmp_path / "src", tmp_path / "kept"
+    src.mkdir()
+    _write(src, "n1.1.jsonl", _train(range(1, 50), 0.0))
+    soak_report.keep_records(src, kept, lambda _: None)
+    assert [p.name for p in kept.iterdir()] == ["n1.1.jsonl.gz"]
+    assert soak_report.load_records(kept) == soak_report.load_records(src)

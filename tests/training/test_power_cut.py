@@ -11,6 +11,7 @@ newest one, saying so with a ``state-restored`` event.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -73,3 +74,65 @@ def test_a_power_cut_of_every_box_resumes_from_the_newest_snapshot(run: Any) -> 
     assert all(len(d) == 1 for d in by_step.values()), "members differ after the restore"
     restored = r.c.wait(lambda: r.events("state-restored"), 30, "a state-restored event")
     assert restored[-1]["step"] == newest and not r.events("state-lost")
+
+
+def _cut_and_return(r: Any, ids: list[str], back: list[str],
+                    wiped: str = "") -> tuple[int, dict[str, int]]:
+    """Train past a few snapshots, cut the power of every box, wipe ``wiped``'s data dir,
+    and bring back only ``back``; returns the newest snapshot of the boxes that came back
+    and the row marks of every box."""
+    for node in ids:
+        r.join(node)
+        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.advance(ids, 3 * EVERY_STEPS)
+    r.c.wait(lambda: all(snapshot_steps(r, n) for n in ids), 60, "a snapshot on every box")
+    power_cut(r, ids)
+    if wiped:  # the box's disk was replaced: no snapshot, no remembered job
+        shutil.rmtree(Path(r.c.workdir) / wiped)
+        (Path(r.c.workdir) / wiped).mkdir()
+    held = [max(steps) for n in back if (steps := snapshot_steps(r, n))]
+    marks = {n: len(r.records(n)) for n in ids}
+    for n in back:
+        r.c.start_node(n)
+    return max(held), marks
+
+
+def _identical_after(r: Any, nodes: list[str], marks: dict[str, int]) -> int:
+    """The first step trained after the restore, once every box in ``nodes`` trains the
+    same states again."""
+    r.c.wait(lambda: all(len(r.records(n)) > marks[n] + 5 for n in nodes), 120,
+             f"training to resume on {nodes}")
+    by_step: dict[int, set[str]] = {}
+    for n in nodes:
+        for row in rows_after(r, n, marks[n]):
+            by_step.setdefault(row["step"], set()).add(row["digest"])
+    assert all(len(d) == 1 for d in by_step.values()), "members differ after the restore"
+    return min(by_step)
+
+
+def test_a_box_whose_disk_was_wiped_rejoins_from_the_others_snapshot(run: Any) -> None:
+    r = run(3, config=CONFIG)
+    ids = r.c.node_ids
+    wiped = ids[0]  # the first box: the scheduler's seat before the cut
+    newest, marks = _cut_and_return(r, ids, ids, wiped=wiped)
+    r.c.wait(lambda: r.c.query(wiped, "ping"), 30, f"{wiped}'s chaosd up")
+    r.join(wiped)  # a new disk remembers no job: its owner joins again
+    first = _identical_after(r, ids, marks)
+    assert first == newest + 1
+    _restored_at(r, ids[-1], newest)
+
+
+def test_the_boxes_that_return_restore_without_the_one_that_does_not(run: Any) -> None:
+    r = run(3, config=CONFIG)
+    ids = r.c.node_ids
+    back = ids[1:]
+    newest, marks = _cut_and_return(r, ids, back)
+    first = _identical_after(r, back, marks)
+    assert first == newest + 1  # the newest snapshot of those that came back
+    _restored_at(r, back[-1], newest)
+
+
+def _restored_at(r: Any, asker: str, step: int) -> None:
+    restored = r.c.wait(lambda: r.c.events(asker, "state-restored"), 30,
+                        "a state-restored event")
+    assert restored[-1]["step"] == step and not r.c.events(asker, "state-lost")
