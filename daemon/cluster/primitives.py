@@ -166,6 +166,9 @@ class Negotiator:
         self._holds: dict[str, int | None] = {}
         # The newest snapshot on each node's disk, from its heartbeat (-1: none).
         self._on_disk: dict[str, int] = {}
+        # The step each member became one at (its bootstrap's, or its replica's): no member
+        # is behind it, whatever its daemon said before its worker's first poll.
+        self._member_at: dict[str, int] = {}
         # Joins that wait for heartbeats: node -> (when, whose, the join's arguments).
         self._unheard: dict[str, tuple[float, frozenset[str],
                                        tuple[str, list[str], dict[str, float] | None, int]]] = {}
@@ -261,7 +264,11 @@ class Negotiator:
                 self.sched.nodes[node] = replace(rec, neighbors=nbrs)
 
     def max_step(self) -> int:
-        steps = [self.step_of(n) for n in self.members()]
+        """The newest step a member is at. A member just bootstrapped from a snapshot still
+        reports step 0 until its worker polls: a join planned in that moment took effect at
+        step 3 while the member stood at 2000, and its rounds waited for a joiner with no
+        state until they timed out (the soak, 15 s per power cut)."""
+        steps = [max(self.step_of(n), self._member_at.get(n, 0)) for n in self.members()]
         return max(steps, default=0)
 
     def observe_worker(self, node: str, state: str, step: int, attached: bool = True,
@@ -503,6 +510,7 @@ class Negotiator:
         held = self.held.pop(node, None)
         known = self.sched.step
         self.sched.set_node(node, state="active")
+        self._member_at[node] = step
         policy = self.publish_policy(effective_step=0)
         version = policy.version if policy else 0
         # Said, not left to the worker to infer from a policy naming it alone: joins that came
@@ -622,6 +630,7 @@ class Negotiator:
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
             return
         self.sched.set_node(node, state="active")
+        self._member_at[node] = join.command.version_step if join is not None else 0
         self._empty_since = None
         delay = None if join is None else (self.clock.monotonic() - join.requested_at) * 1000.0
         detail = report.detail()

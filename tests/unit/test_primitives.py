@@ -70,7 +70,9 @@ def test_scale_out_links_replicates_and_takes_effect_later() -> None:
     assert sorted(n for n, _ in cmds(neg, "connect")) == ["b", "c"]
     policy = neg.sched.policy
     assert policy.members == ("a", "b", "c")
-    assert policy.effective_step == 41 + 2 + 1  # after the margin, one past the snapshot
+    # After the margin, one past the snapshot: b said step 41, but it became a member with
+    # the replica of step 40 + 2, and no member is behind the step it joined at.
+    assert policy.effective_step == 42 + 2 + 1
     policy.validate()  # a valid spanning tree
     rep = cmds(neg, "replicate")
     assert sorted(n for n, _ in rep) == ["b", "c"]
@@ -103,7 +105,9 @@ def test_graceful_leave_and_failure() -> None:
     neg.out.clear()
     neg.leave("c", 7)
     assert neg.sched.nodes["c"].state == "left"
-    assert neg.sched.policy.members == ("a", "b") and neg.sched.policy.effective_step == 8
+    # c joined with the replica of step 7 + 2 (its daemon's word of step 5 is older): the
+    # leave takes effect a margin past that.
+    assert neg.sched.policy.members == ("a", "b") and neg.sched.policy.effective_step == 11
     assert neg.sched.events[-1].kind == "scale-in"
     assert all(n != "c" for n, _ in cmds(neg, "disconnect"))  # only survivors are told
     version = neg.sched.policy_version
@@ -893,3 +897,21 @@ def test_a_join_whose_sources_declined_or_went_is_planned_again() -> None:
     assert sorted(neg.joins["d"].command.sources) == ["a", "b"]  # a serves it alone
     neg.gone("a", "worker-exit")
     assert neg.joins["d"].command.sources == {"c": neg.sched.nodes["c"].data_addr}
+
+
+def test_a_join_just_after_a_bootstrap_from_a_snapshot_takes_effect_past_its_step() -> None:
+    """The soak after a power cut: n1 bootstrapped from its snapshot of step 2000, and n2's
+    join came 17 ms later, before n1's worker had polled, so its daemon still said step 0.
+    The join took effect at step 3: n1's round 2001 waited for n2, which had no state, for
+    its whole timeout. A member is never behind the step it became one at."""
+    neg, _ = make({"a": 0, "b": 0})  # what the daemons say before their workers poll
+    neg.join("a", "127.0.0.1:1", [], step=2000)
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["a"]
+    neg.join("b", "127.0.0.1:2", [], step=900)  # its own older snapshot
+    [(_, rep)] = [c for c in cmds(neg, "replicate") if c[0] == "b"]
+    assert rep["version_step"] >= 2000
+    assert neg.sched.policy.effective_step > 2000
+    neg.replicated("b", done())
+    neg.join("c", "127.0.0.1:3", [])
+    [(_, rep)] = [c for c in cmds(neg, "replicate") if c[0] == "c"]
+    assert rep["version_step"] >= 2000  # b, a member now, is not behind its replica either
