@@ -187,6 +187,18 @@ def _tie_lower_id() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_keep", keep)]
 
 
+def _own_restart_kept() -> list[tuple[Any, str, Any]]:
+    def kept(self: SchedulerRole, st: Status) -> None:
+        self.sched.observe_status(st)  # the verdict on our own box, ignored
+    return [(SchedulerRole, "take_own", kept)]
+
+
+def _member_floor() -> list[tuple[Any, str, Any]]:
+    def max_step(self: primitives.Negotiator) -> int:
+        return max((self.step_of(n) for n in self.members()), default=0)
+    return [(primitives.Negotiator, "max_step", max_step)]
+
+
 def _stale_replicate() -> list[tuple[Any, str, Any]]:
     return [(scaleout.JoinMachine, "superseded", property(lambda self: False))]
 
@@ -270,6 +282,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "newer one replaced", _stale_replicate),
     Mutant("inferred-bootstrap", "630920a", "the first node infers its bootstrap from a policy "
            "naming it alone", _inferred_bootstrap),
+    Mutant("own-restart-kept", "this stop", "a scheduler back as a new process keeps its own "
+           "box's old membership", _own_restart_kept),
+    Mutant("member-floor", "934c8a2", "a member just bootstrapped counts at the step its "
+           "daemon last said (0), not the step it became one at", _member_floor),
     Mutant("lost-replicate", "072bd3a", "a repeated join request is not answered again, and a "
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
 )}

@@ -76,7 +76,7 @@ class SchedulerRole:
             rec = self.sched.nodes.get(node)
             if rec is not None and rec.state == "active" and step > self.sched.step:
                 self.sched.step = step
-        self.sched.observe_status(agent.own_status())
+        self.take_own(agent.own_status())
         self.take_presence(list(agent.presence.values()))
         silence = agent.silence(previous) if previous else None
         log.warning("elected scheduler, term %d (previous: %s)", self.term, previous)
@@ -138,6 +138,13 @@ class SchedulerRole:
                                snapshot=hb.snapshot)
         self.neg.observe_progress()
         self.flush()
+
+    def take_own(self, st: Status) -> None:
+        """At election, our own box is judged like any other: back as a new process (a power
+        cut of every box), its worker holds a snapshot at most, not the state the record says
+        it trains. Kept as a member, joins were planned from it at step 0, and its rounds
+        waited on joiners that had no state (the soak: no step for two minutes)."""
+        self.on_status(st)
 
     def take_presence(self, statuses: list[Status]) -> None:
         """At election: act on the presence the old scheduler may never have acted on (it

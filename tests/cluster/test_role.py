@@ -60,9 +60,11 @@ class FakeHost:
         self.heard: dict[str, float] = {}
         self.down: set[str] = set()
         self.queued: list[Queued] = []
+        self.incarnation = 1
 
     def own_status(self) -> Status:
-        return Status(node=ME, online=True, reason="up", incarnation=1, addr="10.0.0.1")
+        return Status(node=ME, online=True, reason="up", incarnation=self.incarnation,
+                      addr="10.0.0.1")
 
     def step_of(self, node: str) -> int:
         return self.steps.get(node, 0)
@@ -444,3 +446,25 @@ def test_a_new_role_scales_in_a_member_whose_daemon_left_before_it_was_elected()
     assert role.sched.policy.effective_step == 0  # at once: the rounds waiting on b rerun
     assert [e.detail.get("reason") for e in role.sched.events if e.kind == "scale-in"] == [
         "daemon-left"]
+
+
+def test_a_scheduler_back_as_a_new_process_scales_its_own_old_membership_in() -> None:
+    """After a power cut of every box, the scheduler's box came back as a new process and
+    took the seat again, its own record still active at the cluster's step: joins were
+    planned from it at step 0 while its new worker held only a snapshot, and the rounds
+    waited on joiners with no state (the soak: no step for two minutes). Its own box is
+    judged like any other that came back as a new process."""
+    clock = FakeClock()
+    first = FakeHost(clock)
+    old = first.elect()
+    join(first, old, ME, "b")  # its own box trains too
+    snap = old.snapshot()
+    assert snap.nodes[ME].state == "active"
+    host = FakeHost(clock, view=snap)
+    host.election.term = snap.term
+    host.incarnation = 2  # the power came back
+    role = host.elect()
+    assert role.sched.nodes[ME].state == "standby"
+    assert role.sched.policy is not None and ME not in role.sched.policy.members
+    failed = [e for e in role.sched.events if e.kind == "node-failed"]
+    assert [(e.node, e.detail["reason"]) for e in failed] == [(ME, "restarted")]
