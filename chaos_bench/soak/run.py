@@ -61,6 +61,7 @@ WORKER_MODULE = "chaos_bench.soak.worker"  # the training worker, run with -m
 KINDS = ("join", "leave", "kill", "freeze", "cut", "broker-restart")
 MIN_TRAINING = 2  # leaves, kills and freezes never take the cluster below this
 JOIN_WAIT_S = 120.0
+RESUME_WAIT_S = 120.0  # after the chaos phase, for a power cut near its end
 
 
 @dataclass
@@ -372,6 +373,12 @@ def _cluster(tb: Testbed, chaos: Chaos, sampler: Sampler, opts: Options, say: Sa
         wake = min([next_sample, next_event, next_cut, end, *(d[0] for d in chaos.due)])
         time.sleep(min(1.0, max(0.02, wake - chaos.now())))
     chaos.settle()
+    if chaos.outages:  # a power cut near the end: give the cluster its chance to resume
+        back = chaos.outages[-1][1]
+        with contextlib.suppress(TestbedError):
+            tb.wait(lambda: any(p.stat().st_mtime > back
+                                    for p in chaos.records.glob("*.jsonl")),
+                    RESUME_WAIT_S, "training to resume after the last power cut")
     time.sleep(3.0)  # the last rows reach the files
     sampler.sample()
 

