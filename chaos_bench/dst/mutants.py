@@ -15,10 +15,11 @@ from typing import Any
 
 from chaos_bench.dst import worker as sim_worker
 from chaos_edge.trainer import scaleout
+from daemon.agent.leadership import Leadership
 from daemon.agent.node import NodeAgent
 from daemon.cluster import primitives
 from daemon.cluster.detector import PhiAccrualDetector
-from daemon.cluster.election import Election
+from daemon.cluster.election import Election, Heard
 from daemon.cluster.role import SchedulerRole
 from daemon.contracts.messages import Request, Status
 from daemon.contracts.protocol import Bootstrap, parse_request
@@ -246,6 +247,13 @@ def _lost_replicate() -> list[tuple[Any, str, Any]]:
             (sim_worker.SimWorker, "_training", by_newest)]
 
 
+# --- a stale scheduler's contest (seed 1127) -------------------------------------------------
+def _claim_weighed() -> list[tuple[Any, str, Any]]:
+    def on_its_word(self: Leadership, leader: str, live: set[str] | None = None) -> Heard:
+        return Heard()  # the rival weighed on its claim alone; every peer taken for heard
+    return [(Leadership, "rival", on_its_word)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -288,4 +296,6 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "daemon last said (0), not the step it became one at", _member_floor),
     Mutant("lost-replicate", "072bd3a", "a repeated join request is not answered again, and a "
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
+    Mutant("claim-weighed", "92cdf78", "a scheduler contesting a newer term weighs the rival on "
+           "its claim alone, and wins before it has heard every live peer", _claim_weighed),
 )}

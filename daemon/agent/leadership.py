@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from daemon.agent.metrics import AgentMetrics
 from daemon.agent.worker import WorkerSession
 from daemon.cluster.detector import PhiAccrualDetector
-from daemon.cluster.election import Action, Election, Verdict, better
+from daemon.cluster.election import Action, Election, Heard, Verdict, better
 from daemon.cluster.role import SchedulerRole
 from daemon.contracts.clock import Clock
 from daemon.contracts.messages import ClusterState, Event, Heartbeat, LeaderClaim, Topics, encode
@@ -94,11 +94,7 @@ class Leadership:
         be rejoining at that moment (seed 2400)."""
         if self._a.role is None:
             return 0, -1
-        live = self._a.live_peers() if live is None else live
-        now = self._a.clock.monotonic()
-        beats = [hb for node in live if (hb := self._a.beats.get(node)) is not None
-                 and hb.leader == self._a.me and hb.state != "standby"
-                 and now - self._a.last_heard.get(node, -1e9) <= TRAINING_FRESH_S]
+        beats = [hb for hb in self._fresh(live) if self._ours(hb)]
         count = sum(1 for hb in beats if hb.state == "active")
         steps = [hb.step for hb in beats]
         if self._a.worker.attached:
@@ -106,11 +102,40 @@ class Leadership:
             steps.append(self._a.worker.step)
         return count, max(steps, default=-1)
 
+    def rival(self, leader: str, live: set[str] | None = None) -> Heard:
+        """As scheduler: what we hear ourselves of the nodes outside our part, by heartbeats
+        heard in the last TRAINING_FRESH_S: how many train following ``leader`` (a better
+        claim's sender), the newest state one of them holds, whoever it follows, and whether
+        every live peer was heard (nothing, as a follower). A claim says what its sender had
+        heard when it sent it, and that lags: the simulator's seed 1127 (Election.on_claim,
+        Election._settle_rivals)."""
+        if self._a.role is None:
+            return Heard(everyone=False)
+        live = self._a.live_peers() if live is None else live
+        beats = self._fresh(live)
+        outside = [hb for hb in beats if not self._ours(hb)]
+        return Heard(training=sum(1 for hb in outside
+                                  if hb.leader == leader and hb.state == "active"),
+                     step=max((hb.holds for hb in outside), default=-1),
+                     everyone=len(beats) == len(live))
+
+    def _fresh(self, live: set[str] | None) -> list[Heartbeat]:
+        """The last heartbeat of each live peer, heard within TRAINING_FRESH_S."""
+        live = self._a.live_peers() if live is None else live
+        now = self._a.clock.monotonic()
+        return [hb for node in live if (hb := self._a.beats.get(node)) is not None
+                and now - self._a.last_heard.get(node, -1e9) <= TRAINING_FRESH_S]
+
+    def _ours(self, hb: Heartbeat) -> bool:
+        """Whether the node of ``hb`` trains (or joins) following us."""
+        return hb.leader == self._a.me and hb.state != "standby"
+
     def on_claim(self, claim: LeaderClaim) -> None:
         before = self._a.election.leader
         own, own_step = self.training()
         verdict = self._a.election.on_claim(claim.id, claim.term, training=claim.training,
-                                         own=own, step=claim.step, own_step=own_step)
+                                            own=own, step=claim.step, own_step=own_step,
+                                            heard=self.rival(claim.id))
         if verdict.action in (Action.FOLLOW, Action.STEP_DOWN) and verdict.leader != self._a.me:
             # A better claim is its sender's sign of life: a silence we heard while it was not
             # our leader (the other side of a healed partition) must not judge it dead at once.

@@ -28,7 +28,7 @@ from daemon.agent.probes import LinkMonitor, PeerEndpoint
 from daemon.agent.resources import Resources, sample
 from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unresponsive_for
 from daemon.cluster.detector import PhiAccrualDetector
-from daemon.cluster.election import Action, Election
+from daemon.cluster.election import Action, Election, Heard
 from daemon.cluster.role import SchedulerRole
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock, SystemClock
@@ -709,14 +709,15 @@ class NodeAgent:
         rival = self.election.contested
         # Counted only while a contest runs: it walks every live node, and this is every tick.
         own, own_step = self.leadership.training(live) if rival is not None else (0, -1)
+        outside = self.leadership.rival(rival.leader, live) if rival is not None else Heard()
         # The best term a live peer knows: above 0, a cluster exists, and a node that holds
         # none of its state lets a peer that may hold it lead first.
         known = max((st.term for n, st in self.presence.items() if n in live), default=0)
         verdict = self.election.tick(live, has_state=self.view is not None, own=own,
                                      cluster_term=known, alone_s=self.cfg.mqtt.reconnect_max_s,
-                                     own_step=own_step)
+                                     own_step=own_step, heard=outside)
         if verdict.action is Action.CLAIM and self.role is not None and rival is not None:
-            self.role.outbid(verdict.term, rival.leader, own, rival.training)
+            self.role.outbid(verdict.term, rival.leader, own, max(rival.training, outside.training))
             self.leadership.queue_claim()
         elif verdict.action is Action.CLAIM:
             self.role = SchedulerRole(self, self._last_leader)

@@ -15,7 +15,11 @@ Rules (all nodes apply the same ones, so they converge without talking more):
   it. The largest training part keeps its scheduler, as the partition rule wants, rather than
   whichever side elected last. A leader with nobody training under it (a stale one, thawed
   from SIGSTOP: its old followers' beats now name the new term's policies) has nothing to
-  contest with. A tie keeps the better claim.
+  contest with. A tie keeps the better claim. The claimant's part is weighed by its claim or
+  by what the leader hears itself of the nodes outside its own part, whichever says more (a
+  claim lags), and the contest is won only on what was heard: every live peer heard lately,
+  and none outside our part holding a newer state than ours. A stale scheduler must not win
+  on what it has not heard yet (the simulator's seed 1127).
 * A leader that sees a worse claim (a stale leader, say) re-asserts its own, repairing the
   retained topic; if the worse claim has the same term (the two sides of a cut each elected
   one), it claims the next term, so that a node never obeys two schedulers in one term.
@@ -68,6 +72,16 @@ class Rival:
     @property
     def claim(self) -> tuple[int, str]:
         return (self.term, self.leader)
+
+
+@dataclass(frozen=True)
+class Heard:
+    """What a contesting scheduler hears itself of the nodes outside its part, by their
+    heartbeats: a claim says what its sender had heard when it sent it, and that lags."""
+
+    training: int = -1  # live nodes training following the rival
+    step: int = -1  # the newest state a live node outside our part holds
+    everyone: bool = True  # every live peer was heard lately (none holds a state unknown to us)
 
 
 def stronger(own: int, own_step: int, training: int, step: int) -> bool:
@@ -140,7 +154,7 @@ class Election:
         self._connected_since = None
 
     def on_claim(self, leader: str, term: int, training: int = -1, own: int = 0,
-                 step: int = -1, own_step: int = -1) -> Verdict:
+                 step: int = -1, own_step: int = -1, heard: Heard = Heard()) -> Verdict:
         """Apply a claim heard on ``sched/leader``.
 
         Args:
@@ -148,6 +162,8 @@ class Election:
             own: The nodes training under ours, if we lead (as we hear their heartbeats).
             step: The newest step the claimant's trainees committed, as its claim says.
             own_step: Ours, likewise.
+            heard: What we hear ourselves of the nodes outside our part, if we lead: the
+                claimant's part is weighed by its claim or by this, whichever says more.
         """
         if leader == self.me and term != self._my_term:
             # A claim in our name that this process never made: an earlier run of this node
@@ -170,6 +186,7 @@ class Election:
             return self._verdict(Action.NONE)
         if better((term, leader), current):
             now = self._clock.monotonic()
+            training, step = max(training, heard.training), max(step, heard.step)
             if (self.is_leader and stronger(own, own_step, training, step)
                     and self._cfg.contest_s > 0):
                 opened = self._contest is None
@@ -219,12 +236,22 @@ class Election:
             self._deferred = None
         return self._verdict(Action.STEP_DOWN if was_leader else Action.FOLLOW)
 
-    def _settle_rivals(self, now: float, own: int, own_step: int = -1) -> Verdict | None:
-        """Decide a contest or a deferral whose time has come."""
+    def _settle_rivals(self, now: float, own: int, own_step: int = -1,
+                       heard: Heard = Heard()) -> Verdict | None:
+        """Decide a contest or a deferral whose time has come.
+
+        A contest is won on what we heard, never on what we did not: only if every live peer
+        was heard lately, and our part holds a newer state than the rival's part as its claim
+        or our own hearing says (or as new a state, and more nodes). A node we have not heard
+        since we came back may hold a newer state than ours, and our policy of the higher
+        term, effective at once, would have our part rebuild the rounds it built (the
+        simulator's seed 1127: a scheduler back from a cut and a broker restart outbid the
+        newer term on its own worker's stale step before it heard anyone)."""
         c = self._contest
         if c is not None and now >= c.until:
             self._contest = None
-            if self.is_leader and stronger(own, own_step, c.training, c.step):
+            training, step = max(c.training, heard.training), max(c.step, heard.step)
+            if self.is_leader and heard.everyone and stronger(own, own_step, training, step):
                 # Still the larger part: outbid the claim, so everyone takes ours.
                 self.term = max(self.term, c.term) + 1
                 self._my_term, self.elected_at = self.term, now
@@ -244,7 +271,8 @@ class Election:
             self.leader = None
 
     def tick(self, live: set[str], has_state: bool = True, own: int = 0,
-             cluster_term: int = 0, alone_s: float = 0.0, own_step: int = -1) -> Verdict:
+             cluster_term: int = 0, alone_s: float = 0.0, own_step: int = -1,
+             heard: Heard = Heard()) -> Verdict:
         """Decide whether to stand, given the nodes we currently believe alive.
 
         Args:
@@ -255,10 +283,13 @@ class Election:
             alone_s: how long a node that knows no cluster and sees no peer waits before it
                 starts one: a broker that restarted without persistence looks empty until
                 the members reconnect (their backoff), and they hold the state.
+            own_step: the newest step a node of our part holds, if we lead.
+            heard: what we hear ourselves of the nodes outside our part, if we lead and a
+                contest runs (:meth:`_settle_rivals`).
         """
         now = self._clock.monotonic()
         self._live = set(live)
-        settled = self._settle_rivals(now, own, own_step)
+        settled = self._settle_rivals(now, own, own_step, heard)
         if settled is not None:
             return settled
         if self._connected_since is None or now - self._connected_since < self._cfg.grace_s:

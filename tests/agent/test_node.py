@@ -97,6 +97,8 @@ class Peer:
     seq: int = 0
     version: int = -1  # the policy its worker last committed a round under
     leader: str = ""  # the scheduler it follows
+    state: str = "active"  # its worker's
+    holds: int = -1  # the step its worker holds (-1: no worker attached)
 
     def status(self, online: bool = True, reason: str = "up") -> Status:
         return Status(node=self.node, online=online, reason=reason,
@@ -105,8 +107,8 @@ class Peer:
     def hb(self) -> Heartbeat:
         self.seq += 1
         return Heartbeat(node=self.node, seq=self.seq, incarnation=self.incarnation,
-                         step=self.step, state="active", cpu_percent=1.0, mem_percent=2.0,
-                         policy_version=self.version, leader=self.leader)
+                         step=self.step, state=self.state, cpu_percent=1.0, mem_percent=2.0,
+                         policy_version=self.version, leader=self.leader, holds=self.holds)
 
 
 async def run(agent: NodeAgent, clock: FakeClock, seconds: float,

@@ -114,6 +114,26 @@ async def test_the_scheduler_of_the_larger_part_outbids_a_newer_term() -> None:
     assert outbid and outbid[0].detail["contest"] == {"own": 2, "rival": 1}
 
 
+async def test_a_stale_scheduler_steps_down_when_it_hears_the_newer_term_hold_a_newer_state(
+        ) -> None:  # fmt: skip
+    """The simulator's seed 1127: m led term 1, froze through a cut, and came back after a
+    broker restart to reclaim it; the others had followed z in term 2 and trained on to step
+    7. z, back a moment later, claimed with nobody heard yet (step 0). On that word m's own
+    worker (step 3) looked the newer state: m outbid z, and its policy of term 3 had its
+    worker rebuild round 4. m hears z's followers hold step 7 itself: it steps down at once."""
+    agent, bus, clock = await elected("m")
+    await worker_attach(agent, {"port": 7001, "pid": os.getpid(), "host": "127.0.0.1",
+                                "step": 3})
+    worker_poll(agent, {"step": 3, "state": "active"})
+    peers = [Peer(n, step=7, leader="z", state="joining", holds=7) for n in ("p", "q")]
+    for peer in peers:
+        bus.deliver(T.status(peer.node), peer.status())
+    await run(agent, clock, 1.0, peers)
+    assert agent.role is not None and agent.leadership.training() == (1, 3)
+    bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=0, step=0))
+    assert agent.role is None and (agent.election.term, agent.election.leader) == (2, "z")
+
+
 async def test_a_scheduler_outnumbered_by_the_claim_steps_down_at_once() -> None:
     agent, bus, _ = await elected("m")
     bus.deliver(T.leader, LeaderClaim(id="z", term=2, training=3))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from daemon.cluster.election import Action, Election, stronger
+from daemon.cluster.election import Action, Election, Heard, stronger
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import ElectionConfig
 
@@ -188,3 +188,45 @@ def test_the_rival_with_the_newer_term_trains_no_round_while_it_may_be_contested
     assert not r.challenged and not f.challenged
     r.on_claim("r", r.term)  # a claim of our own leader's or our own never challenges
     assert not r.challenged
+
+
+def test_the_rival_is_weighed_by_what_we_hear_of_its_part_not_only_by_its_claim() -> None:
+    """The simulator's seed 1127: a scheduler frozen through a cut came back after a broker
+    restart and reclaimed its old term, while the newer term's members had trained on. The
+    newer term's scheduler, itself back a moment before, claimed with no follower heard yet
+    (step 0); weighed on that word, the stale scheduler's own worker (step 3) looked the newer
+    state, and it outbid the newer term. It heard those followers hold step 7 itself."""
+    clock = FakeClock()
+    s = leading("s", 1, clock)
+    lagging = {"training": 0, "step": 0, "own": 1, "own_step": 3}
+    assert s.on_claim("r", 2, **lagging, heard=Heard(training=0, step=7)).action \
+        is Action.STEP_DOWN
+    assert (s.term, s.leader) == (2, "r")
+    # Weighed on the claim alone (nothing heard outside our part), it would have contested.
+    t = leading("t", 1, clock)
+    assert t.on_claim("r", 2, **lagging, heard=Heard()).action is Action.CLAIM
+    # Followers of the rival that we hear count too, whatever its claim says.
+    u = leading("u", 1, clock)
+    assert u.on_claim("r", 2, training=0, own=2, heard=Heard(training=3)).action \
+        is Action.STEP_DOWN
+
+
+def test_a_contest_is_won_only_on_what_was_heard() -> None:
+    """Seed 1127 in full: the contest opened as the scheduler came back, a broker restart
+    took its window, and it decided at once on reconnecting, with nobody heard: its own
+    worker against a claim that named none. A contest settles in our favour only if every
+    live peer was heard lately, and what they hold is weighed; else the newer term wins."""
+    clock = FakeClock()
+    for everyone, won in ((False, False), (True, True)):
+        s = leading("s", 1, clock)
+        assert s.on_claim("r", 2, training=0, own=1, own_step=149).action is Action.CLAIM
+        clock.advance(CFG.contest_s + 0.1)
+        verdict = s.tick({"r", "p"}, own=1, own_step=149, heard=Heard(everyone=everyone))
+        assert (verdict.action is Action.CLAIM) is won and s.is_leader is won
+        assert s.term == (3 if won else 2)
+    # Heard, a state newer than ours outside our part yields too, at the decision.
+    s = leading("s", 1, clock)
+    assert s.on_claim("r", 2, training=0, own=1, own_step=149).action is Action.CLAIM
+    clock.advance(CFG.contest_s + 0.1)
+    verdict = s.tick({"r", "p"}, own=1, own_step=149, heard=Heard(step=151))
+    assert verdict.action is Action.STEP_DOWN and (s.term, s.leader) == (2, "r")
