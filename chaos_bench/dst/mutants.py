@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from chaos_bench.dst import worker as sim_worker
@@ -200,6 +200,25 @@ def _member_floor() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "max_step", max_step)]
 
 
+def _stale_active_done() -> list[tuple[Any, str, Any]]:
+    observe = primitives.Negotiator.__dict__["observe_worker"]
+
+    def done_on_any_active(self: primitives.Negotiator, node: str, state: str, step: int,
+                           attached: bool = True, snapshot: int = -1) -> None:
+        join = self.joins.get(node)
+        if join is None or state != "active":
+            observe(self, node, state, step, attached, snapshot)
+            return
+        # The fix undone: an "active" heartbeat ends the join, whatever its step.
+        saved = join.command
+        join.command = replace(saved, version_step=min(saved.version_step, step))
+        try:
+            observe(self, node, state, step, attached, snapshot)
+        finally:
+            join.command = saved
+    return [(primitives.Negotiator, "observe_worker", done_on_any_active)]
+
+
 def _stale_replicate() -> list[tuple[Any, str, Any]]:
     return [(scaleout.JoinMachine, "superseded", property(lambda self: False))]
 
@@ -294,6 +313,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "box's old membership", _own_restart_kept),
     Mutant("member-floor", "934c8a2", "a member just bootstrapped counts at the step its "
            "daemon last said (0), not the step it became one at", _member_floor),
+    Mutant("stale-active-done", "this stop", "a joiner heard active behind its replica's "
+           "step is taken to have finished its join", _stale_active_done),
     Mutant("lost-replicate", "072bd3a", "a repeated join request is not answered again, and a "
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
     Mutant("claim-weighed", "92cdf78", "a scheduler contesting a newer term weighs the rival on "

@@ -283,6 +283,13 @@ class Negotiator:
         rec = self.sched.nodes.get(node)
         if rec is None or rec.state != "joining" or state != "active":
             return
+        join = self.joins.get(node)
+        if join is not None and step < join.command.version_step:
+            # Behind the replica it was sent to fetch: the worker's state from before this
+            # join (a box thawed from a freeze still says "active"), not its end. Taken for
+            # done, the node was a member while its worker fetched, and the rounds waited on
+            # it until the join timed out (the soak: no step for 300 s).
+            return
         log.warning("%s trains (step %d) but its join was never reported done: done now",
                     node, step)
         self.replicated(node, Replicated(version=step))

@@ -915,3 +915,18 @@ def test_a_join_just_after_a_bootstrap_from_a_snapshot_takes_effect_past_its_ste
     neg.join("c", "127.0.0.1:3", [])
     [(_, rep)] = [c for c in cmds(neg, "replicate") if c[0] == "c"]
     assert rep["version_step"] >= 2000  # b, a member now, is not behind its replica either
+
+
+def test_a_joiner_heard_active_behind_its_replica_has_not_finished_its_join() -> None:
+    """The soak: a member frozen for a few seconds was dropped and sent to rejoin; thawed,
+    its heartbeat still said "active" at its old step, and that was taken for a join
+    reported lost: the node was a member while its worker fetched, and the rounds waited on
+    it for 300 s, until its join timed out."""
+    neg, _ = make({"a": 100})
+    grow(neg, "a")
+    neg.join("b", "127.0.0.1:2", ["a"])
+    version_step = neg.joins["b"].command.version_step
+    neg.observe_worker("b", "active", version_step - 3)  # its state from before the freeze
+    assert neg.sched.nodes["b"].state == "joining" and "b" in neg.joins
+    neg.observe_worker("b", "active", version_step + 1)  # it did finish, report lost
+    assert neg.sched.nodes["b"].state == "active" and "b" not in neg.joins
