@@ -13,8 +13,9 @@ between two power cuts of every box, and a *segment* one process between two joi
   member ever committed: a replica or a snapshot must be one the cluster agreed on;
 - *state went back*: once a step is committed, no member commits an older one (a rollback,
   or a reset to an older state or a fresh model); only a power cut may cost steps, and
-- *state lost in a power cut*: at most one snapshot interval (both ``every_steps`` and
-  ``every_s`` passed, plus the time to write one), and *slow resume*: training again within
+- *state lost in a power cut*: at most one snapshot interval (the larger of ``every_steps``
+  and the steps of the last ``every_s``), plus the tenth of ``every_steps`` a snapshot is
+  aligned to and the steps of the time to write one, and *slow resume*: training again within
   ``resume_s`` of the daemons' return; *never resumed* if it did not;
 - *loss jumped*: a segment starting after step 100 begins with a median loss nearer the
   fresh model's than the cluster's just before (a reset that renumbered its steps);
@@ -183,10 +184,12 @@ class Checker:
         lim = self.limits
         restored = row["step"] - 1
         # The newest snapshot due before the cut: one interval (both its steps and its
-        # seconds passed) plus the time to write it.
-        recent = [s for t, s in history if t >= cut - lim.every_s - lim.write_s]
-        in_write = [s for t, s in history if t >= cut - lim.write_s]
-        allowed = max(lim.every_steps + len(set(in_write)), len(set(recent)))
+        # seconds passed), the steps to the next multiple it is taken at, and the time to
+        # write it (chaos_edge.trainer.snapshots).
+        recent = {s for t, s in history if t >= cut - lim.every_s}
+        in_write = {s for t, s in history if t >= cut - lim.write_s}
+        align = max(1, lim.every_steps // 10)
+        allowed = max(lim.every_steps, len(recent)) + align + len(in_write)
         lost = top - restored
         resumed = row["t"] - back
         self.restores.append({"cut_t": round(cut - self.window[0], 2), "back_s":

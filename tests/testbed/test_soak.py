@@ -129,18 +129,19 @@ def _power_cut_run(tmp: Path, restored: int) -> tuple[list[str], dict[str, Any]]
 
 
 def test_a_power_cut_may_cost_one_snapshot_interval_and_no_more(tmp_path: Path) -> None:
-    # One interval here: 10 s of 0.1-s steps (100 steps, and the 1-s write: 110).
+    # One interval here: 10 s of 0.1-s steps (100 steps), the alignment to a multiple of 10
+    # and the 1-s write (10 steps each): 120.
     ok, summary = _power_cut_run(tmp_path / "ok", 250)
     assert ok == []
     [cut] = summary["power_cuts"]
-    assert (cut["top"], cut["restored"], cut["lost"], cut["allowed"]) == (300, 250, 50, 110)
+    assert (cut["top"], cut["restored"], cut["lost"], cut["allowed"]) == (300, 250, 50, 120)
     assert cut["resumed_s"] == pytest.approx(1.5)
     lost, _ = _power_cut_run(tmp_path / "lost", 150)
     assert lost == ["state lost in a power cut: resumed from step 150 after step 300, "
-                    "150 steps lost (one interval: 110)"]
+                    "150 steps lost (one interval: 120)"]
     fresh, _ = _power_cut_run(tmp_path / "fresh", 0)
     assert fresh == ["state lost in a power cut: resumed from a fresh model after step 300, "
-                     "300 steps lost (one interval: 110)"]
+                     "300 steps lost (one interval: 120)"]
 
 
 def test_a_reset_a_rollback_and_an_invented_state_are_each_named(tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_a_disk_that_refuses_stops_snapshots_with_one_report(tmp_path: Path) -> 
     writer.close()
 
 
-def test_the_schedule_takes_multiples_of_every_steps_once_every_s_passed(tmp_path: Path) -> None:
+def test_a_snapshot_is_due_once_every_steps_and_every_s_passed(tmp_path: Path) -> None:
     clock, rep = FakeClock(), replica()
     snaps = Snapshotter(SnapshotSettings(str(tmp_path), every_steps=10, every_s=5.0), "c1",
                         rep, clock, lambda why: None)
@@ -134,7 +134,19 @@ def test_the_schedule_takes_multiples_of_every_steps_once_every_s_passed(tmp_pat
         fast.committed()
         fast.writer.flush(10)
     fast.close()
-    assert [s.step for s in fast.writer.written] == [30, 60]  # skipped until 25 s passed
+    # 25 s passed (and 10 steps): due at once, not at the next multiple of 10 (30: a power
+    # cut could cost every_s and every_steps more).
+    assert [s.step for s in fast.writer.written] == [25, 50]
+    clock3, rep3 = FakeClock(), replica()
+    aligned = Snapshotter(SnapshotSettings(str(tmp_path / "c"), every_steps=100, every_s=5.0),
+                          "c1", rep3, clock3, lambda why: None)
+    for step in range(1, 400, 7):  # 100 steps passed at 106 and 225: taken at 120 and 260
+        rep3.step = step
+        clock3.advance(1.0)
+        aligned.committed()
+        aligned.writer.flush(10)
+    aligned.close()
+    assert [s.step for s in aligned.writer.written] == [120, 260]
 
 
 def test_a_restored_snapshot_is_the_step_the_join_says(tmp_path: Path) -> None:
