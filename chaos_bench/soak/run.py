@@ -43,6 +43,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -383,6 +384,28 @@ def _cluster(tb: Testbed, chaos: Chaos, sampler: Sampler, opts: Options, say: Sa
     sampler.sample()
 
 
+@contextlib.contextmanager
+def _unwinds_on_sigterm() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the testbed is torn down either way."""
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
         workdir: Path | None = None, run_id: str | None = None) -> dict[str, Any]:
     """One soak run; writes ``soak.json`` and ``soak.png`` under ``out`` and returns the doc
@@ -396,17 +419,21 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
     sampler = Sampler(tb, chaos)
     error = ""
     try:
-        _cluster(tb, chaos, sampler, opts, say)
+        with _unwinds_on_sigterm():
+            _cluster(tb, chaos, sampler, opts, say)
     except (TestbedError, ControlFailure, OSError) as exc:
         error = str(exc)
         say(f"the run failed: {error}")
     finally:
-        for node, st in chaos.state.items():  # a stopped process cannot take SIGTERM
-            if st == "frozen":
-                with contextlib.suppress(ControlFailure, OSError, TestbedError):
-                    chaos._signal(node, signal.SIGCONT)
-        say("tearing down")
-        tb.down(grace_s=5.0)
+        # A second Ctrl-C (or the SIGINT `timeout` passes on beside the user's) must not
+        # cut the teardown short: it once left four chaosd and five namespaces behind.
+        with _signals_ignored():
+            for node, st in chaos.state.items():  # a stopped process cannot take SIGTERM
+                if st == "frozen":
+                    with contextlib.suppress(ControlFailure, OSError, TestbedError):
+                        chaos._signal(node, signal.SIGCONT)
+            say("tearing down")
+            tb.down(grace_s=5.0)
     left = leftovers(tb, sampler.seen)
     rows = soak_report.load_records(records)
     doc = soak_report.analyse(rows, sampler.rows, opts.warmup,
