@@ -219,6 +219,12 @@ def _stale_active_done() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "observe_worker", done_on_any_active)]
 
 
+def _ahead_of_members_only() -> list[tuple[Any, str, Any]]:
+    def ahead(self: primitives.Negotiator, node: str, step: int) -> bool:
+        return True  # the fix undone: a joiner ahead of the members ignores the nodes up
+    return [(primitives.Negotiator, "_ahead_of_nodes_up", ahead)]
+
+
 def _stale_replicate() -> list[tuple[Any, str, Any]]:
     return [(scaleout.JoinMachine, "superseded", property(lambda self: False))]
 
@@ -315,6 +321,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "daemon last said (0), not the step it became one at", _member_floor),
     Mutant("stale-active-done", "this stop", "a joiner heard active behind its replica's "
            "step is taken to have finished its join", _stale_active_done),
+    Mutant("ahead-of-members-only", "this stop", "a joiner ahead of every member starts the "
+           "cluster over though a node up holds a newer state", _ahead_of_members_only),
     Mutant("lost-replicate", "072bd3a", "a repeated join request is not answered again, and a "
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
     Mutant("claim-weighed", "92cdf78", "a scheduler contesting a newer term weighs the rival on "

@@ -415,7 +415,12 @@ class Negotiator:
         self._leaving.pop(node, None)
         self._unheard.pop(node, None)
         self._holds[node] = step
-        if members and step > max(self.sched.step, self.max_step()) + self.lead():
+        # Ahead of every member, and of every node up that holds a state: a node back from a
+        # cut with a newer state in memory, not a member here yet, is where the cluster must
+        # go on from, not the joiner's older snapshot (the simulator's seed 1775, 30 s). The
+        # joiner then pulls from the members; the newer state comes with its holder's join.
+        if members and step > max(self.sched.step, self.max_step()) + self.lead() \
+                and self._ahead_of_nodes_up(node, step):
             unheard = [m for m in members if m not in self._heard and m != self.sched.me]
             if unheard:
                 # What we know of them is the snapshot's step, which lags: a scheduler a
@@ -451,9 +456,7 @@ class Negotiator:
             # node back from a cut started the cluster over from an older state while one
             # that had trained on waited on a source that went); so does a node up whose
             # worker holds a newer state, not yet asking to join.
-            newest = max([self.sched.step, *(j.holds for n, j in self.joins.items()
-                                             if n != node and self.alive(n)),
-                          *(h for n in up if (h := self._holds.get(n)) is not None)])
+            newest = max(self.sched.step, self._held_elsewhere(node))
             if step >= newest:
                 self._bootstrap(node, step)
                 return
@@ -558,6 +561,17 @@ class Negotiator:
         self._unheard[node] = (self.clock.monotonic(), frozenset(whose), args)
         log.info("%s holds step %d; waiting for the heartbeats of %s", node, args[3],
                  ", ".join(whose))
+
+    def _ahead_of_nodes_up(self, node: str, step: int) -> bool:
+        return step >= self._held_elsewhere(node)
+
+    def _held_elsewhere(self, node: str) -> int:
+        """The newest state a node other than ``node`` holds, as far as we know: the other
+        joins' (their sources may have gone) and the workers' of the nodes up (-1: none)."""
+        up = [n for n, r in self.sched.nodes.items() if n != node and self.alive(n)
+              and r.state not in ("failed", "left")]
+        return max([-1, *(j.holds for n, j in self.joins.items() if n != node and self.alive(n)),
+                    *(h for n in up if (h := self._holds.get(n)) is not None)])
 
     def _awaited(self, step: int) -> list[str]:
         """Who may still bring a state newer than ``step``: every box the cluster knows that

@@ -44,6 +44,9 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "unheard-bootstrap": (13, 200.0, frozenset({"state-lost"})),
     "lost-replicate": (25, 200.0, frozenset({"split"})),
     "inferred-bootstrap": (11, 200.0, frozenset({"join-stuck"})),
+    # Found this stop by a mutant hunt (the seed failed without the mutant too, and at the
+    # stop's start): a joiner ahead of the members started over beside a newer node up.
+    "ahead-of-members-only": (1775, 30.0, frozenset({"state-lost"})),
 }
 
 # Mutants no seed catches any more, and why (each was caught once; BENCHMARKS.md).

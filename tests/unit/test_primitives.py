@@ -930,3 +930,23 @@ def test_a_joiner_heard_active_behind_its_replica_has_not_finished_its_join() ->
     assert neg.sched.nodes["b"].state == "joining" and "b" in neg.joins
     neg.observe_worker("b", "active", version_step + 1)  # it did finish, report lost
     assert neg.sched.nodes["b"].state == "active" and "b" not in neg.joins
+
+
+def test_a_joiner_ahead_of_the_members_but_behind_a_node_up_does_not_start_over() -> None:
+    """The simulator's seed 1775: a scheduler frozen through a cut trained on alone from an
+    old state; when the other site came back, a joiner holding a snapshot of step 60 was
+    ahead of it and started the cluster over from 60, while a node back with it, not a
+    member here yet, held step 70 in memory. The joiner pulls from the members now; the
+    newer state comes with its holder's join."""
+    neg, _ = make({"a": 32})
+    grow(neg, "a")
+    neg.sched.step = 32
+    neg.observe_worker("a", "active", 32)
+    neg.sched.set_node("b", state="standby", data_addr="127.0.0.1:2")
+    neg.observe_worker("b", "active", 70)  # back from the cut, its worker holds step 70
+    neg.out.clear()
+    neg.join("c", "127.0.0.1:3", [], step=60)
+    assert not cmds(neg, "bootstrap")
+    assert neg.sched.nodes["c"].state == "joining" and neg.sched.nodes["a"].state == "active"
+    neg.join("b", "127.0.0.1:2", [], step=70)  # b asks: the cluster goes on from its state
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["b"]
