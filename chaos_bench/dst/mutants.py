@@ -225,6 +225,12 @@ def _ahead_of_members_only() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_ahead_of_nodes_up", ahead)]
 
 
+def _disk_blind_start() -> list[tuple[Any, str, Any]]:
+    def no_disks(self: primitives.Negotiator, up: list[str]) -> list[int]:
+        return []  # the fix undone: a newer snapshot on a disk up does not hold a start
+    return [(primitives.Negotiator, "_disks_up", no_disks)]
+
+
 def _stale_replicate() -> list[tuple[Any, str, Any]]:
     return [(scaleout.JoinMachine, "superseded", property(lambda self: False))]
 
@@ -323,6 +329,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "step is taken to have finished its join", _stale_active_done),
     Mutant("ahead-of-members-only", "this stop", "a joiner ahead of every member starts the "
            "cluster over though a node up holds a newer state", _ahead_of_members_only),
+    Mutant("disk-blind-start", "this stop", "the first box to ask after a power cut starts "
+           "over though a box up has a newer snapshot on its disk", _disk_blind_start),
     Mutant("lost-replicate", "072bd3a", "a repeated join request is not answered again, and a "
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
     Mutant("claim-weighed", "92cdf78", "a scheduler contesting a newer term weighs the rival on "

@@ -567,11 +567,20 @@ class Negotiator:
 
     def _held_elsewhere(self, node: str) -> int:
         """The newest state a node other than ``node`` holds, as far as we know: the other
-        joins' (their sources may have gone) and the workers' of the nodes up (-1: none)."""
+        joins' (their sources may have gone), the workers' of the nodes up, and the newest
+        snapshot on their disks, which their workers restore when they start (-1: none).
+        Without the disks, after a power cut of every box the first to ask started the
+        cluster over from its snapshot while a box whose worker was still starting held a
+        newer one (the e2e power-cut test, once the members' snapshots fell on different
+        steps)."""
         up = [n for n, r in self.sched.nodes.items() if n != node and self.alive(n)
               and r.state not in ("failed", "left")]
         return max([-1, *(j.holds for n, j in self.joins.items() if n != node and self.alive(n)),
-                    *(h for n in up if (h := self._holds.get(n)) is not None)])
+                    *(h for n in up if (h := self._holds.get(n)) is not None),
+                    *self._disks_up(up)])
+
+    def _disks_up(self, up: list[str]) -> list[int]:
+        return [self._on_disk.get(n, -1) for n in up]
 
     def _awaited(self, step: int) -> list[str]:
         """Who may still bring a state newer than ``step``: every box the cluster knows that

@@ -50,6 +50,19 @@ def rows_after(r: Any, node: str, mark: int) -> list[dict[str, Any]]:
 def test_a_power_cut_of_every_box_resumes_from_the_newest_snapshot(run: Any) -> None:
     r = run(3, config=CONFIG)
     ids = r.c.node_ids
+    newest, marks, reached = _cut_and_return(r, ids, ids)
+    first = _identical_after(r, ids, marks)
+    # The cluster went on from the newest snapshot any box held: nothing older, nothing fresh.
+    assert first == newest + 1, (first, newest, reached)
+    assert reached - newest <= 2 * EVERY_STEPS, (reached, newest)  # at most an interval or so
+    _restored_at(r, ids[0], newest)
+
+
+def _cut_and_return(r: Any, ids: list[str], back: list[str],
+                    wiped: str = "") -> tuple[int, dict[str, int], int]:
+    """Train past a few snapshots, cut the power of every box, wipe ``wiped``'s data dir,
+    and bring back only ``back``; returns the newest snapshot of the boxes that came back,
+    the row marks of every box and the newest step trained before the cut."""
     for node in ids:
         r.join(node)
         r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
@@ -57,44 +70,14 @@ def test_a_power_cut_of_every_box_resumes_from_the_newest_snapshot(run: Any) -> 
     r.c.wait(lambda: all(snapshot_steps(r, n) for n in ids), 60, "a snapshot on every box")
     power_cut(r, ids)
     reached = max(r.step(n) for n in ids)
-    newest = max(max(snapshot_steps(r, n)) for n in ids)
-    marks = {n: len(r.records(n)) for n in ids}
-    for n in ids:
-        r.c.start_node(n)  # the power is back; no `chaosctl join`
-    r.c.wait(lambda: all(len(r.records(n)) > marks[n] + 5 for n in ids), 120,
-             "training to resume on every box")
-    firsts = {n: rows_after(r, n, marks[n])[0]["step"] for n in ids}
-    # The cluster went on from the newest snapshot any box held: nothing older, nothing fresh.
-    assert min(firsts.values()) == newest + 1, (firsts, newest, reached)
-    assert reached - newest <= 2 * EVERY_STEPS, (reached, newest)  # at most an interval or so
-    by_step: dict[int, set[str]] = {}
-    for n in ids:
-        for row in rows_after(r, n, marks[n]):
-            by_step.setdefault(row["step"], set()).add(row["digest"])
-    assert all(len(d) == 1 for d in by_step.values()), "members differ after the restore"
-    restored = r.c.wait(lambda: r.events("state-restored"), 30, "a state-restored event")
-    assert restored[-1]["step"] == newest and not r.events("state-lost")
-
-
-def _cut_and_return(r: Any, ids: list[str], back: list[str],
-                    wiped: str = "") -> tuple[int, dict[str, int]]:
-    """Train past a few snapshots, cut the power of every box, wipe ``wiped``'s data dir,
-    and bring back only ``back``; returns the newest snapshot of the boxes that came back
-    and the row marks of every box."""
-    for node in ids:
-        r.join(node)
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
-    r.advance(ids, 3 * EVERY_STEPS)
-    r.c.wait(lambda: all(snapshot_steps(r, n) for n in ids), 60, "a snapshot on every box")
-    power_cut(r, ids)
     if wiped:  # the box's disk was replaced: no snapshot, no remembered job
         shutil.rmtree(Path(r.c.workdir) / wiped)
         (Path(r.c.workdir) / wiped).mkdir()
     held = [max(steps) for n in back if (steps := snapshot_steps(r, n))]
     marks = {n: len(r.records(n)) for n in ids}
     for n in back:
-        r.c.start_node(n)
-    return max(held), marks
+        r.c.start_node(n)  # the power is back; no `chaosctl join`
+    return max(held), marks, reached
 
 
 def _identical_after(r: Any, nodes: list[str], marks: dict[str, int]) -> int:
@@ -114,7 +97,7 @@ def test_a_box_whose_disk_was_wiped_rejoins_from_the_others_snapshot(run: Any) -
     r = run(3, config=CONFIG)
     ids = r.c.node_ids
     wiped = ids[0]  # the first box: the scheduler's seat before the cut
-    newest, marks = _cut_and_return(r, ids, ids, wiped=wiped)
+    newest, marks, _ = _cut_and_return(r, ids, ids, wiped=wiped)
     r.c.wait(lambda: r.c.query(wiped, "ping"), 30, f"{wiped}'s chaosd up")
     r.join(wiped)  # a new disk remembers no job: its owner joins again
     first = _identical_after(r, ids, marks)
@@ -126,7 +109,7 @@ def test_the_boxes_that_return_restore_without_the_one_that_does_not(run: Any) -
     r = run(3, config=CONFIG)
     ids = r.c.node_ids
     back = ids[1:]
-    newest, marks = _cut_and_return(r, ids, back)
+    newest, marks, _ = _cut_and_return(r, ids, back)
     first = _identical_after(r, back, marks)
     assert first == newest + 1  # the newest snapshot of those that came back
     _restored_at(r, back[-1], newest)

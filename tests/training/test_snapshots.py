@@ -112,41 +112,28 @@ def test_a_disk_that_refuses_stops_snapshots_with_one_report(tmp_path: Path) -> 
     writer.close()
 
 
-def test_a_snapshot_is_due_once_every_steps_and_every_s_passed(tmp_path: Path) -> None:
+def _taken(folder: Path, every_steps: int, every_s: float, steps: range) -> list[int]:
+    """The steps a snapshotter takes when ``steps`` commit one second apart."""
     clock, rep = FakeClock(), replica()
-    snaps = Snapshotter(SnapshotSettings(str(tmp_path), every_steps=10, every_s=5.0), "c1",
-                        rep, clock, lambda why: None)
-    taken = []
-    for step in range(1, 61):
+    snaps = Snapshotter(SnapshotSettings(str(folder), every_steps=every_steps, every_s=every_s),
+                        "c1", rep, clock, lambda why: None)
+    for step in steps:
         rep.step = step
         clock.advance(1.0)
         snaps.committed()
         snaps.writer.flush(10)
-        taken = [s.step for s in snaps.writer.written]
     snaps.close()
-    assert taken == [10, 20, 30, 40, 50, 60]  # 10 s apart: every multiple is due
-    clock2, rep2 = FakeClock(), replica()
-    fast = Snapshotter(SnapshotSettings(str(tmp_path / "b"), every_steps=10, every_s=25.0),
-                       "c1", rep2, clock2, lambda why: None)
-    for step in range(1, 61):
-        rep2.step = step
-        clock2.advance(1.0)
-        fast.committed()
-        fast.writer.flush(10)
-    fast.close()
+    return [s.step for s in snaps.writer.written]
+
+
+def test_a_snapshot_is_due_once_every_steps_and_every_s_passed(tmp_path: Path) -> None:
+    # 10 s apart: every tenth step is due.
+    assert _taken(tmp_path / "a", 10, 5.0, range(1, 61)) == [10, 20, 30, 40, 50, 60]
     # 25 s passed (and 10 steps): due at once, not at the next multiple of 10 (30: a power
     # cut could cost every_s and every_steps more).
-    assert [s.step for s in fast.writer.written] == [25, 50]
-    clock3, rep3 = FakeClock(), replica()
-    aligned = Snapshotter(SnapshotSettings(str(tmp_path / "c"), every_steps=100, every_s=5.0),
-                          "c1", rep3, clock3, lambda why: None)
-    for step in range(1, 400, 7):  # 100 steps passed at 106 and 225: taken at 120 and 260
-        rep3.step = step
-        clock3.advance(1.0)
-        aligned.committed()
-        aligned.writer.flush(10)
-    aligned.close()
-    assert [s.step for s in aligned.writer.written] == [120, 260]
+    assert _taken(tmp_path / "b", 10, 25.0, range(1, 61)) == [25, 50]
+    # Steps of 7: 100 steps passed at 106 and 225, taken at the next multiples of 10.
+    assert _taken(tmp_path / "c", 100, 5.0, range(1, 400, 7)) == [120, 260]
 
 
 def test_a_restored_snapshot_is_the_step_the_join_says(tmp_path: Path) -> None:

@@ -950,3 +950,19 @@ def test_a_joiner_ahead_of_the_members_but_behind_a_node_up_does_not_start_over(
     assert neg.sched.nodes["c"].state == "joining" and neg.sched.nodes["a"].state == "active"
     neg.join("b", "127.0.0.1:2", [], step=70)  # b asks: the cluster goes on from its state
     assert [n for n, _ in cmds(neg, "bootstrap")] == ["b"]
+
+
+def test_after_a_power_cut_the_first_to_ask_waits_for_a_newer_snapshot_on_a_disk_up() -> None:
+    """Every box back from a power cut, each with the newest snapshot of its own disk (the
+    members' snapshots fall on different steps): the first to ask held 414 and started the
+    cluster over at once, while a box whose worker was still starting had 416 on its disk."""
+    neg, _ = make()
+    for n in ("b", "c"):
+        neg.sched.set_node(n, state="standby", data_addr=f"127.0.0.1:{ord(n)}")
+    neg.observe_worker("b", "standby", 0, attached=False, snapshot=416)  # its heartbeat
+    neg.observe_worker("c", "standby", 0, attached=False, snapshot=414)
+    neg.join("c", "127.0.0.1:99", [], step=414)
+    assert not cmds(neg, "bootstrap") and neg.held == {"c": 414}
+    neg.join("b", "127.0.0.1:98", [], step=416)
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["b"]
+    assert neg.joins["c"].command.sources == {"b": "127.0.0.1:98"}
