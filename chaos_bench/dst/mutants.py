@@ -321,15 +321,15 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "newer one replaced", _stale_replicate),
     Mutant("inferred-bootstrap", "630920a", "the first node infers its bootstrap from a policy "
            "naming it alone", _inferred_bootstrap),
-    Mutant("own-restart-kept", "this stop", "a scheduler back as a new process keeps its own "
+    Mutant("own-restart-kept", "98ac52f", "a scheduler back as a new process keeps its own "
            "box's old membership", _own_restart_kept),
     Mutant("member-floor", "934c8a2", "a member just bootstrapped counts at the step its "
            "daemon last said (0), not the step it became one at", _member_floor),
-    Mutant("stale-active-done", "this stop", "a joiner heard active behind its replica's "
+    Mutant("stale-active-done", "5acf90d", "a joiner heard active behind its replica's "
            "step is taken to have finished its join", _stale_active_done),
-    Mutant("ahead-of-members-only", "this stop", "a joiner ahead of every member starts the "
+    Mutant("ahead-of-members-only", "c6f1fe5", "a joiner ahead of every member starts the "
            "cluster over though a node up holds a newer state", _ahead_of_members_only),
-    Mutant("disk-blind-start", "this stop", "the first box to ask after a power cut starts "
+    Mutant("disk-blind-start", "7153b03", "the first box to ask after a power cut starts "
            "over though a box up has a newer snapshot on its disk", _disk_blind_start),
     Mutant("lost-replicate", "072bd3a", "a repeated join request is not answered again, and a "
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
