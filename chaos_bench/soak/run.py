@@ -443,7 +443,8 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
     doc["violations"] += [f"left after teardown: {x}" for x in left]
     if error:
         doc["violations"].insert(0, f"the run did not complete: {error}")
-    doc.update(options={**asdict(opts), "warmup_s": opts.warmup}, timeline=chaos.timeline,
+    doc.update(window=[chaos.t0_wall, chaos.t0_wall + opts.minutes * 60],  # to check again
+               options={**asdict(opts), "warmup_s": opts.warmup}, timeline=chaos.timeline,
                leftovers=left, outages=[(round(a - chaos.t0_wall, 3), round(b - chaos.t0_wall, 3))
                                         for a, b in chaos.outages])
     if keep is not None:

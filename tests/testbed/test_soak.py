@@ -91,7 +91,7 @@ def test_checks_pass_a_rejoin_and_an_abandoned_last_step(tmp_path: Path) -> None
     assert violations == []
     assert steps["abandoned"] == 1 and steps["steps"] == 5
     stalled, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 200.0), LIMITS)
-    assert stalled == ["training stalled: no step for 196 s"]
+    assert stalled == ["training stalled: no step for 196 s from t=4s"]
 
 
 def test_growth_is_one_slope_with_a_level_per_process() -> None:
@@ -182,3 +182,14 @@ def test_kept_records_read_back_the_same(tmp_path: Path) -> None:
     soak_report.keep_records(src, kept, lambda _: None)
     assert [p.name for p in kept.iterdir()] == ["n1.1.jsonl.gz"]
     assert soak_report.load_records(kept) == soak_report.load_records(src)
+
+
+def test_a_row_of_the_agreed_state_written_late_is_no_rollback(tmp_path: Path) -> None:
+    # n2, frozen between its commit of step 100 and its write, writes that row at t=20 s,
+    # when n1 is at step 200: the same state as n1's step 100, so nothing went back.
+    _write(tmp_path, "n1.1.jsonl", _train(range(1, 301), 0.0))
+    late = _train(range(1, 101), 0.0)
+    late[-1]["t"] = 20.0
+    _write(tmp_path, "n2.2.jsonl", [*late, *_train(range(101, 102), 20.05)])
+    violations, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 30.0), LIMITS)
+    assert violations == []
