@@ -395,6 +395,10 @@ def soak(
     = Path("soak"),
     keep: Annotated[Path | None, typer.Option(help="Copy the step records and logs here.")]
     = None,
+    recheck: Annotated[Path | None, typer.Option(help="Run nothing: check a kept run (its "
+                                                 "soak.json and records/) again with today's "
+                                                 "invariants, into its recheck.json.")]
+    = None,
 ) -> None:
     """A training cluster on the netns testbed under Poisson joins, leaves, kills, freezes,
     link cuts and broker restarts, and power cuts of every box: growth per hour and every
@@ -404,6 +408,18 @@ def soak(
     from chaosctl.cluster import ClusterError
     from chaosctl.testbed.topo import TopologyError, parse_bw
 
+    if recheck is not None:
+        try:
+            again = soak_report.recheck(recheck)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CtlUsageError(f"cannot check {recheck} again: {exc}") from None
+        for line in again["violations"]:
+            say(f"violation: {line}")
+        say(f"wrote {recheck / 'recheck.json'}")
+        if again["violations"]:
+            raise ClusterError(f"{len(again['violations'])} invariant violations, first: "
+                               f"{again['violations'][0]}")
+        return
     chosen = _choices(kinds, "--kinds", list(bench_soak.KINDS)) if kinds else bench_soak.KINDS
     try:
         rates = parse_bw(bw)

@@ -8,7 +8,9 @@ between two power cuts of every box, and a *segment* one process between two joi
   others then reran without it; it is re-replicated at once (its next segment), so that row is
   an abandoned branch, counted as ``abandoned`` and not a fault;
 - *doubled or lost steps*: inside a segment each row's step is the previous one plus one;
-  and every step between an epoch's first and last was committed by some node;
+  and every step between an epoch's first and last was committed by some node, but those up
+  to a newer snapshot that a box brought back a moment after the restore (``newer_snapshots``:
+  the cluster goes on from it, and the steps trained past the older one are redone);
 - *state invented*: a process starts (its ``start`` row) with a state of step > 0 that no
   member ever committed: a replica or a snapshot must be one the cluster agreed on;
 - *state went back*: once a step is committed, no member commits an older one (a rollback,
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import gzip
 import itertools
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +159,29 @@ class Checker:
                     self.violations.append(f"state invented: {node} started at step "
                                            f"{row['step']} with a state no member committed")
 
+    def jumps(self) -> list[dict[str, Any]]:
+        """After a power cut, processes that started from a state committed before it and
+        newer than the epoch's first restore: a box back a moment later with a newer snapshot
+        on its disk, which the cluster then went on from (the hour at b3c896e: restored at
+        21000, then n3's 21010). The steps up to it are not lost; the ones the epoch had
+        trained past the older snapshot are redone (``discarded``)."""
+        out: list[dict[str, Any]] = []
+        for node, segs in self.recs.items():
+            for seg in segs:
+                row = seg[0]
+                e = self.epoch(row["t"])
+                if not row.get("start") or e == 0:
+                    continue
+                before = any(row["digest"] in self.digests.get((old, row["step"]), ())
+                             for old in range(e))
+                mine = {r["step"] for _, r in self.rows
+                        if self.epoch(r["t"]) == e and r["step"] < row["step"]}
+                if before and mine:
+                    out.append({"epoch": e, "node": node, "step": row["step"],
+                                "t": round(row["t"] - self.window[0], 2),
+                                "discarded": len(mine)})
+        return sorted(out, key=lambda j: j["t"])
+
     def regressions(self) -> None:
         """State loss and rollback: once a step is committed, no member commits an older
         step again (a reset to an older state or to a fresh model), but after a power cut of
@@ -260,10 +286,13 @@ def check(recs: dict[str, list[list[dict[str, Any]]]], window: tuple[float, floa
     steps = sorted({s for _, s in c.digests})
     if not steps:
         return [*c.violations, "no step was committed"], {"steps": 0}
+    jumps = c.jumps()
     for e in range(len(c.outages) + 1):
         mine = sorted(s for ep, s in c.digests if ep == e)
+        # Steps up to a newer snapshot the epoch went on from were committed before the cut.
+        skipped = max((j["step"] for j in jumps if j["epoch"] == e), default=0)
         lost = [s for s in range(mine[0], mine[-1] + 1)
-                if (e, s) not in c.digests] if mine else []
+                if (e, s) not in c.digests and s > skipped] if mine else []
         if lost:
             c.violations.append(f"lost steps: {len(lost)} steps committed by no node, "
                                 f"first {lost[0]}")
@@ -276,6 +305,7 @@ def check(recs: dict[str, list[list[dict[str, Any]]]], window: tuple[float, floa
     summary = {"first_step": steps[0], "last_step": steps[-1], "steps": len(steps),
                "segments": sum(len(s) for s in recs.values()), "abandoned": abandoned,
                "longest_gap_s": round(longest, 2), "power_cuts": c.restores,
+               "newer_snapshots": jumps,
                "rows": len(c.rows)}
     return c.violations, summary
 
@@ -333,6 +363,31 @@ def analyse(records: dict[str, list[list[dict[str, Any]]]], samples: list[dict[s
     violations, steps = check(records, window, limits, outages)
     return {"violations": violations, "steps": steps, "growth": growth(samples, warmup_s),
             "samples": samples}
+
+
+def recheck(directory: Path) -> dict[str, Any]:
+    """The verdict of today's checker on a committed run (``soak.json`` and ``records/``
+    under ``directory``), written to ``recheck.json`` beside them.
+
+    Raises:
+        FileNotFoundError: ``directory`` holds no ``soak.json``.
+        ValueError: Its ``soak.json`` says neither its window nor where it began.
+    """
+    doc = json.loads((directory / "soak.json").read_text())
+    if "window" in doc:
+        lo, hi = doc["window"]
+    else:  # runs before the window was kept: an earlier recheck estimated where it began
+        older = directory / "recheck.json"
+        if not older.exists():
+            raise ValueError(f"{directory / 'soak.json'} has no window to check again")
+        lo = json.loads(older.read_text())["t0_wall_estimated"]
+        hi = lo + doc["options"]["minutes"] * 60
+    outages = [(lo + a, lo + b) for a, b in doc.get("outages", [])]
+    limits = Limits(**doc["options"].get("limits", {}))
+    violations, steps = check(load_records(directory / "records"), (lo, hi), limits, outages)
+    out = {"t0_wall_estimated": lo, "violations": violations, **steps}
+    (directory / "recheck.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
 
 
 def table(doc: dict[str, Any]) -> Table:

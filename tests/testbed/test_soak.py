@@ -193,3 +193,47 @@ def test_a_row_of_the_agreed_state_written_late_is_no_rollback(tmp_path: Path) -
     _write(tmp_path, "n2.2.jsonl", [*late, *_train(range(101, 102), 20.05)])
     violations, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 30.0), LIMITS)
     assert violations == []
+
+
+def test_a_newer_snapshot_back_a_moment_after_the_restore_is_no_loss(tmp_path: Path) -> None:
+    # The hour at b3c896e: n1 restored step 250 after the cut and trained 251..253; n2 came
+    # back 0.3 s later with step 260 on its disk (committed before the cut), and the cluster
+    # went on from it. Steps 254..260 were committed before the cut, not lost; the 3 steps
+    # n1 trained past 250 are redone.
+    before = [_start(0, 0.0, "fresh"), *_train(range(1, 301), 0.5, loss=1.0)]
+    _write(tmp_path, "n1.1.jsonl", before)
+    _write(tmp_path, "n2.2.jsonl", before)
+    _write(tmp_path, "n1.11.jsonl", [_start(250, 36.0, "250"), *_train(range(251, 254), 36.1,
+                                                                         "b")])
+    _write(tmp_path, "n2.12.jsonl", [_start(260, 36.3, "260"),
+                                     *_train(range(261, 400), 36.4, "c")])
+    _write(tmp_path, "n1.13.jsonl", [_start(262, 36.6, "c262"),
+                                     *_train(range(263, 400), 36.6, "c")])
+    violations, summary = soak_report.check(soak_report.load_records(tmp_path), (0.0, 60.0),
+                                            LIMITS, [(30.5, 35.5)])
+    assert violations == []
+    assert summary["newer_snapshots"] == [{"epoch": 1, "node": "n2", "step": 260, "t": 36.3,
+                                           "discarded": 3}]
+    # Without the snapshot committed before the cut, the gap is lost steps.
+    _write(tmp_path, "n2.12.jsonl", [_start(260, 36.3, "X"), *_train(range(261, 400), 36.4,
+                                                                       "c")])
+    violations, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 60.0),
+                                      LIMITS, [(30.5, 35.5)])
+    assert "lost steps: 7 steps committed by no node, first 254" in violations
+
+
+def test_a_kept_run_is_checked_again_from_its_files(tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    src = tmp_path / "src"
+    src.mkdir()
+    _write(src, "n1.1.jsonl", _train(range(1, 50), 100.0))
+    soak_report.keep_records(src, records, lambda _: None)
+    (tmp_path / "soak.json").write_text(json.dumps(
+        {"window": [100.0, 104.9], "outages": [], "options": {"limits": {"stall_s": 3.0}}}))
+    again = soak_report.recheck(tmp_path)
+    assert again["violations"] == [] and again["steps"] == 49
+    assert json.loads((tmp_path / "recheck.json").read_text()) == again
+    (tmp_path / "soak.json").write_text(json.dumps({"options": {}}))
+    (tmp_path / "recheck.json").unlink()
+    with pytest.raises(ValueError, match="no window"):
+        soak_report.recheck(tmp_path)
