@@ -329,6 +329,8 @@ def _state(ev: dict[str, Any]) -> str:
     if ev.get("source"):
         where += f" of {ev['source']}"
     lost = ev.get("steps_lost")
+    if "steps_lost" in ev and lost is None:  # the cluster's step was lost with its broker
+        return f"{where}; steps lost unknown"
     return f"{where}; {lost} steps lost" if _num(lost) and lost > 0 else where
 
 

@@ -285,6 +285,25 @@ def _claim_weighed() -> list[tuple[Any, str, Any]]:
     return [(Leadership, "rival", on_its_word)]
 
 
+# --- a rejoin held up by its own policy (seed 1721) ------------------------------------------
+def _joiners_added_at_last() -> list[tuple[Any, str, Any]]:
+    def one_step(self: primitives.Negotiator, effective_step: int) -> Any:
+        early = [n for n, j in self.joins.items()
+                 if n in self.sched.nodes and self.sched.nodes[n].state == "joining"
+                 and j.member_from > effective_step]
+        if not early:
+            return self._publish(effective_step, exclude=())
+        self._publish(effective_step, exclude=early)  # every joiner added at the last step
+        return self._publish(max(self.joins[n].member_from for n in early), exclude=())
+    return [(primitives.Negotiator, "publish_policy", one_step)]
+
+
+def _rejoin_named() -> list[tuple[Any, str, Any]]:
+    def never(self: primitives.Negotiator, node: str) -> bool:
+        return False  # the fix undone: the join's policy takes effect at its own step only
+    return [(primitives.Negotiator, "_named", never)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -335,4 +354,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
     Mutant("claim-weighed", "92cdf78", "a scheduler contesting a newer term weighs the rival on "
            "its claim alone, and wins before it has heard every live peer", _claim_weighed),
+    Mutant("joiners-added-at-last", "HEAD", "a policy that holds back several joiners adds "
+           "them all at the last one's step, dropping one named from an earlier round",
+           _joiners_added_at_last),
+    Mutant("rejoin-named", "HEAD", "a node that asks to join again stays named in the policy in "
+           "force until its new replica's step", _rejoin_named),
 )}

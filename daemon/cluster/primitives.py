@@ -321,15 +321,19 @@ class Negotiator:
 
         A joining node must not become a member before the step its replica is taken for,
         or the others would wait for a node that has no state yet. So a policy that takes
-        effect earlier leaves it out, and a second one adds it back at its own step.
+        effect earlier leaves it out, and a later one adds it back at its own step: one per
+        step at which joiners become members. Adding them all at the last one dropped a
+        joiner already named from an earlier round out of its rounds; its worker, a member
+        by then, saw itself outside its next round's policy and asked to join again (the
+        simulator's seed 1721).
         """
-        early = [n for n, j in self.joins.items()
+        early = {n: j.member_from for n, j in self.joins.items()
                  if n in self.sched.nodes and self.sched.nodes[n].state == "joining"
-                 and j.member_from > effective_step]
-        if not early:
-            return self._publish(effective_step, exclude=())
-        self._publish(effective_step, exclude=early)
-        return self._publish(max(self.joins[n].member_from for n in early), exclude=())
+                 and j.member_from > effective_step}
+        policy = self._publish(effective_step, exclude=list(early))
+        for step in sorted(set(early.values())):
+            policy = self._publish(step, exclude=[n for n, s in early.items() if s > step])
+        return policy
 
     def _publish(self, effective_step: int, exclude: tuple[str, ...] | list[str]
                  ) -> SyncPolicy | None:
@@ -493,9 +497,18 @@ class Negotiator:
             policy_version=0, neighbors=chosen, strategy=self.strategy,
             links={p: LinkEstimate(rtt_ms=(rtts or {}).get(p)) for p in chosen})
         join = self.joins[node] = Join(node, requested_at, command, holds=step)
-        policy = self.publish_policy(effective_step=join.member_from)
+        # A node that the policy in force still names (a member that asks to join again, a
+        # joiner planned anew) would hold up every round until its new replica's step, and
+        # that state is one those rounds must make: a policy without it governs at once (the
+        # simulator's seed 1721; soak fault 12, a 299 s stall until the join timed out).
+        policy = self.publish_policy(effective_step=0 if self._named(node)
+                                     else join.member_from)
         join.command = replace(command, policy_version=policy.version if policy else 0)
         self._send_replicate(join)
+
+    def _named(self, node: str) -> bool:
+        """Does the newest policy name ``node`` as a member?"""
+        return self.sched.policy is not None and node in self.sched.policy.members
 
     def _empty_for(self) -> float:
         """How long the cluster has had no active member (0 while it has one)."""
@@ -529,11 +542,14 @@ class Negotiator:
         self._cmd(node, Bootstrap(new=node, policy_version=version))
         self.sched.record("scale-out", node=node, delay_ms=0.0, bootstrap=True,
                           policy_version=version)
-        if known > 0:  # a cluster that had a state goes on from this one (a snapshot's,
-            # perhaps, with the steps since lost), or starts over from a fresh model
+        if known > 0 or step > 0:  # a cluster that had a state goes on from this one (a
+            # snapshot's, perhaps, with the steps since lost), or starts over from a fresh model.
+            # Known 0 with a state held: the broker lost the cluster's view with the power,
+            # and how many steps the cut cost is known to nobody (None), but it is said.
             kind: EventKind = "state-restored" if step > 0 else "state-lost"
             self.sched.record(kind, node=node, step=step, source=node,
-                              steps_lost=max(0, known - step), held=held is not None)
+                              steps_lost=max(0, known - step) if known > 0 else None,
+                              held=held is not None)
         self.sched.step = step
         self._empty_since = None
         waited, self.held = sorted(self.held.items()), {}
@@ -759,10 +775,12 @@ class Negotiator:
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:
             self.sched.set_node(node, state="standby")  # the worker went, the daemon stays
+        # Healed first: a joiner planned again may publish a policy without itself at once,
+        # and the members the gone one held together must be linked by then.
+        self._heal_overlay()
         # Before the policy: a joiner left with no source (and so no link) would otherwise be
         # cut off as a partition of its own.
         self._replan_orphans()
-        self._heal_overlay()
         self._note_members()
         if was_member:
             policy = self.publish_policy(effective_step=0)

@@ -144,6 +144,9 @@ def test_the_other_kinds() -> None:
     states = {ev["kind"]: event_summary(ev) for ev in state_events()}
     assert states == {"state-restored": "from step 150 of node-5",
                       "state-lost": "from step 0 of node-6; 150 steps lost"}
+    # The broker lost the cluster's view with the power: what the cut cost is unknown.
+    assert event_summary({"kind": "state-restored", "step": 280, "source": "node-1",
+                          "steps_lost": None}) == "from step 280 of node-1; steps lost unknown"
     stalled = [ev for ev in events if ev.get("stall_ms")]
     assert stalled and event_summary(stalled[0]).endswith("; stall 42 ms")
 

@@ -14,7 +14,7 @@ from daemon.cluster.primitives import (
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import MessageError
-from daemon.contracts.protocol import Bootstrap, Replicated, Stall, parse_request
+from daemon.contracts.protocol import Bootstrap, Replicated, ServeDeclined, Stall, parse_request
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -966,3 +966,63 @@ def test_after_a_power_cut_the_first_to_ask_waits_for_a_newer_snapshot_on_a_disk
     neg.join("b", "127.0.0.1:98", [], step=416)
     assert [n for n, _ in cmds(neg, "bootstrap")] == ["b"]
     assert neg.joins["c"].command.sources == {"b": "127.0.0.1:98"}
+
+
+def in_force(neg: Negotiator, step: int) -> tuple[str, ...]:
+    """The members of the policy that governs round ``step``, by the workers' rule: the
+    newest version whose effective step is at or before it."""
+    ok = [p for p in neg.sched.policies if p.effective_step <= step]
+    return max(ok, key=lambda p: p.version).members if ok else ()
+
+
+def test_joiners_held_back_by_a_policy_are_each_added_at_their_own_step() -> None:
+    # The simulator's seed 1721: two joiners planned at different steps, then a policy that
+    # governs at once (a third join's sources all declined). Adding both back at the later
+    # step dropped the earlier one out of its first round; its worker, a member by then,
+    # saw itself outside the policy and asked to join again.
+    steps = {"a": 10}
+    neg, _ = make(steps)
+    grow(neg, "a")
+    neg.join("b", "127.0.0.1:2", ["a"])
+    steps["a"] = 11
+    neg.join("c", "127.0.0.1:3", ["a"])
+    first_b, first_c = neg.joins["b"].member_from, neg.joins["c"].member_from
+    assert first_b < first_c
+    neg.join("d", "127.0.0.1:4", ["a"])
+    neg.serve_declined("a", ServeDeclined(new="d", reason="memory"))
+    for step in range(11, first_c + 3):
+        members = in_force(neg, step)
+        assert ("b" in members) == (step >= first_b), (step, members)
+        assert ("c" in members) == (step >= first_c), (step, members)
+
+
+def test_a_member_that_asks_to_join_again_is_out_of_the_rounds_until_its_replica() -> None:
+    # Soak fault 12: a member whose worker saw itself outside a round asked to join again,
+    # and the policy in force still named it: the rounds until its new replica's step waited
+    # for a node fetching the state they were to make, until the join timed out (299 s).
+    steps = {"a": 10, "b": 10}
+    neg, _ = make(steps)
+    grow(neg, "a", "b")
+    neg.join("b", "127.0.0.1:2", ["a"], step=10)
+    first = neg.joins["b"].member_from
+    assert "b" not in in_force(neg, 11)
+    assert "b" not in in_force(neg, first - 1)
+    assert in_force(neg, first) == ("a", "b")
+    # A first join is unchanged: the policy that adds a node takes effect at its step only.
+    version = neg.sched.policy_version
+    neg.join("c", "127.0.0.1:3", ["a"])
+    assert [p.effective_step for p in neg.sched.policies if p.version > version] == [
+        neg.joins["c"].member_from]
+
+
+def test_a_restore_with_no_view_of_the_cluster_is_said_with_its_cost_unknown() -> None:
+    """The broker lost power too: the new scheduler knows no cluster step. The first box back
+    holding a snapshot restores it, and a state-restored event says so; how many steps the cut
+    cost nobody knows, and the event says that rather than 0."""
+    neg, _ = make()
+    neg.join("a", "127.0.0.1:1", [], step=280)
+    [ev] = [e for e in neg.sched.events if e.kind == "state-restored"]
+    assert ev.node == "a" and ev.detail["step"] == 280 and ev.detail["steps_lost"] is None
+    fresh, _ = make()
+    fresh.join("a", "127.0.0.1:1", [])  # a first box with a fresh model: nothing to say
+    assert not [e for e in fresh.sched.events if e.kind.startswith("state-")]
