@@ -20,6 +20,7 @@ from typing import Any
 
 from daemon.agent.broker import EmbeddedBroker
 from daemon.agent.control import ControlServer, Handler
+from daemon.agent.copies import SnapshotCopies
 from daemon.agent.node import NodeAgent
 from daemon.agent.ops import HANDLERS as OPS
 from daemon.agent.probes import LinkMonitor
@@ -84,6 +85,10 @@ class Daemon:
             monitor = LinkMonitor(self.cfg.probe, self.cfg.advertise, agent.request)
             await monitor.start()
             agent.monitor = monitor
+        if self.cfg.snapshots.enabled:
+            copies = SnapshotCopies(self.cfg, self.agent.clock, self.agent.restore_from_copy)
+            await copies.start()
+            self.agent.copies = copies
         if self.cfg.broker == "embedded":
             self.broker = EmbeddedBroker(self.cfg.mqtt.embedded_bind, self.cfg.mqtt.embedded_port)
             await self.broker.start()
@@ -134,6 +139,8 @@ class Daemon:
         await self.agent.supervisor.stop()
         if self.agent.monitor is not None:
             await self.agent.monitor.stop()
+        if self.agent.copies is not None:
+            await self.agent.copies.close()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

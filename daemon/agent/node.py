@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from daemon.agent.bus import Bus, Outgoing
+from daemon.agent.copies import SnapshotCopies
 from daemon.agent.leadership import Leadership
 from daemon.agent.memory import TermMemory
 from daemon.agent.metrics import AgentMetrics
@@ -49,6 +50,7 @@ from daemon.contracts.messages import (
 )
 from daemon.contracts.protocol import (
     Bootstrap,
+    CopySnapshot,
     JoinRequest,
     Replicate,
     Reply,
@@ -96,6 +98,7 @@ class NodeAgent:
         self.election.restore(self.memory.load())
         self.role: SchedulerRole | None = None  # only while elected, for that term
         self.monitor: LinkMonitor | None = None  # set by the daemon once the probes listen
+        self.copies: SnapshotCopies | None = None  # set by the daemon once its shelf listens
         self.worker = WorkerSession()
         self.supervisor = WorkerSupervisor(cfg.data_dir, {
             "CHAOS_SOCKET": cfg.socket, "CHAOS_NODE_ID": cfg.node_id,
@@ -219,7 +222,8 @@ class NodeAgent:
         return Status(node=self.me, online=online, reason=reason, incarnation=self.incarnation,
                       addr=self.cfg.advertise, ts=ts, term=self.election.term,
                       probe_port=mon.probe_port if mon else 0, bw_port=mon.bw_port if mon else 0,
-                      bw_kind=mon.bandwidth.kind if mon else "")
+                      bw_kind=mon.bandwidth.kind if mon else "",
+                      shelf_port=self.copies.port if self.copies else 0)
 
     @property
     def leader(self) -> str | None:
@@ -440,10 +444,30 @@ class NodeAgent:
             fut = self._replies.get(body.req_id)
             if fut is not None and not fut.done():
                 fut.set_result(body.error)
+        elif isinstance(body, CopySnapshot):
+            if self.copies is not None:
+                self.copies.order(body)
+            else:
+                self.counters["copies_refused"] += 1  # snapshots off, or no shelf here
         else:
             if isinstance(body, (Replicate, Bootstrap)) and body.new == self.me:
                 self.worker.answered = True
             self.worker.push(body)
+
+    def restore_from_copy(self, sender: str, step: int) -> None:
+        """``sender`` left a copy of the newest snapshot on our disk for our worker, held with
+        an older state: restarted, the worker restores it and asks to join holding it."""
+        w = self.worker
+        if not w.attached or w.state != "joining" or w.step >= step:
+            log.info("a copy of step %d from %s is on our disk; our worker does not need it",
+                     step, sender)
+            return
+        if self.supervisor.owns(w.pid) and self.supervisor.kill():
+            log.warning("restarting the worker to restore the snapshot of step %d that %s "
+                        "copied here", step, sender)
+        else:
+            log.warning("the snapshot of step %d that %s copied here restores when the worker "
+                        "is started again (it was not started by chaosd)", step, sender)
 
     def _ask_join_again(self, now: float) -> None:
         """Our worker asked to join and no command came: ask again every JOIN_ASK_AGAIN_S.

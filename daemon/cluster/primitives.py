@@ -19,6 +19,7 @@ from typing import TypeGuard
 
 from typing_extensions import assert_never
 
+from daemon.cluster.keepers import Box, Keepers
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock
 from daemon.contracts.errors import PolicyError
@@ -71,6 +72,7 @@ BLAME_S = 10.0
 # A joiner ahead of members this scheduler has not heard yet waits at most this long for
 # their heartbeats before it is judged on what the snapshot said of them.
 UNHEARD_WAIT_S = 2.0
+KEEP_EVERY_S = 1.0  # the copies of the snapshots are looked at this often
 
 
 def link_key(a: str, b: str) -> tuple[str, str]:
@@ -136,7 +138,9 @@ class Negotiator:
                  alive: Callable[[str], bool] = lambda _node: True,
                  strategy: Strategy = "chaos", wire: str = "fp32",
                  sync: SyncMode = EVERY_STEP,
-                 reported: Callable[[str], int] | None = None) -> None:
+                 reported: Callable[[str], int] | None = None,
+                 keepers: Keepers | None = None,
+                 shelf_of: Callable[[str], str] = lambda _node: "") -> None:
         self.sched = sched
         self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
         self.wire = wire  # gradient wire format, put in every policy (all members alike)
@@ -149,6 +153,11 @@ class Negotiator:
         # stale state (the simulator's seed 27921).
         self.reported = reported or step_of
         self.alive = alive  # is the node's daemon up, as far as the scheduler knows?
+        # Copies of the snapshots on boxes that do not train (None: no copies), and where
+        # each box's shelf takes them ("": it has none), from its presence.
+        self.keepers = keepers
+        self.shelf_of = shelf_of
+        self._kept_at = -1.0  # when the copies were last looked at
         self.out: list[tuple[str, CommandBody]] = []  # (node, command) for the agent to send
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
         self.joins: dict[str, Join] = {}  # joining node -> its scale-out in flight
@@ -564,12 +573,27 @@ class Negotiator:
         self._start_over_if_due()
         self._hand_over_if_due()
         now = self.clock.monotonic()
+        if self.keepers is not None and now - self._kept_at >= KEEP_EVERY_S:
+            self._kept_at = now
+            self._keep_copies(self.keepers)
         for node, (since, whose, args) in sorted(self._unheard.items()):
             if whose <= self._heard or now - since >= UNHEARD_WAIT_S:
                 self._heard.update(whose)  # judged now, on what we know
                 for n in whose:
                     self._holds.setdefault(n, None)
                 self.join(node, *args[:3], step=args[3])
+
+    def _keep_copies(self, keepers: Keepers) -> None:
+        """Order the copies of the snapshots that are due (see :mod:`daemon.cluster.keepers`)."""
+        boxes = {n: Box(disk=self._on_disk.get(n, -1), worker=self._holds[n] is not None,
+                        member=r.state == "active", shelf=self.shelf_of(n))
+                 for n, r in self.sched.nodes.items()
+                 if n in self._holds and self.alive(n) and r.state not in ("failed", "left")}
+        keepers.observe(boxes)
+        due = (keepers.copies_due(boxes) if self._active() else
+               keepers.restore_due(boxes, self.held) if self.held else [])
+        for holder, cmd in due:
+            self._cmd(holder, cmd)
 
     def _wait_to_hear(self, node: str, whose: list[str],
                       args: tuple[str, list[str], dict[str, float] | None, int]) -> None:

@@ -12,6 +12,7 @@ from typing import Protocol, cast
 
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election
+from daemon.cluster.keepers import Keepers
 from daemon.cluster.primitives import Negotiator
 from daemon.cluster.scheduler import TERM_POLICY_SPAN, Scheduler
 from daemon.contracts.clock import Clock
@@ -62,11 +63,15 @@ class SchedulerRole:
         self.agent = agent
         self.term = agent.election.term
         self.sched = Scheduler(agent.me, self.term, agent.view, agent.clock)
+        snaps = agent.cfg.snapshots
         self.neg = Negotiator(self.sched, agent.clock, agent.step_of, agent.daemon_alive,
                               strategy=cast(Strategy, agent.cfg.replication.strategy),
                               wire=agent.cfg.training.wire,
                               sync=agent.cfg.training.sync_mode(),
-                              reported=agent.reported_step)
+                              reported=agent.reported_step,
+                              keepers=Keepers(snaps.copies, snaps.every_steps, agent.clock)
+                              if snaps.enabled and snaps.copies > 0 else None,
+                              shelf_of=self._shelf_of)
         self._cmd_seq = 0
         # The snapshot's step lags (it is published on changes, not every step); the members'
         # last heartbeats said newer ones. Resumed from the snapshot alone, a joiner behind
@@ -97,6 +102,13 @@ class SchedulerRole:
                           term_previous=term - 1, contest={"own": own, "rival": theirs})
         self.neg.publish_policy(effective_step=0)
         self.sched.dirty = True
+
+    def _shelf_of(self, node: str) -> str:
+        """Where ``node``'s shelf takes copies of snapshots, from its presence ("": none)."""
+        st = self.agent.presence.get(node) if node != self.agent.me else \
+            self.agent.own_status()
+        return f"{st.addr}:{st.shelf_port}" if st is not None and st.shelf_port and \
+            st.addr else ""
 
     # --- outputs --------------------------------------------------------------------------
     def command(self, node: str, body: CommandBody) -> None:

@@ -177,6 +177,11 @@ class SnapshotConfig:
     every_steps: int = 100
     every_s: float = 10.0
     keep: int = 3
+    # Boxes besides its holder that keep a copy of the newest snapshot: while fewer than
+    # ``copies + 1`` boxes hold one of the last interval (the members each hold their own),
+    # the scheduler has a holder push it to boxes that do not train. 0: none.
+    copies: int = 1
+    port: int = 0  # TCP port of the shelf that takes those copies (0: any free one)
 
 
 @dataclass(frozen=True)
@@ -386,6 +391,11 @@ def validate(cfg: Config) -> Config:
                           f"0..86400, not {snaps.every_steps} and {snaps.every_s:g}")
     if not 1 <= snaps.keep <= 1000:
         raise ConfigError(f"config: snapshots.keep must be 1..1000, not {snaps.keep}")
+    if not 0 <= snaps.copies <= 16:
+        raise ConfigError(f"config: snapshots.copies must be 0..16, not {snaps.copies}")
+    if not 0 <= snaps.port < 65536:
+        raise ConfigError(f"config: snapshots.port must be 0 (any) or 1..65535, not "
+                          f"{snaps.port}")
     listen = cfg.metrics.listen
     m_host, sep, m_port = listen.rpartition(":")
     if listen and (not sep or not m_host.strip("[]") or not m_port.isdigit()

@@ -51,7 +51,7 @@ WORKER_REPORT_KINDS: tuple[ReportKind, ...] = (
 )
 
 # --- commands from the scheduler (``node/<id>/cmd``) ----------------------------------------
-CommandOp = Literal["connect", "disconnect", "replicate", "bootstrap", "reply"]
+CommandOp = Literal["connect", "disconnect", "replicate", "bootstrap", "copy-snapshot", "reply"]
 COMMAND_OPS: tuple[CommandOp, ...] = get_args(CommandOp)
 WorkerCommandOp = Literal["connect", "disconnect", "replicate", "bootstrap"]
 """The commands a daemon hands on to its worker (``reply`` answers the daemon itself)."""

@@ -120,6 +120,7 @@ class Status:
     # The best election term the node knew when it connected (0: it knows no cluster): a
     # newcomer that sees one above 0 knows a cluster with a state exists, and lets it lead.
     term: int = 0
+    shelf_port: int = 0  # TCP port taking copies of snapshots (0: none), at ``addr``
 
 
 @dataclass(frozen=True)

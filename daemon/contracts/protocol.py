@@ -431,6 +431,33 @@ class Bootstrap(_Body):
 
 
 @dataclass(frozen=True)
+class CopySnapshot(_Body):
+    """Push the snapshot of ``step`` on this box's disk to ``to``'s shelf at ``addr``, so
+    that a box besides its holder keeps it (chaosd does it; the worker is not involved).
+
+    Attributes:
+        step: The snapshot's step (the newest on this disk, if that one is gone).
+        to: The box that keeps the copy.
+        addr: Its shelf, ``host:port``.
+        restore: The copy is for ``to``'s worker to restore (a power cut took every member's
+            newer snapshot with it): ``to``'s chaosd restarts its job once it lands.
+    """
+
+    OP: ClassVar[str] = "copy-snapshot"
+    step: int
+    to: str
+    addr: str
+    restore: bool = False
+
+    def check(self) -> str | None:
+        if self.step < 1:
+            return "step must be >= 1"
+        if not valid_addr(self.addr):
+            return f"addr {self.addr[:40]!r} is not host:port"
+        return _ids(self.to)
+
+
+@dataclass(frozen=True)
 class Reply(_Body):
     """The scheduler's answer to one request (``error`` None: done)."""
 
@@ -441,9 +468,9 @@ class Reply(_Body):
 
 WorkerCommand: TypeAlias = Connect | Disconnect | Replicate | Bootstrap
 """The commands a daemon hands on to its worker."""
-CommandBody: TypeAlias = WorkerCommand | Reply
+CommandBody: TypeAlias = WorkerCommand | CopySnapshot | Reply
 COMMANDS: dict[str, type[CommandBody]] = {c.OP: c for c in (
-    Connect, Disconnect, Replicate, Bootstrap, Reply)}
+    Connect, Disconnect, Replicate, Bootstrap, CopySnapshot, Reply)}
 WORKER_COMMANDS: dict[str, type[WorkerCommand]] = {c.OP: c for c in (
     Connect, Disconnect, Replicate, Bootstrap)}
 
@@ -492,7 +519,7 @@ def parse_command(op: str, args: Any,
 def parse_worker_command(op: str, args: Any) -> WorkerCommand:
     """A command as the worker receives it in ``worker.poll`` (no replies)."""
     cmd = parse_command(op, args, WORKER_COMMANDS)
-    assert not isinstance(cmd, Reply)
+    assert not isinstance(cmd, (Reply, CopySnapshot))
     return cmd
 
 

@@ -137,3 +137,30 @@ def _restored_at(r: Any, asker: str, step: int) -> None:
     restored = r.c.wait(lambda: r.c.events(asker, "state-restored"), 30,
                         "a state-restored event")
     assert restored[-1]["step"] == step and not r.c.events(asker, "state-lost")
+
+
+def test_a_lone_members_snapshot_kept_by_a_box_that_does_not_train_outlives_its_disk(
+        run: Any) -> None:
+    # `[snapshots] copies = 1`: one member trains alone, so the scheduler has it push its
+    # snapshots to the other box, whose chaosd runs no job. A power cut, and the member's
+    # disk is replaced: the copy is all that is left. The member's worker, joined again by
+    # its owner, is held (a newer snapshot is up), the copy is pushed to its box, and its
+    # chaosd restarts the job, which restores it.
+    r = run(2, config=CONFIG)
+    member, keeper = r.c.node_ids
+    r.join(member)
+    r.c.wait(lambda: r.active([member]), 60, f"{member} active")
+    r.advance([member], 3 * EVERY_STEPS)
+    r.c.wait(lambda: snapshot_steps(r, keeper), 60, f"a copy on {keeper}'s disk")
+    power_cut(r, [member, keeper])
+    kept = max(snapshot_steps(r, keeper))
+    shutil.rmtree(Path(r.c.workdir) / member)
+    (Path(r.c.workdir) / member).mkdir()
+    mark = len(r.records(member))
+    for n in (member, keeper):
+        r.c.start_node(n)
+    r.c.wait(lambda: r.c.query(member, "ping"), 30, f"{member}'s chaosd up")
+    r.join(member)
+    r.c.wait(lambda: len(r.records(member)) > mark + 5, 120, "training to resume")
+    assert rows_after(r, member, mark)[0]["step"] == kept + 1
+    _restored_at(r, member, kept)
