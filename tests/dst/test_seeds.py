@@ -142,6 +142,11 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
 OPEN: tuple[tuple[int, float, str], ...] = (
+    (353, 200.0, "the last member, cut off from the broker, trains on unseen until its chaosd "
+                 "finds itself deaf; the first joiner back, holding an older snapshot than "
+                 "that, starts the cluster over before the member is heard again"),
+    (567, 200.0, "state lost then split at 93 s (not traced)"),
+    (570, 200.0, "state lost then split at 85 s (not traced)"),
 )
 
 
