@@ -304,6 +304,18 @@ def _rejoin_named() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_named", never)]
 
 
+def _source_link_ignored() -> list[tuple[Any, str, Any]]:
+    report = primitives.Negotiator.__dict__["report"]
+
+    def ignore(self: primitives.Negotiator, node: str, rep: Any) -> str | None:
+        from daemon.contracts.protocol import LinkFailed
+        if isinstance(rep, LinkFailed) and (node in self.joins or rep.peer in self.joins) \
+                and self.alive(rep.peer):
+            return None  # the fix undone: a failed link during a join is left to the fetch
+        return report(self, node, rep)  # type: ignore[no-any-return]
+    return [(primitives.Negotiator, "report", ignore)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -354,9 +366,12 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "node in the newest policy waits for rounds it is not in", _lost_replicate),
     Mutant("claim-weighed", "92cdf78", "a scheduler contesting a newer term weighs the rival on "
            "its claim alone, and wins before it has heard every live peer", _claim_weighed),
-    Mutant("joiners-added-at-last", "HEAD", "a policy that holds back several joiners adds "
+    Mutant("joiners-added-at-last", "e4e2e46", "a policy that holds back several joiners adds "
            "them all at the last one's step, dropping one named from an earlier round",
            _joiners_added_at_last),
-    Mutant("rejoin-named", "HEAD", "a node that asks to join again stays named in the policy in "
-           "force until its new replica's step", _rejoin_named),
+    Mutant("rejoin-named", "e4e2e46", "a node that asks to join again stays named in the policy "
+           "in force until its new replica's step", _rejoin_named),
+    Mutant("source-link-ignored", "HEAD", "a joiner's failed link to its only source is left to "
+           "its fetch, and the rounds wait on it until its join times out",
+           _source_link_ignored),
 )}

@@ -890,10 +890,17 @@ class Negotiator:
             if node in self.joins or peer in self.joins:
                 # A rejoining node's old links (from before it froze or was cut off) break
                 # as it comes back, and their reports arrive just after its join made the new
-                # ones: cutting those isolated it for good. The join's fetch plans around a
-                # source whose link truly fails; after the join, failures count again.
-                log.info("link %s-%s failed during a join; the fetch plans around it",
-                         node, peer)
+                # ones: cutting those isolated it for good. The link stays; after the join,
+                # failures count again. But a source the new node cannot reach serves it no
+                # more: with none left, the rounds from its first one waited on it until its
+                # join timed out (the soak: 300 s, a partition's loser rejoining from the one
+                # member left, over the link that had failed).
+                joiner, source = (node, peer) if node in self.joins else (peer, node)
+                if source in self.joins[joiner].command.sources:
+                    self._source_lost(joiner, source, "its link to the new node failed")
+                else:
+                    log.info("link %s-%s failed during a join; the fetch plans around it",
+                             node, peer)
                 return None
             if self._link(node, peer) is None:
                 # One we dropped already (its ends learn of it late, after a cut): no news of
@@ -978,8 +985,13 @@ class Negotiator:
         its other sources, and the scale-out event will say who declined and why."""
         why = (rep.reason or "no reason given")[:200]
         log.warning("%s declined to serve %s: %s", source, rep.new, why)
-        join = self.joins.get(rep.new)
-        if join is None:
+        self._source_lost(rep.new, source, why)
+
+    def _source_lost(self, new: str, source: str, why: str) -> None:
+        """``source`` will not serve ``new``'s join (it declined, or ``new`` cannot reach it):
+        the new node plans with its other sources, or, with none left, is planned again."""
+        join = self.joins.get(new)
+        if join is None or source in join.declined:
             return
         join.declined[source] = why
         if join.serving(self._active()):
@@ -987,14 +999,15 @@ class Negotiator:
         # Every source declined: the new node would retry a pull nobody serves until its own
         # timeout (the simulator's seed 145). Planned again, with members that did not
         # decline if there are any, or else the same ones asked again.
-        others = [m for m in self._active() if m != rep.new and m not in join.declined]
-        log.warning("every source of %s's join declined; planning it again", rep.new)
+        others = [m for m in self._active() if m != new and m not in join.declined]
+        log.warning("no source of %s's join serves it (%s: %s); planning it again", new,
+                    source, why)
         # The policy that added it governs the rounds from its first one on, and they would
         # wait for a node that has no state until the new plan's later step, while its new
         # sources wait in them to serve it (the simulator's seed 1063: a deadlock from step
         # 5 on). A policy without it governs at once; the new plan adds it again later.
-        del self.joins[rep.new]
-        self.sched.set_node(rep.new, state="standby")
+        del self.joins[new]
+        self.sched.set_node(new, state="standby")
         self.publish_policy(effective_step=0)
         self._plan_again(join, others)
 

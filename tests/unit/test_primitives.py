@@ -1026,3 +1026,29 @@ def test_a_restore_with_no_view_of_the_cluster_is_said_with_its_cost_unknown() -
     fresh, _ = make()
     fresh.join("a", "127.0.0.1:1", [])  # a first box with a fresh model: nothing to say
     assert not [e for e in fresh.sched.events if e.kind.startswith("state-")]
+
+
+def test_a_joiner_that_cannot_reach_its_only_source_is_out_of_the_rounds_and_planned_again(
+        ) -> None:
+    """The soak's hour (stop 30): a partition set n1 aside; it asked to join again from n2,
+    the one member left, over the link that had failed. The join's policy named n1 from its
+    first round on, and n2's rounds waited for it until the join timed out (300 s)."""
+    steps = {"a": 100}
+    neg, _ = make(steps)
+    grow(neg, "a")
+    neg.join("b", "127.0.0.1:2", ["a"])
+    first = neg.joins["b"].member_from
+    assert "b" in in_force(neg, first)
+    neg.out.clear()
+    steps["a"] = first  # a reached b's first round, and waits there for it
+    assert handle(neg, "b", "report", {"kind": "link-failed", "peer": "a",
+                                       "reason": "network unreachable"}) is None
+    assert "b" not in in_force(neg, first)  # the rounds go on without it at once
+    again = neg.joins["b"]  # and it is planned again (the same source, asked again)
+    assert again.member_from > first and list(again.command.sources) == ["a"]
+    assert [n for n, _ in cmds(neg, "replicate")] == ["b", "a"]
+    assert "b" in in_force(neg, again.member_from)
+    # A link of the new node to a node that is not its source changes nothing.
+    before = neg.sched.policy_version
+    handle(neg, "b", "report", {"kind": "link-failed", "peer": "zz", "reason": "x"})
+    assert neg.sched.policy_version == before
