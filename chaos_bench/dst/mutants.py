@@ -371,7 +371,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            _joiners_added_at_last),
     Mutant("rejoin-named", "e4e2e46", "a node that asks to join again stays named in the policy "
            "in force until its new replica's step", _rejoin_named),
-    Mutant("source-link-ignored", "HEAD", "a joiner's failed link to its only source is left to "
+    Mutant("source-link-ignored", "2770d4b", "a joiner's failed link to its only source is left to "
            "its fetch, and the rounds wait on it until its join times out",
            _source_link_ignored),
 )}
