@@ -312,7 +312,7 @@ def _source_link_ignored() -> list[tuple[Any, str, Any]]:
         if isinstance(rep, LinkFailed) and (node in self.joins or rep.peer in self.joins) \
                 and self.alive(rep.peer):
             return None  # the fix undone: a failed link during a join is left to the fetch
-        return report(self, node, rep)  # type: ignore[no-any-return]
+        return report(self, node, rep)
     return [(primitives.Negotiator, "report", ignore)]
 
 

@@ -56,15 +56,16 @@ PROC_WARMUP_S = 30.0  # the most a process of its own is left out after it start
 def load_records(directory: Path) -> dict[str, list[list[dict[str, Any]]]]:
     """Each node's segments (a process between two joins), in the order they started. A
     process's ``start`` row (the state it held once its Trainer was built) opens its first
-    segment. Reads the ``.jsonl`` files a run writes and the ``.jsonl.gz`` copies it keeps."""
+    segment; if the process joined again before its first commit (held, then sent a
+    replica: the hour at 10fa179), the start row is a segment of its own. Reads the
+    ``.jsonl`` files a run writes and the ``.jsonl.gz`` copies it keeps."""
     procs: dict[str, list[list[dict[str, Any]]]] = {}
     paths = sorted([*directory.glob("*.jsonl"), *directory.glob("*.jsonl.gz")])
     for path in paths:
         node = path.name.split(".")[0]
         segments: list[list[dict[str, Any]]] = []
         for row in records(path):
-            if not segments or (segments[-1][-1].get("joins") != row.get("joins")
-                                and not segments[-1][-1].get("start")):
+            if not segments or segments[-1][-1].get("joins") != row.get("joins"):
                 segments.append([])
             segments[-1].append(row)
         procs.setdefault(node, []).extend(segments)

@@ -237,3 +237,17 @@ def test_a_kept_run_is_checked_again_from_its_files(tmp_path: Path) -> None:
     (tmp_path / "recheck.json").unlink()
     with pytest.raises(ValueError, match="no window"):
         soak_report.recheck(tmp_path)
+
+
+def test_a_process_that_joins_again_before_its_first_commit_lost_no_steps(
+        tmp_path: Path) -> None:
+    # The hour at 10fa179: a process started from step 150 (its start row, joins 1), was
+    # held, then joined again by replica (joins 2) and first committed 183. No step was lost:
+    # the others committed 151..182 meanwhile.
+    _write(tmp_path, "n1.1.jsonl", _train(range(1, 301), 0.0))
+    late = [_start(150, 15.0, "150"), *[{**r, "joins": 2} for r in _train(range(183, 200),
+                                                                           18.2)]]
+    _write(tmp_path, "n2.2.jsonl", late)
+    violations, _ = soak_report.check(soak_report.load_records(tmp_path), (0.0, 30.0), LIMITS)
+    assert violations == []
+    assert [len(seg) for seg in soak_report.load_records(tmp_path)["n2"]] == [1, 17]
