@@ -229,7 +229,8 @@ class SimWorker:
             self._pulling()
             if self.pull is not None:
                 return
-        action = self.join.advance(self.sim.clock.monotonic(), self.book.newest)
+        action = self.join.advance(self.sim.clock.monotonic(), self.book.newest,
+                                   in_touch=self.in_touch)
         if isinstance(action, Fetch):
             self.pull = Pull(self.me, tuple(sorted(action.command.sources)),
                              action.command.version_step, self.sim.now)

@@ -152,7 +152,8 @@ class Joiner:
         try:
             while True:
                 self._poll()
-                match m.advance(self._clock.monotonic(), self._s.book.newest):
+                match m.advance(self._clock.monotonic(), self._s.book.newest,
+                                in_touch=self._s.poller.in_touch):
                     case Joined():
                         return restored
                     case GiveUp(reason=reason):

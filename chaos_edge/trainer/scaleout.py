@@ -15,8 +15,14 @@ The new node (:class:`JoinPhase`)::
        |                      |  ^                  ^
        |                      |  +--(retry: newest command, FETCH_RETRY_S later)
        |                      +--failed or superseded--> RETRYING
-       +--Bootstrap-----------------------------------+
+       +--Bootstrap (in touch, not superseded)--------+
     any phase --deadline--> TIMED_OUT;  a state that does not fit --> REFUSED
+
+A ``Bootstrap`` is carried out only while chaosd is in touch with the cluster, and not once a
+newer policy leaves this node out: a box frozen with one in its queue thawed and started over
+from its older state while the scheduler had long made another node the start (the
+simulator's seed 2167). Such a bootstrap is dropped, and the machine waits for the command
+chaosd asks for again.
 
 A source: a ``Replicate`` naming it waits in :class:`ServeMachine` until the source has
 committed the command's ``version_step`` *and* the policy that adds the new node governs its
@@ -115,8 +121,10 @@ class JoinMachine:
         """(While fetching.) A newer command arrived: the pull in flight is moot."""
         return self.phase is JoinPhase.FETCHING and self._newest is not None
 
-    def advance(self, now: float, book_newest: SyncPolicy | None) -> JoinAction:
-        """What to do now, given the newest policy this worker holds."""
+    def advance(self, now: float, book_newest: SyncPolicy | None,
+                in_touch: bool = True) -> JoinAction:
+        """What to do now, given the newest policy this worker holds and whether its chaosd
+        is in touch with the cluster (its book is then as new as the broker's)."""
         if self.phase is JoinPhase.MEMBER:
             return Joined()
         if self.phase in (JoinPhase.REFUSED, JoinPhase.TIMED_OUT):
@@ -132,7 +140,14 @@ class JoinMachine:
             return Wait()  # the policy is on its way; or the owner's pull is in flight
         if self.phase is JoinPhase.RETRYING and now < self._retry_at:
             return Wait()
-        cmd, self._newest = self._newest or self.command, None
+        cmd = self._newest or self.command
+        if isinstance(cmd, Bootstrap) and not in_touch:
+            return Wait()  # what we know of the cluster may be old: the command stays
+        self._newest = None
+        if isinstance(cmd, Bootstrap) and book_newest is not None \
+                and cmd.stale(book_newest.version, book_newest.members):
+            self.command, self.phase = None, JoinPhase.WAITING
+            return Wait()
         if isinstance(cmd, Bootstrap):
             self.command, self.phase = cmd, JoinPhase.AWAITING_POLICY
             return StartAlone(cmd)

@@ -451,7 +451,7 @@ class NodeAgent:
                 self.counters["copies_refused"] += 1  # snapshots off, or no shelf here
         else:
             if isinstance(body, (Replicate, Bootstrap)) and body.new == self.me:
-                self.worker.answered = True
+                self.worker.answer = body
             self.worker.push(body)
 
     def restore_from_copy(self, sender: str, step: int) -> None:
@@ -479,10 +479,27 @@ class NodeAgent:
         not fire. A request the scheduler has is answered again, or held again, at no cost.
         """
         w = self.worker
-        if (w.attached and w.state == "joining" and not w.answered
-                and self.election.leader is not None and now - w.asked_at >= JOIN_ASK_AGAIN_S):
+        if not (w.attached and w.state == "joining" and self.election.leader is not None
+                and now - w.asked_at >= JOIN_ASK_AGAIN_S):
+            return
+        if isinstance(w.answer, Bootstrap) and self._stale(w.answer):
+            # A newer policy leaves us out: the scheduler made another node the start while
+            # we were frozen or cut off with this command queued; the worker drops it
+            # (JoinMachine), and the join is asked again (the simulator's seed 2167).
+            log.warning("the bootstrap of policy v%d is stale (a newer policy leaves us out): "
+                        "asking to join again", w.answer.policy_version)
+            w.answer = None
+        if not w.answered:
             w.asked_at = now
             self.request(JoinRequest(addr=w.data_addr, neighbors=w.neighbors, step=w.step))
+
+    def _stale(self, cmd: Bootstrap) -> bool:
+        """Whether the newest policy we hold is newer than ``cmd``'s and leaves us out."""
+        if not self.policies:
+            return False
+        newest = self.policies[max(self.policies)]
+        members = newest.get("members")
+        return cmd.stale(max(self.policies), members if isinstance(members, list) else [])
 
     def _on_request(self, req: Request) -> None:
         if self.role is not None:

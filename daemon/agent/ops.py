@@ -189,7 +189,7 @@ async def worker_attach(agent: AgentContext, args: dict[str, Any]) -> dict[str, 
         raise ControlError(f"another worker (pid {w.pid}) is attached", code="failed")
     w.pid, w.data_addr, w.state, w.step = pid, f"{host}:{port}", "joining", step
     w.attached_at = w.last_poll = w.asked_at = agent.clock.monotonic()
-    w.answered = False
+    w.answer = None
     rtts: dict[str, float] = {}
     if agent.monitor is not None and not w.neighbors:
         # The scheduler picks neighbours by RTT: measure to every live peer at once.

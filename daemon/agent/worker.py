@@ -32,7 +32,7 @@ from typing import Any
 
 from daemon.agent.memory import Job, JobMemory
 from daemon.contracts.clock import Clock
-from daemon.contracts.protocol import WorkerCommand
+from daemon.contracts.protocol import Bootstrap, Replicate, WorkerCommand
 from netprobe.procs import kill_with_parent
 
 log = logging.getLogger("chaosd.worker")
@@ -55,7 +55,8 @@ class WorkerSession:
     attached_at: float = 0.0
     last_poll: float = 0.0
     asked_at: float = 0.0  # when its join request last went to the scheduler
-    answered: bool = False  # a replicate or bootstrap naming it came since it asked to join
+    # The replicate or bootstrap naming it that came since it asked to join (None: none yet).
+    answer: Replicate | Bootstrap | None = None
     commands: deque[tuple[int, WorkerCommand]] = field(default_factory=lambda: deque(maxlen=1000))
     _seq: int = 0
     _serving: int = 0  # the worker's requests the daemon is still working on
@@ -63,6 +64,10 @@ class WorkerSession:
     @property
     def attached(self) -> bool:
         return bool(self.pid)
+
+    @property
+    def answered(self) -> bool:
+        return self.answer is not None
 
     def push(self, cmd: WorkerCommand) -> None:
         """Queue a scheduler command for the worker's next poll."""

@@ -423,6 +423,12 @@ class Negotiator:
         if pending is not None and self.sched.nodes[node].state == "joining":
             # A repeated request while the first is in flight: the worker asks again when it
             # got no command, which a broker restart can lose (QoS 1 without persistence).
+            # It says what it holds now: a replica it restored since, its report lost or
+            # too late, is what an orphaned join is planned again with (the simulator's seed
+            # 570: planned with the step of its first request, 60, while it held 148, and an
+            # older state started the cluster over).
+            pending.holds = max(pending.holds, step)
+            self._holds[node] = step
             self._send_replicate(pending)
             return
         self._leaving.pop(node, None)
@@ -482,6 +488,7 @@ class Negotiator:
                             "a holder of the state", node, step, self.sched.step, HOLD_S)
             self.held[node] = step
             self.sched.set_node(node, state="standby")
+            self._unname(node)
             # Past the hold, the best state held starts it over, not the last to ask (the
             # simulator's seed 397: a fresh joiner did, beside a holder of step 279).
             self._start_over_if_due()
@@ -514,6 +521,15 @@ class Negotiator:
                                      else join.member_from)
         join.command = replace(command, policy_version=policy.version if policy else 0)
         self._send_replicate(join)
+
+    def _unname(self, node: str) -> None:
+        """A node held back must not train on a policy that still names it: a new scheduler
+        inherited a policy naming a joiner its predecessor had planned; the joiner's pull
+        from that predecessor ended, it trained alone on that policy while held here as
+        holding nothing, and an older state started the cluster over (the simulator's seed
+        567). Left out at once, its worker asks again, saying it holds the replica."""
+        if self._named(node):
+            self.publish_policy(effective_step=0)
 
     def _named(self, node: str) -> bool:
         """Does the newest policy name ``node`` as a member?"""
@@ -692,7 +708,9 @@ class Negotiator:
         if self.joins.get(join.node) is join:
             del self.joins[join.node]
             self.sched.set_node(join.node, state="standby")
-        self.join(join.node, self.sched.nodes[join.node].data_addr, wanted, step=join.holds)
+        heard = self._holds.get(join.node)  # its heartbeat's word, if newer than the request's
+        holds = max(join.holds, heard if heard is not None else -1)
+        self.join(join.node, self.sched.nodes[join.node].data_addr, wanted, step=holds)
 
     def replicated(self, node: str, report: Replicated) -> None:
         """The new node restored the state: scale-out is done."""

@@ -27,7 +27,7 @@ Scale-out, as these records tell it (docs/architecture.md follows it through the
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeAlias
 
@@ -428,6 +428,13 @@ class Bootstrap(_Body):
 
     def check(self) -> str | None:
         return _ids(self.new)
+
+    def stale(self, newest_version: int, newest_members: Collection[str]) -> bool:
+        """Whether a policy newer than this command's leaves ``new`` out: the scheduler has
+        since made another node the cluster's start (``new`` was frozen or cut off with the
+        command in its queue), and starting from our own state now would fork the cluster."""
+        return (self.policy_version > 0 and newest_version > self.policy_version
+                and self.new not in newest_members)
 
 
 @dataclass(frozen=True)

@@ -566,3 +566,40 @@ async def test_a_join_no_command_answered_is_asked_again_until_one_comes() -> No
                                     args={"new": "b", "policy_version": 3}))
     await polled(3 * JOIN_ASK_AGAIN_S)
     assert joins() == 2  # answered: never again
+
+
+async def test_a_bootstrap_a_newer_policy_leaves_us_out_of_is_stale_and_the_join_is_asked_again(
+) -> None:
+    """The simulator's seed 2167: a box frozen with a bootstrap in its queue thawed after the
+    scheduler had made another node the start (a newer policy, without it). Its worker drops
+    that bootstrap (JoinMachine), and chaosd asks to join again instead of waiting for ever
+    on an answer it already had."""
+    clock = FakeClock()
+    agent, bus = await attach("b", clock)
+    bus.deliver(T.leader, LeaderClaim(id="a", term=2))
+    a = Peer("a", leader="a")
+    bus.deliver(T.status("a"), a.status())
+
+    def joins() -> int:
+        return sum(1 for _, r in bus.published(T.req) if r.op == "join")  # type: ignore[union-attr]
+
+    async def polled(seconds: float) -> None:
+        for _ in range(round(seconds)):
+            ops.worker_poll(agent, {"step": 240, "state": "joining"})
+            await run(agent, clock, 1.0, [a])
+
+    await ops.worker_attach(agent, {"pid": os.getpid(), "port": 7001, "host": "127.0.0.1",
+                                    "step": 240})
+    await run(agent, clock, 0.5, [a])
+    bus.deliver(T.cmd("b"), Command(term=2, leader="a", seq=1, op="bootstrap",
+                                    args={"new": "b", "policy_version": 3}))
+    bus.deliver(T.state, ClusterState(term=2, leader="a", version=7,
+                                      policy={"version": 3, "members": ["b"]}))
+    await polled(2 * JOIN_ASK_AGAIN_S)
+    assert joins() == 1  # its own policy names it: the bootstrap stands
+    bus.deliver(T.state, ClusterState(term=2, leader="a", version=8,
+                                      policy={"version": 5, "members": ["c"]}))
+    await polled(JOIN_ASK_AGAIN_S - 1)  # asked at once: the last ask is long past
+    assert joins() == 2 and agent.worker.answer is None
+    [*_, again] = [r for _, r in bus.published(T.req) if r.op == "join"]
+    assert again.args["step"] == 240  # type: ignore[union-attr]

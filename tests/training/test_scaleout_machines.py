@@ -72,6 +72,39 @@ def test_bootstrap_starts_alone_and_waits_for_its_policy() -> None:
     assert m.advance(0.2, policy(1, ("a",))) == Joined()
 
 
+def test_a_bootstrap_waits_while_chaosd_is_out_of_touch() -> None:
+    """Thawed from a freeze, the worker's book is as old as its freeze: it acts on a
+    bootstrap only once chaosd hears the cluster again (the simulator's seed 2167)."""
+    m = JoinMachine("a", deadline=100.0)
+    boot = Bootstrap(new="a", policy_version=3)
+    m.offer(boot)
+    assert m.advance(0.0, None, in_touch=False) == Wait()
+    assert m.phase is JoinPhase.WAITING
+    assert m.advance(0.1, policy(3, ("a",)), in_touch=True) == StartAlone(boot)
+
+
+def test_a_bootstrap_a_newer_policy_leaves_us_out_of_is_dropped() -> None:
+    """The scheduler made another node the start since (v4 without us): starting alone now
+    would fork the cluster from our older state. The command is dropped; the machine waits
+    for the one chaosd asks for again, and carries that out."""
+    m = JoinMachine("a", deadline=100.0)
+    stale = Bootstrap(new="a", policy_version=3)
+    m.offer(stale)
+    assert m.advance(0.0, policy(4, ("b",))) == Wait()
+    assert m.phase is JoinPhase.WAITING and m.command is None
+    assert m.advance(0.1, policy(4, ("b",))) == Wait()  # not carried out later either
+    fresh = rep(new="a", policy_version=5, sources=("b",))
+    m.offer(fresh)
+    assert m.advance(0.2, policy(4, ("b",))) == Fetch(fresh)
+
+
+def test_a_bootstrap_whose_policy_has_not_come_yet_is_not_stale() -> None:
+    m = JoinMachine("a", deadline=100.0)
+    boot = Bootstrap(new="a", policy_version=3)
+    m.offer(boot)
+    assert m.advance(0.0, policy(2, ("b",))) == StartAlone(boot)  # v3 is on its way
+
+
 def test_commands_for_other_nodes_are_not_ours() -> None:
     m = JoinMachine("c", deadline=100.0)
     m.offer(rep(new="d"))

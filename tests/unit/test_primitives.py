@@ -1052,3 +1052,55 @@ def test_a_joiner_that_cannot_reach_its_only_source_is_out_of_the_rounds_and_pla
     before = neg.sched.policy_version
     handle(neg, "b", "report", {"kind": "link-failed", "peer": "zz", "reason": "x"})
     assert neg.sched.policy_version == before
+
+
+def test_a_repeated_join_request_says_what_the_joiner_holds_now() -> None:
+    """The simulator's seed 570: a joiner restored a replica (step 148), its report came too
+    late to count, and it asked again holding 148; the repeat only resent the command, the
+    join kept the step of the first request (60), and when its source went it was planned
+    again as holding 60: an older state (140) started the cluster over."""
+    neg, _ = make({"a": 150})
+    grow(neg, "a")
+    neg.sched.step = 150
+    neg.join("c", "127.0.0.1:3", ["a"], step=60)
+    neg.join("d", "127.0.0.1:4", ["a"], step=140)
+    assert neg.joins["c"].holds == 60
+    neg.out.clear()
+    neg.join("c", "127.0.0.1:3", ["a"], step=148)  # asked again: the command is resent
+    assert [n for n, _ in cmds(neg, "replicate")] == ["c", "a"]
+    assert neg.joins["c"].holds == 148
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")  # both joins lose their source: planned again, and held
+    assert neg.held == {"c": 148, "d": 140}
+    assert cmds(neg, "bootstrap") == []
+
+
+def test_an_orphaned_join_is_planned_again_with_the_newest_step_its_heartbeat_said() -> None:
+    neg, _ = make({"a": 150})
+    grow(neg, "a")
+    neg.sched.step = 150
+    neg.join("c", "127.0.0.1:3", ["a"], step=60)
+    neg.observe_worker("c", "active", 148)  # its worker holds the replica by now
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    assert neg.held == {"c": 148}
+
+
+def test_a_held_joiner_the_policy_in_force_names_gets_a_policy_without_it() -> None:
+    """The simulator's seed 567: a new scheduler inherited a policy naming a joiner of its
+    predecessor's (it failed the predecessor, the only member, and the policy without it
+    named the joiner alone). Held here as holding nothing, the joiner finished its pull from
+    the thawed predecessor and trained alone on that policy, and an older state started the
+    cluster over beside it. A held node is in no policy in force."""
+    neg, _ = make()
+    grow(neg, "a", "c")
+    neg.sched.step = 212
+    neg.sched.set_node("c", state="joining")  # as the retained view had it
+    neg.sched.fail("a", "heartbeat", 2.0)
+    neg.gone("a", "failure")
+    assert neg.sched.policy is not None and neg.sched.policy.members == ("c",)
+    version = neg.sched.policy_version
+    neg.join("c", "127.0.0.1:3", [], step=0)  # its worker asks again, still pulling
+    assert neg.held == {"c": 0}
+    assert neg.sched.policy_version > version and neg.sched.policy.members == ()
+    assert neg.sched.policy.effective_step == 0
