@@ -316,6 +316,51 @@ def _source_link_ignored() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "report", ignore)]
 
 
+def _stale_bootstrap() -> list[tuple[Any, str, Any]]:
+    advance = scaleout.JoinMachine.__dict__["advance"]
+
+    def never_stale(self: Bootstrap, newest_version: int, newest_members: Any) -> bool:
+        return False  # the fix undone: any bootstrap queued is carried out
+
+    def blind(self: scaleout.JoinMachine, now: float, newest: Any, in_touch: bool = True) -> Any:
+        return advance(self, now, newest, True)  # ... at once, in touch or not
+    return [(Bootstrap, "stale", never_stale), (scaleout.JoinMachine, "advance", blind)]
+
+
+def _first_holds() -> list[tuple[Any, str, Any]]:
+    join = primitives.Negotiator.__dict__["join"]
+
+    def first(self: primitives.Negotiator, node: str, *args: Any, **kw: Any) -> None:
+        pending = self.joins.get(node)
+        if pending is not None and self.sched.nodes[node].state == "joining":
+            self._send_replicate(pending)  # the fix undone: the repeat's step is not taken
+            return
+        join(self, node, *args, **kw)
+
+    def plan_again(self: primitives.Negotiator, j: Any, wanted: list[str]) -> None:
+        if self.joins.get(j.node) is j:
+            del self.joins[j.node]
+            self.sched.set_node(j.node, state="standby")
+        self.join(j.node, self.sched.nodes[j.node].data_addr, wanted, step=j.holds)
+    return [(primitives.Negotiator, "join", first),
+            (primitives.Negotiator, "_plan_again", plan_again)]
+
+
+def _held_named() -> list[tuple[Any, str, Any]]:
+    def keep(self: primitives.Negotiator, node: str) -> None:
+        return None  # the fix undone: a held node stays in the policy in force
+    return [(primitives.Negotiator, "_unname", keep)]
+
+
+def _silent_unawaited() -> list[tuple[Any, str, Any]]:
+    join = primitives.Negotiator.__dict__["join"]
+
+    def forget(self: primitives.Negotiator, node: str, *args: Any, **kw: Any) -> None:
+        self._silenced.clear()  # the fix undone: a member gone silent is waited for by no one
+        join(self, node, *args, **kw)
+    return [(primitives.Negotiator, "join", forget)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -374,4 +419,13 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("source-link-ignored", "2770d4b", "a joiner's failed link to its only source is left to "
            "its fetch, and the rounds wait on it until its join times out",
            _source_link_ignored),
+    Mutant("stale-bootstrap", "e032c64", "a bootstrap queued on a frozen box is carried out "
+           "when it thaws, though a newer policy has left it out", _stale_bootstrap),
+    Mutant("first-holds", "e032c64", "a join keeps the step of its first request, not the "
+           "replica its worker restored since, when it is planned again", _first_holds),
+    Mutant("held-named", "e032c64", "a joiner held back stays in the inherited policy that "
+           "names it, and trains alone on it", _held_named),
+    Mutant("silent-unawaited", "SILENT", "a joiner with no member left starts the cluster over "
+           "at once, though the last member went silent a moment ago and may be back with "
+           "steps we never heard of", _silent_unawaited),
 )}

@@ -72,6 +72,11 @@ BLAME_S = 10.0
 # A joiner ahead of members this scheduler has not heard yet waits at most this long for
 # their heartbeats before it is judged on what the snapshot said of them.
 UNHEARD_WAIT_S = 2.0
+# A joiner that would start the cluster over from its own state waits at most this long for
+# members that went silent (cut off, frozen) to be heard again: one reconnect backoff
+# (mqtt.reconnect_max_s's default), by which boxes of a site that comes back have all
+# reconnected. A longer wait would hold every restart after the last member truly died.
+SILENT_WAIT_S = 5.0
 KEEP_EVERY_S = 1.0  # the copies of the snapshots are looked at this often
 
 
@@ -178,7 +183,11 @@ class Negotiator:
         # The step each member became one at (its bootstrap's, or its replica's): no member
         # is behind it, whatever its daemon said before its worker's first poll.
         self._member_at: dict[str, int] = {}
-        # Joins that wait for heartbeats: node -> (when, whose, the join's arguments).
+        # Members (and joiners) failed by silence, not heard since: cut off, a member trains on
+        # unseen until its chaosd finds itself deaf, and may come back holding steps we never
+        # heard of (see :meth:`join`).
+        self._silenced: set[str] = set()
+        # Joins that wait for heartbeats: node -> (until when, whose, the join's arguments).
         self._unheard: dict[str, tuple[float, frozenset[str],
                                        tuple[str, list[str], dict[str, float] | None, int]]] = {}
 
@@ -287,6 +296,7 @@ class Negotiator:
         scheduler that died the moment it went out: the simulator's seed 1389). Left joining,
         it was no holder of the state, and the next joiner bootstrapped a fresh model."""
         self._heard.add(node)
+        self._silenced.discard(node)
         self._holds[node] = step if attached else None
         self._on_disk[node] = snapshot
         rec = self.sched.nodes.get(node)
@@ -476,6 +486,16 @@ class Negotiator:
             # that had trained on waited on a source that went); so does a node up whose
             # worker holds a newer state, not yet asking to join.
             newest = max(self.sched.step, self._held_elsewhere(node))
+            silent = sorted(n for n in self._silenced if n != node)
+            if step >= newest and silent:
+                # A member cut off trained on unseen until its chaosd found itself deaf; its
+                # site may be back this moment, our joiner's request first (the simulator's
+                # seed 353: a joiner holding its disk's 340 started the cluster over 50 ms
+                # before the last member, back with 349, was heard). Judged when they are
+                # heard, or after SILENT_WAIT_S (tick).
+                self._wait_to_hear(node, silent, (data_addr, wanted, rtts, step),
+                                   wait=SILENT_WAIT_S)
+                return
             if step >= newest:
                 self._bootstrap(node, step)
                 return
@@ -592,9 +612,10 @@ class Negotiator:
         if self.keepers is not None and now - self._kept_at >= KEEP_EVERY_S:
             self._kept_at = now
             self._keep_copies(self.keepers)
-        for node, (since, whose, args) in sorted(self._unheard.items()):
-            if whose <= self._heard or now - since >= UNHEARD_WAIT_S:
+        for node, (until, whose, args) in sorted(self._unheard.items()):
+            if whose <= self._heard or now >= until:
                 self._heard.update(whose)  # judged now, on what we know
+                self._silenced.difference_update(whose)
                 for n in whose:
                     self._holds.setdefault(n, None)
                 self.join(node, *args[:3], step=args[3])
@@ -612,9 +633,10 @@ class Negotiator:
             self._cmd(holder, cmd)
 
     def _wait_to_hear(self, node: str, whose: list[str],
-                      args: tuple[str, list[str], dict[str, float] | None, int]) -> None:
-        """Judge ``node``'s join once ``whose`` heartbeats came, or UNHEARD_WAIT_S passed."""
-        self._unheard[node] = (self.clock.monotonic(), frozenset(whose), args)
+                      args: tuple[str, list[str], dict[str, float] | None, int],
+                      wait: float = UNHEARD_WAIT_S) -> None:
+        """Judge ``node``'s join once ``whose`` heartbeats came, or ``wait`` passed."""
+        self._unheard[node] = (self.clock.monotonic() + wait, frozenset(whose), args)
         log.info("%s holds step %d; waiting for the heartbeats of %s", node, args[3],
                  ", ".join(whose))
 
@@ -813,6 +835,9 @@ class Negotiator:
             self._holds[node] = None
         else:
             self._holds.pop(node, None)  # back, what it holds is known from its heartbeats
+            self._heard.discard(node)
+            if was_member:
+                self._silenced.add(node)
         self._unheard.pop(node, None)
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:

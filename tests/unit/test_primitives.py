@@ -7,6 +7,7 @@ import pytest
 from daemon.cluster.primitives import (
     HAND_OVER_S,
     HOLD_S,
+    SILENT_WAIT_S,
     UNHEARD_WAIT_S,
     JoinPhase,
     Negotiator,
@@ -206,7 +207,7 @@ def test_a_partition_keeps_the_part_whose_members_are_up() -> None:
 def test_a_join_whose_sources_all_go_is_planned_again() -> None:
     """A new node pulling from one source that dies is sent to the members left; when none is
     left it bootstraps, instead of retrying a dead source until its own timeout."""
-    neg, _ = make()
+    neg, clock = make()
     grow(neg, "a", "b", "c")
     neg.out.clear()
     neg.join("d", "127.0.0.1:4", ["c"])
@@ -221,7 +222,11 @@ def test_a_join_whose_sources_all_go_is_planned_again() -> None:
     for node in ("a", "b"):
         neg.sched.fail(node, "heartbeat", 2.0)
         neg.gone(node, "failure")
-    # No one holds the state any more: the first bootstraps, the other pulls from it.
+    # No one holds the state any more: once the silent members had SILENT_WAIT_S to be heard
+    # again, the first bootstraps, the other pulls from it.
+    assert neg.sched.nodes["d"].state == "standby" and not cmds(neg, "bootstrap")
+    clock.advance(SILENT_WAIT_S)
+    neg.tick()
     assert neg.sched.nodes["d"].state == "active"
     assert any(e.kind == "scale-out" and e.node == "d" and e.detail.get("bootstrap")
                for e in neg.sched.events)
@@ -441,6 +446,8 @@ def test_with_no_member_left_a_fresh_joiner_waits_for_a_holder_of_the_state() ->
     assert neg.held == {"c": 0} and neg.sched.nodes["c"].state == "standby"
     assert cmds(neg, "bootstrap") == []
     neg.join("a", "127.0.0.1:1", [], step=500)  # a holder is back: it starts the cluster again
+    neg.observe_worker("b", "standby", 500)  # once b, silent too, is heard (or SILENT_WAIT_S)
+    neg.tick()
     assert [n for n, _ in cmds(neg, "bootstrap")] == ["a"]
     restored = [e for e in neg.sched.events if e.kind == "state-restored"]
     assert restored and restored[-1].detail["steps_lost"] == 0
@@ -621,12 +628,14 @@ def test_a_cut_between_two_sites_blames_both_sides_and_is_left_to_the_partition_
 def test_a_replanned_joiner_keeps_the_step_it_holds() -> None:
     """The simulator's seed 35: a joiner whose only source went was planned again as if fresh,
     and a node back from a cut with an older state started the cluster over from it."""
-    neg, _ = make({"a": 281})
+    neg, clock = make({"a": 281})
     grow(neg, "a")
     neg.sched.step = 280
     neg.join("b", "127.0.0.1:2", ["a"], step=281)  # b trained on to 281 elsewhere
     neg.sched.fail("a", "heartbeat", 2.0)
     neg.gone("a", "failure")  # b's source went, and no member is left
+    clock.advance(SILENT_WAIT_S)  # a, silent, is not heard again
+    neg.tick()
     assert neg.sched.nodes["b"].state == "active"  # b holds the newest: it starts again
     neg2, _ = make()
     grow(neg2, "a")
@@ -817,7 +826,7 @@ def test_with_no_member_a_joiner_hears_the_nodes_up_before_it_starts_over() -> N
     site's presence was heard, its heartbeats (a worker holding a newer state) not yet. With
     no member, a joiner waits for the heartbeats of the nodes up (or UNHEARD_WAIT_S), and a
     worker one of them holds at a newer step counts as a holder to wait for."""
-    neg, _ = emptied(set())
+    neg, clock = emptied(set())
     neg.sched.set_node("n1", state="standby", data_addr="127.0.0.1:1")  # its presence: up
     neg.join("c", "127.0.0.1:3", [], step=300)
     assert not cmds(neg, "bootstrap") and "c" not in neg.held  # n1 unheard: not judged yet
@@ -825,20 +834,27 @@ def test_with_no_member_a_joiner_hears_the_nodes_up_before_it_starts_over() -> N
     neg.tick()
     assert not cmds(neg, "bootstrap") and neg.held == {"c": 300}
     neg.join("n1", "127.0.0.1:1", [], step=407)  # its worker asks: it starts the cluster over
+    clock.advance(SILENT_WAIT_S)  # (once a, the member gone silent, had its chance)
+    neg.tick()
     assert [n for n, _ in cmds(neg, "bootstrap")] == ["n1"]
     assert neg.joins["c"].command.sources == {"n1": "127.0.0.1:1"}
     # A node up whose heartbeats never come is judged on what we know, after the wait.
+    # (a, the member that went silent, is waited for SILENT_WAIT_S after that.)
     neg2, clock2 = emptied(set())
     neg2.sched.set_node("n1", state="standby", data_addr="127.0.0.1:1")
     neg2.join("c", "127.0.0.1:3", [], step=300)
     clock2.advance(UNHEARD_WAIT_S)
     neg2.tick()
+    clock2.advance(SILENT_WAIT_S)
+    neg2.tick()
     assert [n for n, _ in cmds(neg2, "bootstrap")] == ["c"]
     # A heard node without a worker holds nothing to wait for.
-    neg3, _ = emptied(set())
+    neg3, clock3 = emptied(set())
     neg3.sched.set_node("n1", state="standby", data_addr="127.0.0.1:1")
     neg3.observe_worker("n1", "standby", 407, attached=False)
     neg3.join("c", "127.0.0.1:3", [], step=300)
+    clock3.advance(SILENT_WAIT_S)
+    neg3.tick()
     assert [n for n, _ in cmds(neg3, "bootstrap")] == ["c"]
 
 
@@ -1104,3 +1120,38 @@ def test_a_held_joiner_the_policy_in_force_names_gets_a_policy_without_it() -> N
     assert neg.held == {"c": 0}
     assert neg.sched.policy_version > version and neg.sched.policy.members == ()
     assert neg.sched.policy.effective_step == 0
+
+
+def test_a_joiner_that_would_start_over_waits_for_the_last_member_gone_silent() -> None:
+    """The simulator's seed 353: the last member's site was cut off from the broker, and its
+    worker trained on unseen until its chaosd found itself deaf. When the site came back, a
+    joiner of that site holding its disk's 340 asked 50 ms before the member (349) was heard,
+    and started the cluster over. A joiner that would start over waits for members failed by
+    silence to be heard again, SILENT_WAIT_S at most."""
+    neg, clock = emptied(set())  # a, the only member (step 300), failed by silence
+    neg.join("c", "127.0.0.1:3", [], step=340)
+    assert not cmds(neg, "bootstrap") and "c" not in neg.held
+    neg.sched.set_node("a", state="standby", data_addr="127.0.0.1:1")  # a's site is back
+    neg.observe_worker("a", "active", 349)  # its worker trained on while cut off
+    neg.tick()
+    assert not cmds(neg, "bootstrap") and neg.held == {"c": 340}
+    neg.join("a", "127.0.0.1:1", [], step=349)  # its worker finds itself dropped, and asks
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["a"]
+    assert neg.joins["c"].command.sources == {"a": "127.0.0.1:1"}
+    # A member that does not come back costs the joiner SILENT_WAIT_S, not HOLD_S.
+    neg2, clock2 = emptied(set())
+    neg2.join("c", "127.0.0.1:3", [], step=340)
+    clock2.advance(SILENT_WAIT_S - 0.1)
+    neg2.tick()
+    assert not cmds(neg2, "bootstrap")
+    clock2.advance(0.1)
+    neg2.tick()
+    assert [n for n, _ in cmds(neg2, "bootstrap")] == ["c"]
+    # A member whose worker exited holds nothing in memory: nobody is waited for.
+    neg3, _ = make()
+    grow(neg3, "a")
+    neg3.sched.step = 300
+    assert handle(neg3, "a", "worker-exit", {"code": 1}) is None
+    neg3.out.clear()
+    neg3.join("c", "127.0.0.1:3", [], step=340)
+    assert [n for n, _ in cmds(neg3, "bootstrap")] == ["c"]
