@@ -425,7 +425,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "replica its worker restored since, when it is planned again", _first_holds),
     Mutant("held-named", "e032c64", "a joiner held back stays in the inherited policy that "
            "names it, and trains alone on it", _held_named),
-    Mutant("silent-unawaited", "SILENT", "a joiner with no member left starts the cluster over "
+    Mutant("silent-unawaited", "014ad8e", "a joiner with no member left starts the cluster over "
            "at once, though the last member went silent a moment ago and may be back with "
            "steps we never heard of", _silent_unawaited),
 )}
