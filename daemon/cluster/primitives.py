@@ -833,6 +833,7 @@ class Negotiator:
             # model started the cluster over while they waited (the simulator's seed 210).
             self.held.pop(node, None)
             self._holds[node] = None
+            self._silenced.discard(node)
         else:
             self._holds.pop(node, None)  # back, what it holds is known from its heartbeats
             self._heard.discard(node)
