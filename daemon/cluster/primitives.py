@@ -490,9 +490,9 @@ class Negotiator:
             if step >= newest and silent:
                 # A member cut off trained on unseen until its chaosd found itself deaf; its
                 # site may be back this moment, our joiner's request first (the simulator's
-                # seed 353: a joiner holding its disk's 340 started the cluster over 50 ms
-                # before the last member, back with 349, was heard). Judged when they are
-                # heard, or after SILENT_WAIT_S (tick).
+                # seed 353: a joiner holding its disk's 340 asked the moment its site was back
+                # and started the cluster over before the last member, back with 349, was
+                # heard). Judged when they are heard, or after SILENT_WAIT_S (tick).
                 self._wait_to_hear(node, silent, (data_addr, wanted, rtts, step),
                                    wait=SILENT_WAIT_S)
                 return

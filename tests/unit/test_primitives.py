@@ -1125,8 +1125,8 @@ def test_a_held_joiner_the_policy_in_force_names_gets_a_policy_without_it() -> N
 def test_a_joiner_that_would_start_over_waits_for_the_last_member_gone_silent() -> None:
     """The simulator's seed 353: the last member's site was cut off from the broker, and its
     worker trained on unseen until its chaosd found itself deaf. When the site came back, a
-    joiner of that site holding its disk's 340 asked 50 ms before the member (349) was heard,
-    and started the cluster over. A joiner that would start over waits for members failed by
+    joiner of that site holding its disk's 340 asked the moment the site was back, and started
+    the cluster over before the member (349) was heard. A joiner that would start over waits for members failed by
     silence to be heard again, SILENT_WAIT_S at most."""
     neg, clock = emptied(set())  # a, the only member (step 300), failed by silence
     neg.join("c", "127.0.0.1:3", [], step=340)
