@@ -1126,9 +1126,9 @@ def test_a_joiner_that_would_start_over_waits_for_the_last_member_gone_silent() 
     """The simulator's seed 353: the last member's site was cut off from the broker, and its
     worker trained on unseen until its chaosd found itself deaf. When the site came back, a
     joiner of that site holding its disk's 340 asked the moment the site was back, and started
-    the cluster over before the member (349) was heard. A joiner that would start over waits for members failed by
-    silence to be heard again, SILENT_WAIT_S at most."""
-    neg, clock = emptied(set())  # a, the only member (step 300), failed by silence
+    the cluster over before the member (349) was heard. A joiner that would start over waits
+    for members failed by silence to be heard again, SILENT_WAIT_S at most."""
+    neg, _ = emptied(set())  # a, the only member (step 300), failed by silence
     neg.join("c", "127.0.0.1:3", [], step=340)
     assert not cmds(neg, "bootstrap") and "c" not in neg.held
     neg.sched.set_node("a", state="standby", data_addr="127.0.0.1:1")  # a's site is back
