@@ -366,8 +366,12 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "longer come back from the broker", _deaf_judges),
     Mutant("contest-acts", "44a46a7", "a scheduler acts on requests while its seat is "
            "contested", _contest_acts),
+    # These three lose the state the way the silent wait (014ad8e) also guards against: a
+    # joiner starting over beside a holder not heard yet. That wait masks each at its seed, so
+    # each takes it away too, as deaf-judges takes both guards against a deaf judge.
     Mutant("keep-joiners", "7101caa", "the partition rule keeps a part of joiners over one "
-           "holding the state", _keep_joiners),
+           "holding the state (and no silent member is waited for)",
+           lambda: [*_keep_joiners(), *_silent_unawaited()]),
     Mutant("no-hold", "510fffc", "with no member left, any joiner starts the cluster over at "
            "once", _no_hold),
     Mutant("no-heal", "36028e4", "the overlay is not healed when a member goes", _no_heal),
@@ -379,7 +383,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("snapshot-step", "25fb32c", "a new scheduler resumes at its snapshot's step, "
            "behind what its members last said", _snapshot_step),
     Mutant("one-report-partitions", "1887adf", "links failing to one member from "
-           "several peers partition the overlay one report at a time", _one_report_partitions),
+           "several peers partition the overlay one report at a time (and no silent member "
+           "is waited for)", lambda: [*_one_report_partitions(), *_silent_unawaited()]),
     Mutant("unchallenged", "e1516ae", "the newer term trains on while a scheduler back "
            "from a cut contests it", _unchallenged),
     Mutant("last-leave-lost", "164cf3b", "a new scheduler marks a member whose daemon left "
@@ -392,7 +397,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "before the nodes up are heard, and a newer state their workers hold does not "
            "count", _unheard_bootstrap),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
-           "scheduler's own part", _tie_lower_id),
+           "scheduler's own part (and no silent member is waited for)",
+           lambda: [*_tie_lower_id(), *_silent_unawaited()]),
     Mutant("stale-replicate", "7b9202f", "a joiner keeps waiting on a replicate command a "
            "newer one replaced", _stale_replicate),
     Mutant("inferred-bootstrap", "630920a", "the first node infers its bootstrap from a policy "
