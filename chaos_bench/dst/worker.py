@@ -23,6 +23,7 @@ from chaos_bench.dst.loop import Sim, drive
 from chaos_bench.dst.plane import DataPlane, Pull, State
 from chaos_edge.trainer.policy import PolicyBook
 from chaos_edge.trainer.scaleout import (
+    AskAgain,
     Fetch,
     GiveUp,
     Joined,
@@ -244,6 +245,11 @@ class SimWorker:
             self._round_since = None
             self.events.join_ended(self.me, "member", "")
             self.sim.note(f"{self.me} is a member at step {self.state.step}")
+        elif isinstance(action, AskAgain):  # as the Trainer's Joiner: attach again
+            self.events.count("worker:ask-again")
+            drive(ops.worker_attach(self.agent, {"pid": self.pid, "port": 7000,
+                                                 "host": "127.0.0.1",
+                                                 "step": self.state.step}))
         elif isinstance(action, GiveUp):
             self.exit(1, f"TrainerError: {action.reason}")
         elif not isinstance(action, Wait):  # pragma: no cover - every action has a branch

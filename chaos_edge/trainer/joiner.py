@@ -44,7 +44,16 @@ from chaos_edge.trainer.rendezvous import (
     StateTransfer,
     TransferFailed,
 )
-from chaos_edge.trainer.scaleout import Fetch, GiveUp, Joined, JoinMachine, StartAlone, Wait
+from chaos_edge.trainer.scaleout import (
+    ASK_AGAIN_S,
+    AskAgain,
+    Fetch,
+    GiveUp,
+    Joined,
+    JoinMachine,
+    StartAlone,
+    Wait,
+)
 from chaos_edge.trainer.session import Session
 from daemon.contracts.clock import Clock
 from daemon.contracts.errors import ChaosError, ControlFailure
@@ -172,6 +181,10 @@ class Joiner:
                         ok = self._fetch(cmd, m)
                         restored = restored or ok
                         m.fetched(ok, self._clock.monotonic())
+                    case AskAgain():
+                        log.warning("%s: no source has served the state for %gs; asking to "
+                                    "join again", self.me, ASK_AGAIN_S)
+                        self._s.attach(self._state.step)
                     case Wait():
                         self._s.wait(POLL_S)
                     case other:

@@ -13,7 +13,8 @@ The new node (:class:`JoinPhase`)::
 
     WAITING --Replicate--> FETCHING --ok--> AWAITING_POLICY --policy that adds it--> MEMBER
        |                      |  ^                  ^
-       |                      |  +--(retry: newest command, FETCH_RETRY_S later)
+       |                      |  +--(retry: newest command, FETCH_RETRY_S later;
+       |                      |      failing for ASK_AGAIN_S: AskAgain first)
        |                      +--failed or superseded--> RETRYING
        +--Bootstrap (in touch, not superseded)--------+
     any phase --deadline--> TIMED_OUT;  a state that does not fit --> REFUSED
@@ -39,6 +40,12 @@ from daemon.contracts.policy import SyncPolicy
 from daemon.contracts.protocol import Bootstrap, Replicate
 
 FETCH_RETRY_S = 0.5  # pause before pulling a replicated state again after a failure
+# Pulls failing this long: the join is asked again, so that the scheduler sends its command
+# to the node and every source once more. A source cut off from the broker when the command
+# went out never learnt of the join and refused it ("not an allowed neighbour", "no snapshot
+# for you") while the rounds that add the node waited on it (the soak's hour in stop 31: a
+# 256-s stall after a broker restart).
+ASK_AGAIN_S = 5.0
 
 
 class JoinPhase(enum.Enum):
@@ -73,6 +80,12 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class AskAgain:
+    """Pulls have failed for ``ASK_AGAIN_S``: ask to join again (the owner re-attaches),
+    then pull on; the scheduler resends the command to us and to every source."""
+
+
+@dataclass(frozen=True)
 class Joined:
     """We are a member: the policy that names us has arrived."""
 
@@ -84,7 +97,7 @@ class GiveUp:
     reason: str
 
 
-JoinAction = Fetch | StartAlone | Wait | Joined | GiveUp
+JoinAction = Fetch | StartAlone | Wait | Joined | GiveUp | AskAgain
 TERMINAL = (JoinPhase.MEMBER, JoinPhase.REFUSED, JoinPhase.TIMED_OUT)
 
 
@@ -102,11 +115,13 @@ class JoinMachine:
         self.command: Replicate | Bootstrap | None = None  # the one being carried out
         self._newest: Replicate | Bootstrap | None = None  # the newest one received
         self._retry_at = 0.0
+        self._failing_since: float | None = None  # the first failed pull since the last good
         self.fetches = 0  # pulls started (a retry is one more)
 
     def offer(self, cmd: Replicate | Bootstrap) -> None:
-        """A command for this node arrived (the newest replaces older ones)."""
-        if cmd.new == self.me and self.phase not in TERMINAL:
+        """A command for this node arrived (the newest replaces older ones; the one being
+        carried out, sent again after we asked again, changes nothing)."""
+        if cmd.new == self.me and self.phase not in TERMINAL and cmd != self.command:
             self._newest = cmd
 
     @property
@@ -140,6 +155,10 @@ class JoinMachine:
             return Wait()  # the policy is on its way; or the owner's pull is in flight
         if self.phase is JoinPhase.RETRYING and now < self._retry_at:
             return Wait()
+        if (self.phase is JoinPhase.RETRYING and self._failing_since is not None
+                and now - self._failing_since >= ASK_AGAIN_S):
+            self._failing_since = now  # once per ASK_AGAIN_S while the pulls fail
+            return AskAgain()
         cmd = self._newest or self.command
         if isinstance(cmd, Bootstrap) and not in_touch:
             return Wait()  # what we know of the cluster may be old: the command stays
@@ -162,9 +181,11 @@ class JoinMachine:
         if self.phase is not JoinPhase.FETCHING:
             return
         if ok:
-            self.phase = JoinPhase.AWAITING_POLICY
+            self.phase, self._failing_since = JoinPhase.AWAITING_POLICY, None
         else:
             self.phase, self._retry_at = JoinPhase.RETRYING, now + FETCH_RETRY_S
+            if self._failing_since is None:
+                self._failing_since = now
 
     def refused(self) -> None:
         """The pulled state does not fit this script: the join ends here."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from chaos_edge.trainer.scaleout import (
+    ASK_AGAIN_S,
     FETCH_RETRY_S,
+    AskAgain,
     Fetch,
     GiveUp,
     Joined,
@@ -61,6 +63,31 @@ def test_a_failed_pull_is_retried_with_the_newest_command() -> None:
     assert m.advance(1.0 + FETCH_RETRY_S, None) == Fetch(second) and m.fetches == 2
     m.fetched(False, 2.0)  # failed again, no newer command: the same one once more
     assert m.advance(2.0 + FETCH_RETRY_S, None) == Fetch(second)
+
+
+def test_pulls_failing_for_a_while_ask_the_join_again_then_go_on() -> None:
+    """A source cut off from the broker when the command went out never learnt of the join
+    and refuses it: pulls failing for ASK_AGAIN_S ask to join again (the scheduler resends
+    the command to every source), once per ASK_AGAIN_S, and the pulls go on."""
+    m = JoinMachine("c", deadline=100.0)
+    cmd = rep()
+    m.offer(cmd)
+    t = 0.0
+    asked = []
+    assert m.advance(t, None) == Fetch(cmd)
+    while t < 3 * ASK_AGAIN_S:
+        m.fetched(False, t)
+        t += FETCH_RETRY_S
+        action = m.advance(t, None)
+        if action == AskAgain():
+            asked.append(t)
+            action = m.advance(t, None)
+        assert action == Fetch(cmd)
+    assert asked == [ASK_AGAIN_S, 2 * ASK_AGAIN_S, 3 * ASK_AGAIN_S]
+    m.offer(cmd)  # the same command, sent again: the pull in flight goes on
+    assert not m.superseded
+    m.fetched(True, t)  # in at last: no more asking
+    assert m.advance(t + ASK_AGAIN_S, policy(5, ("a", "b", "c"))) == Joined()
 
 
 def test_bootstrap_starts_alone_and_waits_for_its_policy() -> None:
