@@ -337,7 +337,7 @@ def _first_holds() -> list[tuple[Any, str, Any]]:
             return
         join(self, node, *args, **kw)
 
-    def plan_again(self: primitives.Negotiator, j: Any, wanted: list[str]) -> None:
+    def plan_again(self: primitives.Negotiator, j: primitives.Join, wanted: list[str]) -> None:
         if self.joins.get(j.node) is j:
             del self.joins[j.node]
             self.sched.set_node(j.node, state="standby")

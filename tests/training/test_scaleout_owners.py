@@ -4,6 +4,7 @@ do with each decision: serve or decline, bootstrap, give up, keep a command for 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from types import SimpleNamespace as Loaded_
 from typing import Any
 
@@ -13,11 +14,19 @@ import chaos_edge.trainer.joiner as joiner_mod
 from chaos_edge.trainer.control import StateMismatch, TrainerError
 from chaos_edge.trainer.joiner import Joiner, Pulled
 from chaos_edge.trainer.policy import PolicyBook
+from chaos_edge.trainer.rendezvous import TransferFailed
+from chaos_edge.trainer.scaleout import ASK_AGAIN_S
 from chaos_edge.trainer.session import ReplicationLimits
 from chaos_edge.trainer.source import Source
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.policy import SyncPolicy
-from daemon.contracts.protocol import Bootstrap, Replicate, ServeDeclined, StateRefused
+from daemon.contracts.protocol import (
+    Bootstrap,
+    Replicate,
+    Replicated,
+    ServeDeclined,
+    StateRefused,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -33,6 +42,11 @@ class FakeSession:
         self.book, self.clock = PolicyBook(), clock
         self.limits = limits or ReplicationLimits()
         self.reports: list[Any] = []
+        self.poller = SimpleNamespace(in_touch=True)  # chaosd's word at the last poll
+        self.attached: list[int] = []  # the steps of each worker.attach (a join asked again)
+
+    def attach(self, step: int = 0) -> None:
+        self.attached.append(step)
 
     def report(self, rep: Any) -> None:
         self.reports.append(rep)
@@ -219,3 +233,32 @@ def test_a_state_an_object_refuses_on_load_is_reported_as_refused(
         j.join(clock.monotonic() + 10, was_member=False)
     refused = [r for r in s.reports if isinstance(r, StateRefused)]
     assert len(refused) == 1 and "sampler" in refused[0].reason, s.reports
+
+
+def test_pulls_no_source_serves_ask_the_join_again_until_one_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A source cut off from the broker when the command went out refuses the pull (the
+    soak's 256-s stall): the Joiner asks to join again every ASK_AGAIN_S of failed pulls,
+    saying the state it holds, so that the scheduler resends the command to every source."""
+    clock = FakeClock()
+    s, state = FakeSession(clock), FakeState(40)
+    pulls: list[float] = []
+    t0 = clock.monotonic()
+
+    def pull(self: Joiner, rep: Any, deadline: float, superseded: Any) -> Pulled:
+        pulls.append(clock.monotonic() - t0)
+        if clock.monotonic() - t0 < 2.5 * ASK_AGAIN_S:
+            raise TransferFailed("no source offered the state")
+        done = Replicated(version=12, bytes=1, delay_ms=1.0, sources=["a"])
+        return Pulled(manifest=None, buffer=bytearray(), report=done)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Joiner, "_pull", pull)
+    monkeypatch.setattr(joiner_mod.StateSpace, "load",
+                        staticmethod(lambda manifest, buffer: Loaded_(runtime={"step": 12})))
+    monkeypatch.setattr(FakeState, "fit_error", lambda self, loaded: None, raising=False)
+    monkeypatch.setattr(FakeState, "restore", lambda self, loaded: None, raising=False)
+    j = joiner(s, state, clock, lambda: s.book.put(policy(3, ("a", "c"))))
+    j.offer(Replicate(version_step=12, new="c", policy_version=3,
+                      sources={"a": "127.0.0.1:7000"}))
+    assert j.join(clock.monotonic() + 100, was_member=False) is True
+    assert s.attached == [40, 40], pulls  # at ASK_AGAIN_S and 2 * ASK_AGAIN_S of failing pulls
