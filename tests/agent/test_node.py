@@ -13,7 +13,7 @@ import asyncio
 import itertools
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -536,11 +536,10 @@ async def test_a_worker_is_told_when_its_daemon_is_out_of_touch() -> None:
     assert ops.worker_poll(agent, {"step": 0, "state": "active"})["in_touch"]
 
 
-async def test_a_join_no_command_answered_is_asked_again_until_one_comes() -> None:
-    """The simulator's seed 1112: after a power cut of every box, the workers asked the
-    scheduler they remembered before it had claimed the seat again; the requests were lost,
-    and the same scheduler claiming again is no new leader, so nobody asked again for a
-    minute. A join no replicate or bootstrap answered goes again every JOIN_ASK_AGAIN_S."""
+async def joining_worker(step: int) -> tuple[NodeAgent, FakeBus, Callable[[], int],
+                                             Callable[[float], Awaitable[None]]]:
+    """b, whose worker (holding ``step``) has asked a's scheduler to join: the agent, its bus,
+    how many join requests went out, and ``polled(s)``: s seconds of the worker polling on."""
     clock = FakeClock()
     agent, bus = await attach("b", clock)
     bus.deliver(T.leader, LeaderClaim(id="a", term=2))
@@ -552,12 +551,21 @@ async def test_a_join_no_command_answered_is_asked_again_until_one_comes() -> No
 
     async def polled(seconds: float) -> None:  # the worker polls on, as a live one does
         for _ in range(round(seconds)):
-            ops.worker_poll(agent, {"step": 280, "state": "joining"})
+            ops.worker_poll(agent, {"step": step, "state": "joining"})
             await run(agent, clock, 1.0, [a])
 
     await ops.worker_attach(agent, {"pid": os.getpid(), "port": 7001, "host": "127.0.0.1",
-                                    "step": 280})
+                                    "step": step})
     await run(agent, clock, 0.5, [a])
+    return agent, bus, joins, polled
+
+
+async def test_a_join_no_command_answered_is_asked_again_until_one_comes() -> None:
+    """The simulator's seed 1112: after a power cut of every box, the workers asked the
+    scheduler they remembered before it had claimed the seat again; the requests were lost,
+    and the same scheduler claiming again is no new leader, so nobody asked again for a
+    minute. A join no replicate or bootstrap answered goes again every JOIN_ASK_AGAIN_S."""
+    _, bus, joins, polled = await joining_worker(280)
     assert joins() == 1
     await polled(JOIN_ASK_AGAIN_S + 1)
     [*_, again] = [r for _, r in bus.published(T.req) if r.op == "join"]  # type: ignore[union-attr]
@@ -574,23 +582,7 @@ async def test_a_bootstrap_a_newer_policy_leaves_us_out_of_is_stale_and_the_join
     scheduler had made another node the start (a newer policy, without it). Its worker drops
     that bootstrap (JoinMachine), and chaosd asks to join again instead of waiting for ever
     on an answer it already had."""
-    clock = FakeClock()
-    agent, bus = await attach("b", clock)
-    bus.deliver(T.leader, LeaderClaim(id="a", term=2))
-    a = Peer("a", leader="a")
-    bus.deliver(T.status("a"), a.status())
-
-    def joins() -> int:
-        return sum(1 for _, r in bus.published(T.req) if r.op == "join")  # type: ignore[union-attr]
-
-    async def polled(seconds: float) -> None:
-        for _ in range(round(seconds)):
-            ops.worker_poll(agent, {"step": 240, "state": "joining"})
-            await run(agent, clock, 1.0, [a])
-
-    await ops.worker_attach(agent, {"pid": os.getpid(), "port": 7001, "host": "127.0.0.1",
-                                    "step": 240})
-    await run(agent, clock, 0.5, [a])
+    agent, bus, joins, polled = await joining_worker(240)
     bus.deliver(T.cmd("b"), Command(term=2, leader="a", seq=1, op="bootstrap",
                                     args={"new": "b", "policy_version": 3}))
     bus.deliver(T.state, ClusterState(term=2, leader="a", version=7,
