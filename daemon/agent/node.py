@@ -31,7 +31,7 @@ from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unre
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Action, Election, Heard
 from daemon.cluster.role import SchedulerRole
-from daemon.cluster.scheduler import Scheduler
+from daemon.cluster.scheduler import TERM_POLICY_SPAN, Scheduler
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.config import Config
 from daemon.contracts.errors import MessageError
@@ -71,6 +71,9 @@ JOIN_ASK_AGAIN_S = 5.0  # a join request no command answered goes again this oft
 # our path to the broker is broken even if the connection has not noticed yet (a keepalive
 # takes seconds): everyone else's silence is then ours, and we judge nobody.
 ECHO_S = 1.6
+# A scheduler out of touch this long may have been replaced: the others fail a silent
+# scheduler and elect another in about 3 s (detection, then the stagger).
+LONG_CUT_S = 2 * ECHO_S
 # A broker that shuts down may publish every client's last will as it goes. A will that is
 # not followed by the loss of our own connection within this window is a real crash.
 WILL_CONFIRM_S = 0.5
@@ -136,6 +139,8 @@ class NodeAgent:
         self._heard_self_at: float | None = None  # likewise, but never credited in advance
         self._connected_at = 0.0
         self._held_requests: list[tuple[Request, RequestBody]] = []  # during a contest
+        # As scheduler back from a long cut: act on nothing until then (see _holding).
+        self._hold_until = 0.0
         self._deaf = False  # our heartbeats stopped coming back (see ECHO_S)
         self._pending: list[Outgoing] = []
         self._wills: dict[str, tuple[Status, float]] = {}
@@ -292,6 +297,7 @@ class NodeAgent:
         # than grace_s on top, and a peer failed for it costs a whole re-replication. So
         # forgive two backoffs (a node that died in the outage is found 5 s later).
         self.detector.reset_all()
+        self._hold_after_cut()
         self._echo_at = self._connected_at = self.clock.monotonic()  # our first beat is on its
         # way back: not judged deaf meanwhile, but not in touch before it is back (in_touch)
         if self.bus.connects > 1:
@@ -303,6 +309,34 @@ class NodeAgent:
         if self.role is not None:
             self.leadership.queue_claim()
             self.role.sched.dirty = True
+
+    def _hold_after_cut(self) -> None:
+        """A scheduler back from a long cut holds its seat in doubt until it has heard the
+        nodes it schedules, or one reconnect backoff: the others may have elected another
+        meanwhile, trained on under it, and lost that claim with a broker restart. Acting at
+        once on the link reports from before, ours scaled in a node of the other side, and a
+        policy of our own had our one member commit round 21 on step 20 while the other side
+        held 34 (the simulator's seed 635). Their heartbeats name the term we missed
+        (:meth:`_learn_term`)."""
+        now = self.clock.monotonic()
+        since = self._heard_self_at if self._heard_self_at is not None else self._connected_at
+        if self.role is not None and self.bus.connects > 1 and now - since > LONG_CUT_S:
+            log.warning("back after %.1f s out of touch: acting on nothing until the nodes "
+                        "are heard", now - since)
+            self._hold_until = now + self.cfg.mqtt.reconnect_max_s
+
+    def _holding(self, now: float) -> bool:
+        """Is our seat in doubt: a contest runs, or we are back from a long cut and have not
+        heard every node we schedule since (:meth:`_hold_after_cut`)?"""
+        if self.election.contested is not None:
+            return True
+        if self.role is None or now >= self._hold_until:
+            return False
+        unheard = [n for n in self.role.sched.live() if n != self.me
+                   and self.last_heard.get(n, -1.0) < self._connected_at]
+        if not unheard:
+            self._hold_until = 0.0
+        return bool(unheard)
 
     def on_disconnect(self) -> None:
         self.election.disconnected()
@@ -370,6 +404,7 @@ class NodeAgent:
             self._step_rates[node] = (0.0, now)
         self.last_heard[node] = now
         self.beats[node] = hb
+        self._learn_term(hb)
         if self.role is not None:
             st = self.presence.get(node)
             self.role.on_heartbeat(hb, st.addr if st else "")
@@ -513,7 +548,7 @@ class NodeAgent:
                 # A request is a sign of life: a node that asks to join right after a healed
                 # partition must not be failed for the silence that the partition was.
                 self.detector.heartbeat(req.node, seed=True)
-            if self.election.contested is not None:
+            if self._holding(self.clock.monotonic()):
                 # A better claim holds our seat in doubt: act on nothing until the contest is
                 # decided (the simulator's seed 3: a scheduler back from a cut, contesting
                 # a claim whose count was stale, scaled in the others for its own worker,
@@ -708,6 +743,19 @@ class NodeAgent:
                 and now - heard <= ECHO_S and self.election.contested is None
                 and not self.election.deferring and not self.election.challenged)
 
+    def _learn_term(self, hb: Heartbeat) -> None:
+        """A peer that committed a round under a policy of a later term than ours knows a
+        claim we missed (a broker restart lost it while we were cut off): taken as that
+        claim, a stale scheduler contests it on what it hears, or yields (the simulator's
+        seed 635, heard while :meth:`_hold_after_cut` holds)."""
+        if hb.policy_version <= 0 or not hb.leader or hb.leader == self.me:
+            return
+        term = (hb.policy_version - 1) // TERM_POLICY_SPAN + 1
+        if term > self.election.term:
+            log.warning("%s trained under term %d (led by %s); we knew term %d", hb.node,
+                        term, hb.leader, self.election.term)
+            self.leadership.on_claim(LeaderClaim(id=hb.leader, term=term, step=hb.holds))
+
     def _hears_itself(self, now: float) -> bool:
         """Whether our own heartbeats still come back from the broker (ECHO_S). A node whose
         path to the broker broke keeps a connection it believes in for a keepalive or more;
@@ -766,7 +814,7 @@ class NodeAgent:
             self.leadership.ask_new_leader(before)
         else:
             self.leadership.settled(verdict, before, term)
-        if self.election.contested is not None:
+        if self._holding(now):
             return  # nothing is judged or changed while our seat is in doubt
         held, self._held_requests = self._held_requests, []
         if self.role is not None:

@@ -31,6 +31,7 @@ from daemon.contracts.protocol import (
     LeaveRequest,
     LinkMetrics,
     LinkRequest,
+    Replicated,
     RequestBody,
     StateRefused,
     parse_report,
@@ -240,6 +241,12 @@ async def worker_report(agent: AgentContext, args: dict[str, Any]) -> dict[str, 
         # The script cannot load the cluster's state: restarting it would only be refused
         # again, each time at the cost of a scale-out and a scale-in for the others.
         agent.supervisor.refuse(rep.reason or "state mismatch")
+    if isinstance(rep, Replicated):
+        # Its worker holds that state now, whatever its next poll says: our heartbeats say so
+        # at once. A box frozen while it pulled thawed with the replica of 577, its heartbeat
+        # still said the 540 of its disk, and a holder of 560 started the cluster over
+        # (the simulator's seed 2153).
+        agent.worker.step = agent.step = max(agent.worker.step, rep.version)
     agent.metrics.reported(rep)
     agent.request(rep)
     await agent.flush()

@@ -849,11 +849,35 @@ class Negotiator:
         # Before the policy: a joiner left with no source (and so no link) would otherwise be
         # cut off as a partition of its own.
         self._replan_orphans()
+        if was_member and self._left_behind():
+            # The members left hold an older state than the one that went: they are a part
+            # the cluster had gone on without (cut off, their steps stood still), and a
+            # policy of their own would build on it beside the newer state (the simulator's
+            # seed 2290: a site cut off was failed, the other trained to 260 and lost power;
+            # the cut-off site elected a scheduler, failed the rebooted boxes and had its two
+            # members commit round 255 while those boxes asked to join holding 260). They
+            # rejoin, holding their state, and the newest held starts the cluster again.
+            behind = self._active()
+            log.warning("%s hold step %d, behind the cluster's %d: they rejoin",
+                        ", ".join(behind), self.max_step(), self.sched.step)
+            for m in behind:
+                self.sched.set_node(m, state="standby")
         self._note_members()
         if was_member:
             policy = self.publish_policy(effective_step=0)
             self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
                               policy_version=policy.version if policy else None)
+
+    def _left_behind(self) -> bool:
+        """Are the active members clearly behind the newest step an active member was heard
+        at (``sched.step``)? Only judged on steps known fresh: ours (our worker's), or every
+        member's own heartbeat; a member known only by the snapshot's lagging step may be
+        ahead of it, and taken for behind, the part that holds the state would rejoin."""
+        active = self._active()
+        if not active or (self.sched.me not in active
+                          and not all(m in self._heard for m in active)):
+            return False
+        return self.sched.step > max(map(self.step_of, active)) + self.lead()
 
     def link(self, a: str, b: str, up: bool, failed: bool = False) -> str | None:
         """connect-link / disconnect-link between two members; returns an error or None."""

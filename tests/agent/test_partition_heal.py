@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from daemon.agent.ops import worker_attach, worker_poll
+from daemon.agent.ops import worker_attach, worker_poll, worker_report
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import ControlError
 from daemon.contracts.messages import ClusterState, LeaderClaim, Request
@@ -206,3 +206,74 @@ async def test_a_contesting_scheduler_holds_requests_until_the_contest_is_decide
     assert sched.policy_version == version  # the leave was never done here...
     forwarded = [r for _, r in bus.published(T.req) if isinstance(r, Request)]
     assert [(r.node, r.req_id) for r in forwarded][-1:] == [("p", "p-2")]  # ...but passed on
+
+
+async def test_a_scheduler_back_from_a_long_cut_acts_on_nothing_until_it_hears_its_nodes(
+        ) -> None:
+    """The simulator's seed 635: a scheduler cut off for 18 s came back after a broker restart
+    that had lost the other side's claim, and at once scaled in a node of that side on its
+    own old link reports; its one member committed round 21 on step 20 while the other side,
+    under a newer term, held 34. Back from a long cut, it holds its seat in doubt until the
+    nodes it schedules are heard; a heartbeat naming a later term's policy is that claim."""
+    agent, bus, clock = await elected("m")
+    peer = Peer("p")
+    bus.deliver(T.status("p"), peer.status())
+    await run(agent, clock, 1.0, [peer])
+    bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
+                               args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
+    await run(agent, clock, 0.5, [peer])
+    sched = agent.scheduler
+    assert sched is not None and sched.nodes["p"].state in ("joining", "active")
+    bus.echo = False  # cut: our heartbeats stop coming back, and p is not heard
+    await run(agent, clock, 10.0)
+    agent.on_disconnect()
+    bus.echo, bus.connects = True, 2
+    await agent.on_connect()  # back, after a broker restart
+    version = sched.policy_version
+    bus.deliver(T.req, Request(node="m", req_id="m-9", op="report",
+                               args={"kind": "link-failed", "peer": "p", "reason": "reset"}))
+    await run(agent, clock, 0.5)
+    assert sched.policy_version == version, "acted before it heard p"
+    # p's heartbeat: it trained under a term-2 policy, led by z, a claim we never heard.
+    peer.version, peer.leader, peer.step, peer.holds = 1_000_009, "z", 34, 34
+    await run(agent, clock, 0.5, [peer])
+    assert agent.role is None and (agent.election.term, agent.election.leader) == (2, "z")
+    assert sched.policy_version == version  # the stale report was never acted on here...
+    forwarded = [r for _, r in bus.published(T.req) if isinstance(r, Request)]
+    assert ("m", "m-9") in [(r.node, r.req_id) for r in forwarded]  # ...but passed on
+
+
+async def test_a_scheduler_back_from_a_long_cut_acts_once_its_nodes_are_heard() -> None:
+    """The hold ends as soon as every node it schedules is heard (here at the same term),
+    and the requests that waited are done then."""
+    agent, bus, clock = await elected("m")
+    peer = Peer("p")
+    bus.deliver(T.status("p"), peer.status())
+    await run(agent, clock, 1.0, [peer])
+    bus.echo = False
+    await run(agent, clock, 10.0)
+    agent.on_disconnect()
+    bus.echo, bus.connects = True, 2
+    await agent.on_connect()
+    bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
+                               args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
+    await run(agent, clock, 0.3)
+    sched = agent.scheduler
+    assert sched is not None and sched.nodes["p"].state not in ("joining", "active")
+    await run(agent, clock, 0.6, [peer])
+    assert agent.role is not None and sched.nodes["p"].state in ("joining", "active")
+
+
+async def test_a_worker_that_reports_its_replica_is_said_to_hold_it_before_its_next_poll(
+        ) -> None:
+    """The simulator's seed 2153: a box frozen while it pulled thawed with the replica of
+    577; its heartbeat still said the 540 of its disk until the worker's next poll, and a
+    scheduler with no member took a holder of 560 for the newest and started over from it."""
+    agent, bus = await attach("j", FakeClock())
+    await worker_attach(agent, {"pid": os.getpid(), "port": 7009, "step": 540})
+    await agent.heartbeat()
+    assert bus.published(T.hb("j"))[-1][1].holds == 540
+    await worker_report(agent, {"kind": "replicated", "version": 577})
+    await agent.heartbeat()
+    hb = bus.published(T.hb("j"))[-1][1]
+    assert (hb.step, hb.holds) == (577, 577)

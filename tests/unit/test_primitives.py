@@ -1155,3 +1155,47 @@ def test_a_joiner_that_would_start_over_waits_for_the_last_member_gone_silent() 
     neg3.out.clear()
     neg3.join("c", "127.0.0.1:3", [], step=340)
     assert [n for n, _ in cmds(neg3, "bootstrap")] == ["c"]
+
+
+def test_members_a_failure_leaves_behind_the_state_that_went_rejoin() -> None:
+    """The simulator's seed 2290: a site cut off was failed, the other trained on to 260 and
+    lost power. Back first after a broker restart, the cut-off site elected a scheduler that
+    failed the rebooted boxes and let its two members (at 254) commit round 255 while those
+    boxes asked to join holding 260. Members clearly behind the state that went rejoin, and
+    the newest state held starts the cluster again."""
+    steps = {"s": 254, "b": 254, "c": 260}
+    neg, _ = make(steps)
+    grow(neg, "s", "b", "c")
+    neg.sched.step = 260  # c's last heartbeat, as the new scheduler heard it
+    neg.sched.fail("c", "restarted", 0.5)
+    neg.gone("c", "failure")
+    assert neg.sched.nodes["s"].state == "standby" and neg.sched.nodes["b"].state == "standby"
+    assert neg.sched.policy is not None and neg.sched.policy.members == ()
+    neg.out.clear()
+    neg.join("s", "127.0.0.1:1", [], step=254)  # our worker finds itself out, and asks
+    assert neg.held == {"s": 254} and not cmds(neg, "bootstrap")
+    neg.sched.set_node("c", state="standby", data_addr="127.0.0.1:3")
+    neg.observe_worker("c", "joining", 260, snapshot=260)
+    neg.join("c", "127.0.0.1:3", [], step=260)
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["c"]
+    assert neg.joins["s"].command.sources == {"c": "127.0.0.1:3"}
+
+
+def test_members_level_with_the_state_that_went_train_on() -> None:
+    """A member that crashes was at most a step or two ahead of the others as heard (their
+    heartbeats lag): they train on. And a scheduler whose worker is not a member judges only
+    on members it has heard: the snapshot's steps lag."""
+    steps = {"s": 259, "b": 259, "c": 260}
+    neg, _ = make(steps)
+    grow(neg, "s", "b", "c")
+    neg.sched.step = 260
+    neg.sched.fail("c", "heartbeat", 2.0)
+    neg.gone("c", "failure")
+    assert neg.sched.policy is not None and neg.sched.policy.members == ("b", "s")
+    steps2 = {"a": 200, "b": 200, "c": 260}
+    neg2, _ = make(steps2)
+    grow(neg2, "a", "b", "c")  # the scheduler "s" has no worker here
+    neg2.sched.step = 260
+    neg2.sched.fail("c", "heartbeat", 2.0)
+    neg2.gone("c", "failure")
+    assert neg2.sched.policy is not None and neg2.sched.policy.members == ("a", "b")
