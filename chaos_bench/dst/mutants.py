@@ -361,6 +361,18 @@ def _silent_unawaited() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "join", forget)]
 
 
+def _behind_train_on() -> list[tuple[Any, str, Any]]:
+    def never(self: primitives.Negotiator) -> bool:
+        return False  # the fix undone: members left behind the state that went train on
+    return [(primitives.Negotiator, "_left_behind", never)]
+
+
+def _acts_after_cut() -> list[tuple[Any, str, Any]]:
+    def at_once(self: NodeAgent) -> None:
+        return None  # the fix undone: a scheduler back from a long cut acts at once
+    return [(NodeAgent, "_hold_after_cut", at_once)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -434,4 +446,8 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("silent-unawaited", "014ad8e", "a joiner with no member left starts the cluster over "
            "at once, though the last member went silent a moment ago and may be back with "
            "steps we never heard of", _silent_unawaited),
+    Mutant("behind-train-on", "f61fc3d", "the members a failure leaves, clearly behind the "
+           "state of the nodes that went, train on from their older state", _behind_train_on),
+    Mutant("acts-after-cut", "f61fc3d", "a scheduler back from a long cut acts at once on what "
+           "it heard before, not after it has heard the nodes it schedules", _acts_after_cut),
 )}
