@@ -167,6 +167,9 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
 OPEN: tuple[tuple[int, float, str], ...] = (
+    # The 200 fresh long seeds on stop 32's final code (2400-2599): 2521 fails there; not
+    # traced yet (its trace: bench/results/dst/long-200s-73bed3e/seed-2521.txt).
+    (2521, 200.0, "split: round 332 rebuilds on a state another branch built on; not traced"),
 )
 
 
