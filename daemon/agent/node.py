@@ -141,6 +141,7 @@ class NodeAgent:
         self._held_requests: list[tuple[Request, RequestBody]] = []  # during a contest
         # As scheduler back from a long cut: act on nothing until then (see _holding).
         self._hold_until = 0.0
+        self._statuses_held = False  # statuses that came during that hold, judged after it
         self._deaf = False  # our heartbeats stopped coming back (see ECHO_S)
         self._pending: list[Outgoing] = []
         self._wills: dict[str, tuple[Status, float]] = {}
@@ -328,8 +329,10 @@ class NodeAgent:
     def _holding(self, now: float) -> bool:
         """Is our seat in doubt: a contest runs, or we are back from a long cut and have not
         heard every node we schedule since (:meth:`_hold_after_cut`)?"""
-        if self.election.contested is not None:
-            return True
+        return self.election.contested is not None or self._cut_hold(now)
+
+    def _cut_hold(self, now: float) -> bool:
+        """Back from a long cut, and not every node we schedule heard since?"""
         if self.role is None or now >= self._hold_until:
             return False
         unheard = [n for n in self.role.sched.live() if n != self.me
@@ -453,8 +456,7 @@ class NodeAgent:
         if not st.online:
             if node == self.election.leader:
                 self.election.leader_lost()
-            if self.role is not None:
-                self.role.on_status(st)
+            self._status_to_role(st)
             self.detector.forget(node)
             return
         # "up" is a sign of life too: judge its silence from now on. This catches a node that
@@ -462,7 +464,17 @@ class NodeAgent:
         # reconnected) from being judged by the silence it has just ended.
         if self.watches(node):
             self.detector.heartbeat(node, seed=True)
-        if self.role is not None:
+        self._status_to_role(st)
+
+    def _status_to_role(self, st: Status) -> None:
+        """Let the role judge ``st``; back from a long cut, when the hold ends (_decide): the
+        boxes of the other side, rebooted meanwhile, were failed at once and the policy
+        without them let our stale members train (the simulator's seed 2521)."""
+        if self.role is None:
+            return
+        if self._cut_hold(self.clock.monotonic()):
+            self._statuses_held = True
+        else:
             self.role.on_status(st)
 
     def _on_command(self, cmd: Command) -> None:
@@ -816,6 +828,9 @@ class NodeAgent:
             self.leadership.settled(verdict, before, term)
         if self._holding(now):
             return  # nothing is judged or changed while our seat is in doubt
+        if self._statuses_held and self.role is not None:
+            self.role.take_presence(list(self.presence.values()))
+        self._statuses_held = False
         held, self._held_requests = self._held_requests, []
         if self.role is not None:
             for req, body in held:  # the contest is won: what waited is done now

@@ -448,8 +448,11 @@ class Negotiator:
         # cut with a newer state in memory, not a member here yet, is where the cluster must
         # go on from, not the joiner's older snapshot (the simulator's seed 1775, 30 s). The
         # joiner then pulls from the members; the newer state comes with its holder's join.
-        if members and step > max(self.sched.step, self.max_step()) + self.lead() \
-                and self._ahead_of_nodes_up(node, step):
+        # Ahead of the members by more than the lead, and at least the newest step an active
+        # member was heard at: not that step plus the lead, which members that lag are not
+        # (the simulator's seed 2521: a new scheduler's stale view kept the cut-off site's two
+        # members, at 407, and a joiner holding the 420 its site had reached pulled 409).
+        if members and self._clearly_ahead(step) and self._ahead_of_nodes_up(node, step):
             unheard = [m for m in members if m not in self._heard and m != self.sched.me]
             if unheard:
                 # What we know of them is the snapshot's step, which lags: a scheduler a
@@ -469,7 +472,7 @@ class Negotiator:
                 self.sched.set_node(m, state="standby")
             self._bootstrap(node, step)
             for m in members:
-                self.join(m, self.sched.nodes[m].data_addr, [node], step=self.reported(m))
+                self.join(m, self.sched.nodes[m].data_addr, [node], step=self._held_by(m))
             return
         if not members:
             # Nodes up whose heartbeats we have not had may hold a newer state: a site back
@@ -639,6 +642,19 @@ class Negotiator:
         self._unheard[node] = (self.clock.monotonic() + wait, frozenset(whose), args)
         log.info("%s holds step %d; waiting for the heartbeats of %s", node, args[3],
                  ", ".join(whose))
+
+    def _clearly_ahead(self, step: int) -> bool:
+        """Is a state of ``step`` clearly newer than the active members'? Joiners do not
+        count: they pull (seed 2521: one holding the same 340 as the joiner, counted as a
+        member, made the joiner look level with members at 330)."""
+        active = max((max(self.step_of(n), self._member_at.get(n, 0)) for n in self._active()),
+                     default=0)
+        return step >= self.sched.step and step > active + self.lead()
+
+    def _held_by(self, node: str) -> int:
+        """The step ``node`` holds, as it last said: its worker's (a restored snapshot,
+        before the worker's first poll moves the daemon's own step), else its daemon's."""
+        return max(self.reported(node), self._holds.get(node) or 0)
 
     def _ahead_of_nodes_up(self, node: str, step: int) -> bool:
         return step >= self._held_elsewhere(node)
@@ -897,7 +913,7 @@ class Negotiator:
                 # A link back to a waiting (partitioned) node: it rejoins by scale-out.
                 for n in idle:
                     self.join(n, self.sched.nodes[n].data_addr, [m for m in (a, b) if m != n],
-                              step=self.reported(n))
+                              step=self._held_by(n))
             else:
                 self.publish_policy(effective_step=self.max_step() + self.lead())
             kind: EventKind = "connect-link"

@@ -277,3 +277,31 @@ async def test_a_worker_that_reports_its_replica_is_said_to_hold_it_before_its_n
     await agent.heartbeat()
     hb = bus.published(T.hb("j"))[-1][1]
     assert (hb.step, hb.holds) == (577, 577)
+
+
+async def test_a_scheduler_back_from_a_long_cut_judges_statuses_after_its_hold() -> None:
+    """The simulator's seed 2521: back from a long cut, a scheduler failed the other side's
+    rebooted boxes on their statuses at once, and the policy without them let its own stale
+    members train. Statuses that come during the hold are judged when it ends."""
+    agent, bus, clock = await elected("m")
+    peer = Peer("p")
+    bus.deliver(T.status("p"), peer.status())
+    await run(agent, clock, 1.0, [peer])
+    bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
+                               args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
+    await run(agent, clock, 0.5, [peer])
+    sched = agent.scheduler
+    assert sched is not None and sched.nodes["p"].state in ("joining", "active")
+    bus.echo = False
+    await run(agent, clock, 10.0)
+    agent.on_disconnect()
+    bus.echo, bus.connects = True, 2
+    await agent.on_connect()
+    version = sched.policy_version
+    peer.incarnation += 1  # p rebooted meanwhile
+    bus.deliver(T.status("p"), peer.status())
+    await run(agent, clock, 0.3)
+    assert sched.nodes["p"].state in ("joining", "active") and sched.policy_version == version
+    await run(agent, clock, 0.6, [peer])  # p heard: the hold ends, its status is judged
+    assert [e.detail.get("reason") for e in sched.events
+            if e.kind == "node-failed" and e.node == "p"] == ["restarted"]

@@ -637,7 +637,7 @@ def test_a_replanned_joiner_keeps_the_step_it_holds() -> None:
     clock.advance(SILENT_WAIT_S)  # a, silent, is not heard again
     neg.tick()
     assert neg.sched.nodes["b"].state == "active"  # b holds the newest: it starts again
-    neg2, _ = make()
+    neg2, _ = make({"a": 280})  # a member at the cluster's step, as b's source
     grow(neg2, "a")
     neg2.sched.step = 280
     neg2.join("b", "127.0.0.1:2", ["a"], step=281)
@@ -1199,3 +1199,40 @@ def test_members_level_with_the_state_that_went_train_on() -> None:
     neg2.sched.fail("c", "heartbeat", 2.0)
     neg2.gone("c", "failure")
     assert neg2.sched.policy is not None and neg2.sched.policy.members == ("a", "b")
+
+
+def test_a_joiner_holding_the_newest_step_heard_is_ahead_of_members_that_lag_it() -> None:
+    """The simulator's seed 2521: a new scheduler's stale view kept the cut-off site's two
+    members (n1, n4, at 330) while the other site had trained to 340 and lost power; its
+    rebooted boxes asked to join holding 340. Ahead of the active members by more than the
+    lead and at least the newest step heard (not that plus the lead), the joiner is where the
+    cluster goes on from; a joiner holding the same state is no member to be level with."""
+    steps = {"a": 330, "b": 330, "d": 340}
+    clock = FakeClock()
+    sched = Scheduler("s", 1, None, clock)
+    neg = Negotiator(sched, clock, steps.__getitem__)
+    grow(neg, "a", "b")
+    neg.sched.step = 340  # the other site's last heartbeats, before it lost power
+    neg.observe_worker("a", "active", 330)
+    neg.observe_worker("b", "active", 330)
+    neg.join("d", "127.0.0.1:4", [], step=340)  # a joiner at 340 counts as no member
+    assert neg.sched.nodes["d"].state == "active", "d holds the newest state"
+    assert neg.sched.nodes["a"].state == "joining" and neg.joins["a"].command.sources == {
+        "d": "127.0.0.1:4"}
+
+
+def test_a_node_linked_back_rejoins_holding_what_its_worker_restored() -> None:
+    """The simulator's seed 2521: a rebooted box's worker restored its disk's 340 and asked
+    to join; its daemon's heartbeat still said an older step until the worker's first poll,
+    and a link back planned its join holding that older step."""
+    clock = FakeClock()
+    sched = Scheduler("s", 1, None, clock)
+    said = {"a": 30, "b": 30, "c": 30, "d": 25}
+    neg = Negotiator(sched, clock, said.__getitem__, reported=said.__getitem__)
+    grow(neg, "a", "b", "c")
+    neg.join("d", "127.0.0.1:4", ["a"])
+    neg.replicated("d", done())
+    neg.link("a", "d", up=False)  # d is cut off: the largest part trains on
+    neg.observe_worker("d", "joining", 28)  # its worker restored 28; its daemon said 25
+    neg.link("c", "d", up=True)
+    assert neg.joins["d"].holds == 28
