@@ -373,6 +373,19 @@ def _acts_after_cut() -> list[tuple[Any, str, Any]]:
     return [(NodeAgent, "_hold_after_cut", at_once)]
 
 
+def _ahead_plus_lead() -> list[tuple[Any, str, Any]]:
+    def old(self: primitives.Negotiator, step: int) -> bool:
+        # the fix undone: ahead of the newest step heard plus the lead, joiners counted
+        return step > max(self.sched.step, self.max_step()) + self.lead()
+    return [(primitives.Negotiator, "_clearly_ahead", old)]
+
+
+def _daemon_step_held() -> list[tuple[Any, str, Any]]:
+    def said(self: primitives.Negotiator, node: str) -> int:
+        return self.reported(node)  # the fix undone: the daemon's step, not its worker's
+    return [(primitives.Negotiator, "_held_by", said)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -450,4 +463,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "state of the nodes that went, train on from their older state", _behind_train_on),
     Mutant("acts-after-cut", "f61fc3d", "a scheduler back from a long cut acts at once on what "
            "it heard before, not after it has heard the nodes it schedules", _acts_after_cut),
+    Mutant("ahead-plus-lead", "6ea94ef", "a joiner must be ahead of the newest step heard plus "
+           "the lead, with joiners counted as members, to be where the cluster goes on from",
+           _ahead_plus_lead),
+    Mutant("daemon-step-held", "6ea94ef", "a node linked back rejoins holding its daemon's "
+           "step, not what its worker restored", _daemon_step_held),
 )}

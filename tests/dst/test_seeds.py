@@ -49,6 +49,9 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # Open at stop 31, fixed in stop 32: each mutant is caught by the seed that found it.
     "behind-train-on": (2290, 200.0, frozenset({"split"})),
     "acts-after-cut": (635, 200.0, frozenset({"split"})),
+    # Found by stop 32's 200 fresh long seeds (2400-2599), fixed in the same stop.
+    "ahead-plus-lead": (2521, 200.0, frozenset({"split"})),
+    "daemon-step-held": (2521, 200.0, frozenset({"split"})),
 }
 
 # Mutants no seed catches any more, and why (each was caught once; BENCHMARKS.md).
@@ -143,6 +146,8 @@ FIXED: tuple[tuple[int, float], ...] = (
     (567, 200.0), (570, 200.0), (2153, 200.0), (2167, 200.0),
     # Open at stop 31, fixed in stop 32 (f61fc3d; BENCHMARKS.md, simulator fault 23).
     (635, 200.0), (2290, 200.0),
+    # Found by stop 32's 200 fresh long seeds (2400-2599) and fixed in 6ea94ef (fault 24).
+    (2521, 200.0),
 )
 
 
@@ -167,9 +172,6 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
 OPEN: tuple[tuple[int, float, str], ...] = (
-    # The 200 fresh long seeds on stop 32's final code (2400-2599): 2521 fails there; not
-    # traced yet (its trace: bench/results/dst/long-200s-73bed3e/seed-2521.txt).
-    (2521, 200.0, "split: round 332 rebuilds on a state another branch built on; not traced"),
 )
 
 
