@@ -31,7 +31,7 @@ from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unre
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Action, Election, Heard
 from daemon.cluster.role import SchedulerRole
-from daemon.cluster.scheduler import TERM_POLICY_SPAN, Scheduler
+from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.config import Config
 from daemon.contracts.errors import MessageError
@@ -48,6 +48,7 @@ from daemon.contracts.messages import (
     decode,
     encode,
 )
+from daemon.contracts.policy import policy_term
 from daemon.contracts.protocol import (
     Bootstrap,
     CopySnapshot,
@@ -762,7 +763,7 @@ class NodeAgent:
         seed 635, heard while :meth:`_hold_after_cut` holds)."""
         if hb.policy_version <= 0 or not hb.leader or hb.leader == self.me:
             return
-        term = (hb.policy_version - 1) // TERM_POLICY_SPAN + 1
+        term = policy_term(hb.policy_version)
         if term > self.election.term:
             log.warning("%s trained under term %d (led by %s); we knew term %d", hb.node,
                         term, hb.leader, self.election.term)

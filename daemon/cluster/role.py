@@ -14,7 +14,7 @@ from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election
 from daemon.cluster.keepers import Keepers
 from daemon.cluster.primitives import Negotiator
-from daemon.cluster.scheduler import TERM_POLICY_SPAN, Scheduler
+from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock
 from daemon.contracts.config import Config
 from daemon.contracts.messages import (
@@ -26,6 +26,7 @@ from daemon.contracts.messages import (
     Topics,
     encode,
 )
+from daemon.contracts.policy import TERM_POLICY_SPAN
 from daemon.contracts.protocol import CommandBody, Reply, RequestBody, Strategy
 
 log = logging.getLogger("chaosd.leader")

@@ -16,12 +16,11 @@ from typing import Any
 from daemon.contracts.clock import Clock
 from daemon.contracts.kinds import LIVE_STATES, EventKind
 from daemon.contracts.messages import ClusterState, Event, Heartbeat, LinkRecord, NodeRecord, Status
-from daemon.contracts.policy import POLICY_KEEP, SyncPolicy, parse
+from daemon.contracts.policy import POLICY_KEEP, TERM_POLICY_SPAN, SyncPolicy, parse
 
 log = logging.getLogger("chaosd.scheduler")
 EVENT_KEEP = 100          # events carried in the retained snapshot
 FORGET_AFTER_S = 600.0    # failed/left nodes drop out of the snapshot after this long
-TERM_POLICY_SPAN = 1_000_000  # policy versions per term (see Scheduler.__init__)
 
 
 class Scheduler:

@@ -21,6 +21,15 @@ from typing import Any
 
 from daemon.contracts.errors import PolicyError
 
+# Policy versions per term: a scheduler of term t numbers its policies above (t - 1) * SPAN,
+# so that the two sides of a cut never issue the same version, and a version names its term.
+TERM_POLICY_SPAN = 1_000_000
+
+
+def policy_term(version: int) -> int:
+    """The term of the scheduler that issued policy ``version`` (0: none yet)."""
+    return (version - 1) // TERM_POLICY_SPAN + 1 if version > 0 else 0
+
 Edge = tuple[str, str]
 log = logging.getLogger("chaos.policy")
 # Versions each holder keeps (scheduler snapshot, daemon, worker). An older one can no longer

@@ -15,7 +15,6 @@ import pytest
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Action, Election
 from daemon.cluster.role import SchedulerRole
-from daemon.cluster.scheduler import TERM_POLICY_SPAN
 from daemon.contracts.clock import Clock, FakeClock
 from daemon.contracts.config import Config
 from daemon.contracts.errors import MessageError
@@ -29,6 +28,7 @@ from daemon.contracts.messages import (
     Topics,
     decode,
 )
+from daemon.contracts.policy import TERM_POLICY_SPAN
 from daemon.contracts.protocol import parse_request
 
 pytestmark = pytest.mark.timeout(10)

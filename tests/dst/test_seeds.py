@@ -176,6 +176,12 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
 OPEN: tuple[tuple[int, float, str], ...] = (
+    # The 200 fresh long seeds on stop 32's final code (2600-2799): 2759 fails there. Traced
+    # (BENCHMARKS.md): a bootstrap from a term-6 scheduler, held while the worker's chaosd
+    # was out of touch, was carried out after a term-7 scheduler had planned the node's
+    # join from a holder of a newer step; the worker's book still held a term-5 policy, so
+    # Bootstrap.stale could not see it. Likely fix: the poll says chaosd's term.
+    (2759, 200.0, "state-lost: a bootstrap of an ended term carried out; not fixed"),
 )
 
 
