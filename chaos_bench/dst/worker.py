@@ -99,6 +99,7 @@ class SimWorker:
         self._near: tuple[int, tuple[str | None, ...]] | None = None  # tree neighbours
         self.misfit = False  # this script's model is not the cluster's: it refuses the state
         self.in_touch = True  # chaosd's word at the last poll
+        self.term = 0  # likewise
 
     # --- lifecycle ----------------------------------------------------------------------
     def runs(self) -> bool:
@@ -209,6 +210,7 @@ class SimWorker:
             elif isinstance(cmd, Replicate):
                 self.serve.offer(cmd)
         self.in_touch = data.get("in_touch") is not False
+        self.term = int(data.get("term") or 0)
         if data.get("leave") and self.phase == "active":
             drive(ops.worker_leave(self.agent, {"step": self.state.step}))
             self.events.count("op:worker.leave")
@@ -231,7 +233,7 @@ class SimWorker:
             if self.pull is not None:
                 return
         action = self.join.advance(self.sim.clock.monotonic(), self.book.newest,
-                                   in_touch=self.in_touch)
+                                   in_touch=self.in_touch, term=self.term)
         if isinstance(action, Fetch):
             self.pull = Pull(self.me, tuple(sorted(action.command.sources)),
                              action.command.version_step, self.sim.now)

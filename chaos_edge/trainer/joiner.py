@@ -162,7 +162,8 @@ class Joiner:
             while True:
                 self._poll()
                 match m.advance(self._clock.monotonic(), self._s.book.newest,
-                                in_touch=self._s.poller.in_touch):
+                                in_touch=self._s.poller.in_touch,
+                                term=self._s.poller.term):
                     case Joined():
                         return restored
                     case GiveUp(reason=reason):

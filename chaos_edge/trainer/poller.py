@@ -43,6 +43,8 @@ class Poller:
         #: Whether chaosd was in touch with the cluster at the last poll (no round starts
         #: otherwise: a member alone in its policy would train on by itself).
         self.in_touch = True
+        #: The newest term chaosd knew at the last poll (0: it did not say).
+        self.term = 0
         #: Called on the poller's thread with each new policy, oldest first.
         self.on_policy: Callable[[SyncPolicy], None] | None = None
         self._lock = threading.Lock()
@@ -138,6 +140,8 @@ class Poller:
         commands = list(data.get("commands") or [])
         leave = bool(data.get("leave"))
         self.in_touch = data.get("in_touch") is not False  # an older daemon does not say
+        term = data.get("term")
+        self.term = term if isinstance(term, int) and not isinstance(term, bool) else 0
         with self._lock:
             self._policies.extend(fresh)
             self._commands.extend(commands)

@@ -137,7 +137,7 @@ class JoinMachine:
         return self.phase is JoinPhase.FETCHING and self._newest is not None
 
     def advance(self, now: float, book_newest: SyncPolicy | None,
-                in_touch: bool = True) -> JoinAction:
+                in_touch: bool = True, term: int = 0) -> JoinAction:
         """What to do now, given the newest policy this worker holds and whether its chaosd
         is in touch with the cluster (its book is then as new as the broker's)."""
         if self.phase is JoinPhase.MEMBER:
@@ -163,8 +163,9 @@ class JoinMachine:
         if isinstance(cmd, Bootstrap) and not in_touch:
             return Wait()  # what we know of the cluster may be old: the command stays
         self._newest = None
-        if isinstance(cmd, Bootstrap) and book_newest is not None \
-                and cmd.stale(book_newest.version, book_newest.members):
+        if isinstance(cmd, Bootstrap) and (cmd.ended(term) or (
+                book_newest is not None
+                and cmd.stale(book_newest.version, book_newest.members))):
             self.command, self.phase = None, JoinPhase.WAITING
             return Wait()
         if isinstance(cmd, Bootstrap):

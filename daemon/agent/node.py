@@ -237,6 +237,11 @@ class NodeAgent:
         """The scheduler this node follows, if any."""
         return self.election.leader
 
+    @property
+    def term(self) -> int:
+        """The newest term this node knows."""
+        return self.election.term
+
     def endpoint(self, node: str) -> PeerEndpoint | None:
         """Where ``node``'s probe servers listen, from its presence."""
         st = self.presence.get(node)
@@ -530,7 +535,8 @@ class NodeAgent:
         if not (w.attached and w.state == "joining" and self.election.leader is not None
                 and now - w.asked_at >= JOIN_ASK_AGAIN_S):
             return
-        if isinstance(w.answer, Bootstrap) and self._stale(w.answer):
+        if isinstance(w.answer, Bootstrap) and (self._stale(w.answer)
+                                                or w.answer.ended(self.election.term)):
             # A newer policy leaves us out: the scheduler made another node the start while
             # we were frozen or cut off with this command queued; the worker drops it
             # (JoinMachine), and the join is asked again (the simulator's seed 2167).

@@ -73,6 +73,11 @@ class AgentContext(Protocol):
         """The scheduler this node follows, if any."""
         ...
 
+    @property
+    def term(self) -> int:
+        """The newest term this node knows (``worker.poll``'s ``term``)."""
+        ...
+
     def endpoint(self, node: str) -> PeerEndpoint | None:
         """Where ``node``'s probe servers listen."""
         ...
@@ -228,7 +233,9 @@ def worker_poll(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     # (cut off, or just back from a freeze): a member alone in its policy would otherwise
     # train on by itself while the others elected anew (the simulator's seed 1909).
     return {"policy": policy, "policies": newer, "commands": w.drain(),
-            "leave": w.leave_requested, "in_touch": agent.in_touch()}
+            "leave": w.leave_requested, "in_touch": agent.in_touch(),
+            # term: a bootstrap of an ended term is not carried out (Bootstrap.ended)
+            "term": agent.term}
 
 
 async def worker_report(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal, TypeAlias
 from daemon.contracts.config import NAME_RE
 from daemon.contracts.errors import MessageError
 from daemon.contracts.kinds import WorkerExitReason
+from daemon.contracts.policy import policy_term
 from daemon.contracts.records import build, plain
 
 Strategy = Literal["chaos", "single", "multi-source", "stop-resume"]
@@ -435,6 +436,14 @@ class Bootstrap(_Body):
         command in its queue), and starting from our own state now would fork the cluster."""
         return (self.policy_version > 0 and newest_version > self.policy_version
                 and self.new not in newest_members)
+
+    def ended(self, term: int) -> bool:
+        """Whether the term of the scheduler that sent it has ended (``term``: the newest
+        our chaosd knows): the next one did not start the cluster from us, and plans our
+        join itself. A bootstrap held while chaosd was out of touch was carried out after a
+        scheduler of the next term had planned our join from a holder of a newer step, with
+        the worker's book still two terms old (the simulator's seed 2759)."""
+        return self.policy_version > 0 and policy_term(self.policy_version) < term
 
 
 @dataclass(frozen=True)

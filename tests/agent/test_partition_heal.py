@@ -305,3 +305,10 @@ async def test_a_scheduler_back_from_a_long_cut_judges_statuses_after_its_hold()
     await run(agent, clock, 0.6, [peer])  # p heard: the hold ends, its status is judged
     assert [e.detail.get("reason") for e in sched.events
             if e.kind == "node-failed" and e.node == "p"] == ["restarted"]
+
+
+async def test_the_poll_says_the_term_chaosd_knows() -> None:
+    """A worker drops a bootstrap of an ended term (seed 2759): the poll says the term."""
+    agent, bus, clock = await elected("m")
+    await worker_attach(agent, {"pid": os.getpid(), "port": 7009, "step": 0})
+    assert worker_poll(agent, {"step": 0, "state": "joining"})["term"] == agent.election.term == 1

@@ -125,6 +125,21 @@ def test_a_bootstrap_a_newer_policy_leaves_us_out_of_is_dropped() -> None:
     assert m.advance(0.2, policy(4, ("b",))) == Fetch(fresh)
 
 
+def test_a_bootstrap_of_an_ended_term_is_dropped() -> None:
+    """The simulator's seed 2759: a term-6 bootstrap, held while chaosd was out of touch, was
+    carried out after a term-7 scheduler had planned our join from a holder of a newer
+    step; the worker's book was still a term-5 policy, so no policy showed it stale. The
+    term chaosd knows (its poll says it) does."""
+    m = JoinMachine("a", deadline=100.0)
+    boot = Bootstrap(new="a", policy_version=5_000_001)  # term 6
+    m.offer(boot)
+    assert m.advance(0.0, policy(4_000_002, ("b",)), term=7) == Wait()
+    assert m.phase is JoinPhase.WAITING and m.command is None
+    m2 = JoinMachine("a", deadline=100.0)
+    m2.offer(boot)
+    assert m2.advance(0.0, policy(4_000_002, ("b",)), term=6) == StartAlone(boot)  # its own term
+
+
 def test_a_bootstrap_whose_policy_has_not_come_yet_is_not_stale() -> None:
     m = JoinMachine("a", deadline=100.0)
     boot = Bootstrap(new="a", policy_version=3)
