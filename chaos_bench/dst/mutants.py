@@ -322,8 +322,9 @@ def _stale_bootstrap() -> list[tuple[Any, str, Any]]:
     def never_stale(self: Bootstrap, newest_version: int, newest_members: Any) -> bool:
         return False  # the fix undone: any bootstrap queued is carried out
 
-    def blind(self: scaleout.JoinMachine, now: float, newest: Any, in_touch: bool = True) -> Any:
-        return advance(self, now, newest, True)  # ... at once, in touch or not
+    def blind(self: scaleout.JoinMachine, now: float, newest: Any, in_touch: bool = True,
+              term: int = 0) -> Any:
+        return advance(self, now, newest, True, term)  # ... at once, in touch or not
     return [(Bootstrap, "stale", never_stale), (scaleout.JoinMachine, "advance", blind)]
 
 
@@ -384,6 +385,12 @@ def _daemon_step_held() -> list[tuple[Any, str, Any]]:
     def said(self: primitives.Negotiator, node: str) -> int:
         return self.reported(node)  # the fix undone: the daemon's step, not its worker's
     return [(primitives.Negotiator, "_held_by", said)]
+
+
+def _ended_bootstrap() -> list[tuple[Any, str, Any]]:
+    def never(self: Bootstrap, term: int) -> bool:
+        return False  # the fix undone: a bootstrap of an ended term is carried out
+    return [(Bootstrap, "ended", never)]
 
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
@@ -468,4 +475,6 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            _ahead_plus_lead),
     Mutant("daemon-step-held", "6ea94ef", "a node linked back rejoins holding its daemon's "
            "step, not what its worker restored", _daemon_step_held),
+    Mutant("ended-bootstrap", "335c9d8", "a bootstrap of a scheduler whose term has ended is "
+           "carried out", _ended_bootstrap),
 )}

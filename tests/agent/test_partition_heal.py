@@ -309,6 +309,6 @@ async def test_a_scheduler_back_from_a_long_cut_judges_statuses_after_its_hold()
 
 async def test_the_poll_says_the_term_chaosd_knows() -> None:
     """A worker drops a bootstrap of an ended term (seed 2759): the poll says the term."""
-    agent, bus, clock = await elected("m")
+    agent, _bus, _clock = await elected("m")
     await worker_attach(agent, {"pid": os.getpid(), "port": 7009, "step": 0})
     assert worker_poll(agent, {"step": 0, "state": "joining"})["term"] == agent.election.term == 1

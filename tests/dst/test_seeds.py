@@ -51,6 +51,7 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # Found by stop 32's 200 fresh long seeds (2400-2599), fixed in the same stop.
     "ahead-plus-lead": (2521, 200.0, frozenset({"split"})),
     "daemon-step-held": (2521, 200.0, frozenset({"split"})),
+    "ended-bootstrap": (2759, 200.0, frozenset({"state-lost"})),  # 200 from 2600, fixed 335c9d8
 }
 
 # Mutants no seed catches any more, and why (each was caught once; BENCHMARKS.md).
@@ -152,6 +153,8 @@ FIXED: tuple[tuple[int, float], ...] = (
     (635, 200.0), (2290, 200.0),
     # Found by stop 32's 200 fresh long seeds (2400-2599) and fixed in 6ea94ef (fault 24).
     (2521, 200.0),
+    # Found by stop 32's second 200 fresh long seeds (2600-2799), fixed in 335c9d8 (fault 25).
+    (2759, 200.0),
 )
 
 
@@ -176,12 +179,6 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
 OPEN: tuple[tuple[int, float, str], ...] = (
-    # The 200 fresh long seeds on stop 32's final code (2600-2799): 2759 fails there. Traced
-    # (BENCHMARKS.md): a bootstrap from a term-6 scheduler, held while the worker's chaosd
-    # was out of touch, was carried out after a term-7 scheduler had planned the node's
-    # join from a holder of a newer step; the worker's book still held a term-5 policy, so
-    # Bootstrap.stale could not see it. Likely fix: the poll says chaosd's term.
-    (2759, 200.0, "state-lost: a bootstrap of an ended term carried out; not fixed"),
 )
 
 
