@@ -243,13 +243,14 @@ def _inferred_bootstrap() -> list[tuple[Any, str, Any]]:
         if not isinstance(body, Bootstrap):  # the first node is not told to start alone
             cmd(self, node, body)
 
-    def infer(self: scaleout.JoinMachine, now: float, newest: Any, in_touch: bool = True) -> Any:
+    def infer(self: scaleout.JoinMachine, now: float, newest: Any, in_touch: bool = True,
+              term: int = 0) -> Any:
         # ... it infers it from the newest policy naming it alone, as it used to.
         if (self.phase is scaleout.JoinPhase.WAITING and self._newest is None
                 and self.command is None and newest is not None
                 and newest.members == (self.me,)):
             self._newest = Bootstrap(new=self.me, policy_version=newest.version)
-        return advance(self, now, newest, in_touch)
+        return advance(self, now, newest, in_touch, term)
     return [(primitives.Negotiator, "_cmd", no_bootstrap),
             (scaleout.JoinMachine, "advance", infer)]
 
