@@ -22,7 +22,9 @@ The new node (:class:`JoinPhase`)::
 A ``Bootstrap`` is carried out only while chaosd is in touch with the cluster, and not once a
 newer policy leaves this node out: a box frozen with one in its queue thawed and started over
 from its older state while the scheduler had long made another node the start (the
-simulator's seed 2167). Such a bootstrap is dropped, and the machine waits for the command
+simulator's seed 2167). Nor once the term of the scheduler that sent it has ended (the poll
+says chaosd's term): the next scheduler plans the join itself (seed 2759, where the worker's
+book was two terms old). Such a bootstrap is dropped, and the machine waits for the command
 chaosd asks for again.
 
 A source: a ``Replicate`` naming it waits in :class:`ServeMachine` until the source has
