@@ -542,7 +542,7 @@ async def joining_worker(step: int) -> tuple[NodeAgent, FakeBus, Callable[[], in
     how many join requests went out, and ``polled(s)``: s seconds of the worker polling on."""
     clock = FakeClock()
     agent, bus = await attach("b", clock)
-    bus.deliver(T.leader, LeaderClaim(id="a", term=2))
+    bus.deliver(T.leader, LeaderClaim(id="a", term=2))  # its policies number from 1_000_001
     a = Peer("a", leader="a")
     bus.deliver(T.status("a"), a.status())
 
@@ -571,7 +571,7 @@ async def test_a_join_no_command_answered_is_asked_again_until_one_comes() -> No
     [*_, again] = [r for _, r in bus.published(T.req) if r.op == "join"]  # type: ignore[union-attr]
     assert joins() == 2 and again.args["step"] == 280  # type: ignore[union-attr]
     bus.deliver(T.cmd("b"), Command(term=2, leader="a", seq=1, op="bootstrap",
-                                    args={"new": "b", "policy_version": 3}))
+                                    args={"new": "b", "policy_version": 1_000_003}))
     await polled(3 * JOIN_ASK_AGAIN_S)
     assert joins() == 2  # answered: never again
 
@@ -584,13 +584,13 @@ async def test_a_bootstrap_a_newer_policy_leaves_us_out_of_is_stale_and_the_join
     on an answer it already had."""
     agent, bus, joins, polled = await joining_worker(240)
     bus.deliver(T.cmd("b"), Command(term=2, leader="a", seq=1, op="bootstrap",
-                                    args={"new": "b", "policy_version": 3}))
+                                    args={"new": "b", "policy_version": 1_000_003}))
     bus.deliver(T.state, ClusterState(term=2, leader="a", version=7,
-                                      policy={"version": 3, "members": ["b"]}))
+                                      policy={"version": 1_000_003, "members": ["b"]}))
     await polled(2 * JOIN_ASK_AGAIN_S)
     assert joins() == 1  # its own policy names it: the bootstrap stands
     bus.deliver(T.state, ClusterState(term=2, leader="a", version=8,
-                                      policy={"version": 5, "members": ["c"]}))
+                                      policy={"version": 1_000_005, "members": ["c"]}))
     await polled(JOIN_ASK_AGAIN_S - 1)  # asked at once: the last ask is long past
     assert joins() == 2 and agent.worker.answer is None
     [*_, again] = [r for _, r in bus.published(T.req) if r.op == "join"]

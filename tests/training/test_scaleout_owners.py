@@ -42,7 +42,7 @@ class FakeSession:
         self.book, self.clock = PolicyBook(), clock
         self.limits = limits or ReplicationLimits()
         self.reports: list[Any] = []
-        self.poller = SimpleNamespace(in_touch=True)  # chaosd's word at the last poll
+        self.poller = SimpleNamespace(in_touch=True, term=0)  # chaosd's word at the last poll
         self.attached: list[int] = []  # the steps of each worker.attach (a join asked again)
 
     def attach(self, step: int = 0) -> None:
