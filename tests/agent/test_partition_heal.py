@@ -12,11 +12,12 @@ import os
 
 import pytest
 
+from daemon.agent.node import NodeAgent
 from daemon.agent.ops import worker_attach, worker_poll, worker_report
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import ControlError
 from daemon.contracts.messages import ClusterState, LeaderClaim, Request
-from tests.agent.test_node import Peer, T, attach, elected, run
+from tests.agent.test_node import FakeBus, Peer, T, attach, elected, run
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -208,6 +209,27 @@ async def test_a_contesting_scheduler_holds_requests_until_the_contest_is_decide
     assert [(r.node, r.req_id) for r in forwarded][-1:] == [("p", "p-2")]  # ...but passed on
 
 
+async def back_from_a_long_cut(joined: bool) -> tuple[NodeAgent, FakeBus, FakeClock, Peer]:
+    """m schedules p (a member if ``joined``); cut off for 10 s (its heartbeats stop coming
+    back, p is not heard), it is back after a broker restart."""
+    agent, bus, clock = await elected("m")
+    peer = Peer("p")
+    bus.deliver(T.status("p"), peer.status())
+    await run(agent, clock, 1.0, [peer])
+    if joined:
+        bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
+                                   args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
+        await run(agent, clock, 0.5, [peer])
+        sched = agent.scheduler
+        assert sched is not None and sched.nodes["p"].state in ("joining", "active")
+    bus.echo = False
+    await run(agent, clock, 10.0)
+    agent.on_disconnect()
+    bus.echo, bus.connects = True, 2
+    await agent.on_connect()
+    return agent, bus, clock, peer
+
+
 async def test_a_scheduler_back_from_a_long_cut_acts_on_nothing_until_it_hears_its_nodes(
         ) -> None:
     """The simulator's seed 635: a scheduler cut off for 18 s came back after a broker restart
@@ -215,20 +237,9 @@ async def test_a_scheduler_back_from_a_long_cut_acts_on_nothing_until_it_hears_i
     own old link reports; its one member committed round 21 on step 20 while the other side,
     under a newer term, held 34. Back from a long cut, it holds its seat in doubt until the
     nodes it schedules are heard; a heartbeat naming a later term's policy is that claim."""
-    agent, bus, clock = await elected("m")
-    peer = Peer("p")
-    bus.deliver(T.status("p"), peer.status())
-    await run(agent, clock, 1.0, [peer])
-    bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
-                               args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
-    await run(agent, clock, 0.5, [peer])
+    agent, bus, clock, peer = await back_from_a_long_cut(joined=True)
     sched = agent.scheduler
-    assert sched is not None and sched.nodes["p"].state in ("joining", "active")
-    bus.echo = False  # cut: our heartbeats stop coming back, and p is not heard
-    await run(agent, clock, 10.0)
-    agent.on_disconnect()
-    bus.echo, bus.connects = True, 2
-    await agent.on_connect()  # back, after a broker restart
+    assert sched is not None
     version = sched.policy_version
     bus.deliver(T.req, Request(node="m", req_id="m-9", op="report",
                                args={"kind": "link-failed", "peer": "p", "reason": "reset"}))
@@ -246,15 +257,7 @@ async def test_a_scheduler_back_from_a_long_cut_acts_on_nothing_until_it_hears_i
 async def test_a_scheduler_back_from_a_long_cut_acts_once_its_nodes_are_heard() -> None:
     """The hold ends as soon as every node it schedules is heard (here at the same term),
     and the requests that waited are done then."""
-    agent, bus, clock = await elected("m")
-    peer = Peer("p")
-    bus.deliver(T.status("p"), peer.status())
-    await run(agent, clock, 1.0, [peer])
-    bus.echo = False
-    await run(agent, clock, 10.0)
-    agent.on_disconnect()
-    bus.echo, bus.connects = True, 2
-    await agent.on_connect()
+    agent, bus, clock, peer = await back_from_a_long_cut(joined=False)
     bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
                                args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
     await run(agent, clock, 0.3)
@@ -283,20 +286,9 @@ async def test_a_scheduler_back_from_a_long_cut_judges_statuses_after_its_hold()
     """The simulator's seed 2521: back from a long cut, a scheduler failed the other side's
     rebooted boxes on their statuses at once, and the policy without them let its own stale
     members train. Statuses that come during the hold are judged when it ends."""
-    agent, bus, clock = await elected("m")
-    peer = Peer("p")
-    bus.deliver(T.status("p"), peer.status())
-    await run(agent, clock, 1.0, [peer])
-    bus.deliver(T.req, Request(node="p", req_id="p-1", op="join",
-                               args={"addr": "127.0.0.1:7002", "neighbors": [], "rtts": {}}))
-    await run(agent, clock, 0.5, [peer])
+    agent, bus, clock, peer = await back_from_a_long_cut(joined=True)
     sched = agent.scheduler
-    assert sched is not None and sched.nodes["p"].state in ("joining", "active")
-    bus.echo = False
-    await run(agent, clock, 10.0)
-    agent.on_disconnect()
-    bus.echo, bus.connects = True, 2
-    await agent.on_connect()
+    assert sched is not None
     version = sched.policy_version
     peer.incarnation += 1  # p rebooted meanwhile
     bus.deliver(T.status("p"), peer.status())
