@@ -5,7 +5,9 @@ script (``tests/training/_worker.py`` calls :func:`main`). Writes one JSON line 
 step to ``--out``: ``{"step", "digest", "loss", "stall_ms", "update_ms", "reruns",
 "policy_version"}``. ``--fault EVENT:INDEX:FROM_STEP`` kills this process with SIGKILL at the
 first data-plane hook ``EVENT`` with ``INDEX`` once round ``FROM_STEP`` or later runs (fault
-injection); ``--stall EVENT:INDEX:SECONDS`` sleeps there instead, while a planned change waits.
+injection); ``--freeze EVENT:INDEX:FROM_STEP`` stops it there with SIGSTOP instead, once (a
+box that freezes: no reset, and it goes on when thawed); ``--stall EVENT:INDEX:SECONDS``
+sleeps there instead, while a planned change waits.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", required=True)
     ap.add_argument("--fault", default="")
+    ap.add_argument("--freeze", default="", help="EVENT:INDEX:FROM_STEP: SIGSTOP there once")
     ap.add_argument("--stall", default="",
                     help="EVENT:INDEX:SECONDS: sleep at that data-plane hook while a newer "
                          "policy waits to take effect (a slow link as a planned change lands)")
@@ -54,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
                       timeout=args.timeout,
                       **guard)
     node = trainer.node_id
-    if args.fault:
-        event, index, from_step = args.fault.split(":")
+    if args.fault or args.freeze:
+        event, index, from_step = (args.fault or args.freeze).split(":")
+        sig, fired = (signal.SIGKILL if args.fault else signal.SIGSTOP), [False]
 
         def hook(ev: str, i: int) -> None:
-            if ev == event and i == int(index) and trainer.step + 1 >= int(from_step):
-                os.kill(os.getpid(), signal.SIGKILL)
+            if (ev == event and i == int(index) and trainer.step + 1 >= int(from_step)
+                    and not fired[0]):
+                fired[0] = True
+                os.kill(os.getpid(), sig)
 
         trainer.reducer.fault_hook = hook
     if args.stall:

@@ -170,9 +170,18 @@ class Decision:
 def decide(s: Summary, own_digest: bytes = b"") -> Decision:
     """The agreed committed step of the whole tree, and its majority state digest.
 
-    Everyone at the same step: that step (a held, uncommitted result is dropped, because no
-    survivor applied it). Some one step ahead: somebody committed round ``low + 1``, so every
-    member held its result when the root committed it, and the ones behind apply it.
+    Everyone at the same step, and every one of them holding the result of the next round:
+    that next round (they all apply it). A root outside this epoch may have committed it: a
+    frozen root thaws, finds every ACK in its socket and commits after its members moved on
+    without it. Applying what they all hold keeps them equal to that root; a rerun would give
+    the round a second result. All hold the same one: a member's held result is that of the
+    last attempt of the round it ran, and an attempt's result exists only once every member of
+    its epoch gave its input, replacing what it held before.
+
+    Everyone at the same step otherwise: that step (a held, uncommitted result is dropped: some
+    member lacks it, so no root committed it, or only one a new member never trained with).
+    Some one step ahead: somebody committed round ``low + 1``, so every member held its result
+    when the root committed it, and the ones behind apply it.
 
     The digest is the one most members at that step gave. A tie (two members that differ,
     say) goes to ``own_digest``, the root's, if it is among the tied, else to the smallest
@@ -190,6 +199,9 @@ def decide(s: Summary, own_digest: bytes = b"") -> Decision:
         best = max(n for _, n in s.tally)
         tied = [d for d, n in s.tally if n == best]
         digest = own_digest if own_digest in tied else min(tied)
+    if s.high == s.low and s.low_hold:
+        # The tally is of the step before the one agreed: nothing is compared this time.
+        return Decision(s.low + 1, True)
     if s.high == s.low:
         return Decision(s.low, True, digest, len(s.tally))
     return Decision(s.high, s.high == s.low + 1 and s.low_hold, digest, len(s.tally))

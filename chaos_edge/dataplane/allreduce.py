@@ -27,8 +27,11 @@ result. Frames of an older epoch are dropped; frames of a newer epoch abort the 
 ``(e, s)`` only after every member of epoch ``e`` held its result (ACKs are transitive). (2) So
 if any survivor committed ``s``, every member of ``e`` holds that result or committed it; a
 member in between is uncertain, and the next agreement makes it apply the result it holds.
-(3) If no survivor committed ``s``, the agreement sees everyone at ``s - 1`` and they all
-drop what they hold, consistently (what a dead node applied does not matter). (4) A round
+(3) If no survivor committed ``s``, the agreement sees everyone at ``s - 1``. If every one of
+them holds the result, they all apply it: a root outside the new epoch (frozen, then thawed
+with every ACK in its socket) may have committed it, and must not be contradicted. Else they
+all drop what they hold, consistently: a member lacks the result, so it never acked, and no
+root committed (a new member aside, which trained on none of it). (4) A round
 ``s + 1`` can never commit while some member is still at ``s - 1``: that member is not in the
 round, so the root lacks its ACK. Hence committed steps differ by at most one, the agreement
 always closes the gap, and a phase that aborts on some node never completes anywhere without

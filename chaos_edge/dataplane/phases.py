@@ -25,7 +25,8 @@ from chaos_edge.dataplane.rounds import MAX_REASON, Phase, Round, Tag
 from chaos_edge.dataplane.threads import ThreadSet
 
 #: Test seam: ``hook(event, index)`` after each send: "reduce"/"bcast" (chunk), "ack",
-#: "commit" (child index), "agree-up", "agree-down" (child index).
+#: "commit" (child index), "agree-up", "agree-down" (child index); and "committed" (0) at a
+#: round's commit point, before any COMMIT goes down.
 FaultHook = Callable[[str, int], None]
 ABORT_SEND_S = 2.0
 

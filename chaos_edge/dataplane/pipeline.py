@@ -169,6 +169,7 @@ class RoundPipeline(PhaseRunner):
                 return
         with self._lock:
             r.done = True  # committed: nothing after this point can turn into an abort
+        self._fire("committed", 0)
         for i, c in enumerate(r.children):
             with contextlib.suppress(PeerGone):  # that child is uncertain and will re-agree
                 self._send(r, c, Kind.COMMIT, 0, b"", deadline)

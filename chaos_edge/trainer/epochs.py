@@ -107,7 +107,8 @@ class Epochs:
         """Open the epoch; True if it committed the held result of the next round.
 
         The decision is the newest committed round among the members. A member at it goes on;
-        one a round behind applies the result it holds. A member that cannot reach it (further
+        one a round behind applies the result it holds (as all do when every member is a round
+        behind and holds it: ``agree.decide``). A member that cannot reach it (further
         behind, or one behind without the result) is stale: only it raises StateDiverged and
         is re-replicated; the others keep their state (they are at the agreed round), and
         their next round reruns once the scheduler has dropped the stale member.
@@ -124,7 +125,7 @@ class Epochs:
             self._checked = rep.round_step()  # compared without us this time; next time with us
             return True
         if dec.step == r:
-            rep.held = None  # nobody alive applied it: everyone reruns the round
+            rep.held = None  # some member lacks it, so nobody applied it: everyone reruns
             self._checked = r
             if digest and dec.digest and dec.digest != digest:
                 self._diverge(dec, digest)
@@ -165,8 +166,9 @@ class Epochs:
 
     def catch_up(self, pub: SyncPolicy, nxt: SyncPolicy) -> bool:
         """Open the epoch of the round after ours with the peers already in it, holding our
-        round's result; True if that committed it. Else every member there held it without
-        a commit: our round reruns under its own policy in a newer attempt."""
+        round's result; True if that committed it. Else the members there dropped it (one
+        lacked it, so none committed it): our round reruns under its own policy in a newer
+        attempt."""
         try:
             if self.agree(nxt, self.epoch(nxt)[1], b""):
                 return True

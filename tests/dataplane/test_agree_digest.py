@@ -126,6 +126,14 @@ def test_the_majority_wins_and_a_tie_goes_to_the_root_else_the_smallest() -> Non
     assert decide(Summary.of(2, False, X)) == Decision(2, True, X, 1)
 
 
+def test_every_member_behind_and_holding_applies_the_round() -> None:
+    # A root outside the epoch may have committed it (soak fault 19): no rerun contradicts it.
+    every = Summary.of(4, True, X).merge(Summary.of(4, True, X)).merge(Summary.of(4, True, Y))
+    assert decide(every, X) == Decision(5, True)  # the digests are of step 4: none compared
+    lacking = Summary.of(4, True, X).merge(Summary.of(4, False, X))
+    assert decide(lacking) == Decision(4, True, X, 1)  # one never acked: nobody committed
+
+
 def test_digests_do_not_change_the_agreed_step() -> None:
     for low, high, hold in [(3, 3, False), (3, 3, True), (3, 4, True), (3, 4, False), (2, 4, True)]:
         plain = decide(Summary(low, low, hold).merge(Summary(high, high, False)))

@@ -10,11 +10,14 @@ state at every step they both committed, and the loss must fall.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.training._fake import FakeCluster, worker_env
@@ -85,3 +88,70 @@ def test_survivors_stay_bit_identical(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]], faults: dict[str, str]
 ) -> None:
     _run(tmp_path, procs, faults)
+
+
+def _rows(path: Path) -> list[dict[str, object]]:
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def _wait(what: str, ready: Callable[[], bool], procs: dict[str, subprocess.Popen[bytes]],
+          tmp_path: Path) -> None:
+    deadline = time.monotonic() + 120  # a hang guard only: a loaded box is slow, not wrong
+    while not ready():
+        dead = {n: p.returncode for n, p in procs.items() if p.poll() not in (None, 0)}
+        logs = {n: (tmp_path / f"{n}.log").read_text()[-2000:] for n in dead}
+        assert not dead and time.monotonic() < deadline, (what, dead, logs)
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(400)
+def test_a_frozen_root_that_commits_after_its_members_moved_on_agrees_with_them(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Soak fault 19: the root froze at its commit point of round 5, holding every ACK; the
+    scheduler dropped it and the others, uncertain, opened a new epoch without it. Thawed,
+    the root committed round 5. The others must have applied that same result, not rerun
+    the round without the root's gradient: one round, one result, wherever it committed."""
+    fake = FakeCluster(tmp_path)
+    mine: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for node in IDS:
+            argv = [sys.executable, WORKER, "--steps", str(STEPS), "--wait-members", "4",
+                    "--out", str(tmp_path / f"{node}.jsonl")]
+            if node == "n1":  # the root of the chain n0 - n1 - n2 - n3
+                argv += ["--freeze", "committed:0:5"]
+            log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
+            p = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node),
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            procs.append(p)
+            mine[node] = p
+            time.sleep(0.3)
+        root = psutil.Process(mine["n1"].pid)
+        _wait("the root to freeze", lambda: root.status() == psutil.STATUS_STOPPED, mine,
+              tmp_path)
+        fake.fail("n1")  # the failure detector's verdict on a box that went silent
+        others = [n for n in IDS if n != "n1"]
+        _wait("the others to train on without the root",
+              lambda: all(any(r["step"] == 7 for r in _rows(tmp_path / f"{n}.jsonl"))
+                          for n in others), mine, tmp_path)
+        mine["n1"].send_signal(signal.SIGCONT)
+        _wait("the thawed root to commit round 5",
+              lambda: any(r["step"] == 5 for r in _rows(tmp_path / "n1.jsonl")),
+              mine, tmp_path)
+        mine["n1"].kill()  # it asked to rejoin (it is outside the policy): that is not
+        mine["n1"].wait(10)  # this test's subject
+        del mine["n1"]
+        fake.fail("n1")
+        _wait("the others to finish", lambda: all(p.poll() is not None for p in mine.values()),
+              {}, tmp_path)
+    finally:
+        fake.close()
+    assert all(p.returncode == 0 for p in mine.values()), {n: p.returncode for n, p in
+                                                            mine.items()}
+    digests: dict[int, set[object]] = {}
+    for node in IDS:
+        for r in _rows(tmp_path / f"{node}.jsonl"):
+            digests.setdefault(int(str(r["step"])), set()).add(r["digest"])
+    assert len(digests[5]) == 1, "the root's round 5 and the others' differ"
+    assert all(len(d) == 1 for d in digests.values()), digests
+    assert max(digests) == STEPS
