@@ -41,7 +41,7 @@ statistics, which is why the agreed copies are used).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -211,8 +211,8 @@ class Trainer:
         return self._replica.step
 
     @property
-    def stalls(self) -> list[StepTiming]:
-        """Where each of the last 10,000 ``update()`` calls spent its time."""
+    def stalls(self) -> Sequence[StepTiming]:
+        """Where each of the last 10,000 ``update()`` calls spent its time, oldest first."""
         return self._meter.stalls
 
     @property
