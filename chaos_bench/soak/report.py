@@ -51,6 +51,10 @@ from chaos_bench.workers import records
 METRICS = {"rss": ("RSS MiB", 1 / (1 << 20)), "fds": ("fds", 1.0), "threads": ("threads", 1.0)}
 PROC_KINDS = ("chaosd", "worker", "broker")
 PROC_WARMUP_S = 30.0  # the most a process of its own is left out after it starts
+#: A process this old has settled: its allocator and caches have grown to their working size.
+#: Every chaosd and worker of a soak is restarted within minutes (kills, power cuts), so the
+#: fit over all of them is mostly warm-up; the settled fit is the one a leak shows in.
+SETTLED_S = 300.0
 
 
 def load_records(directory: Path) -> dict[str, list[list[dict[str, Any]]]]:
@@ -346,13 +350,16 @@ def growth(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, dict[str
         # A process restarted late (the broker, often) gets a shorter warm-up of its own.
         used = [s for s in mine
                 if s["t"] >= warmup_s and s["age"] >= min(warmup_s, PROC_WARMUP_S)]
+        settled = [s for s in used if s["age"] >= SETTLED_S]
         row: dict[str, Any] = {"processes": len({s["pid"] for s in mine}),
-                               "samples": len(used)}
+                               "samples": len(used),
+                               "settled_processes": len({s["pid"] for s in settled})}
         for metric, (_, scale) in METRICS.items():
             values = sorted(s[metric] * scale for s in used)
             row[metric] = round(values[len(values) // 2], 2) if values else None
-            per_s = slope(used, metric)
-            row[f"{metric}_per_h"] = None if per_s is None else round(per_s * 3600 * scale, 3)
+            for key, these in ((f"{metric}_per_h", used), (f"{metric}_per_h_settled", settled)):
+                per_s = slope(these, metric)
+                row[key] = None if per_s is None else round(per_s * 3600 * scale, 3)
         out[kind] = row
     return out
 
@@ -401,13 +408,17 @@ def table(doc: dict[str, Any]) -> Table:
                       f"{o['warmup_s']:g} s warm-up; levels are medians")
     t.add_column("process", justify="left")
     for col in ("procs", "samples", "RSS MiB", "RSS MiB/h", "fds", "fds/h", "threads",
-                "threads/h"):
+                "threads/h", f"settled (>= {SETTLED_S:g} s): procs", "RSS MiB/h"):
         t.add_column(col, justify="right")
+
+    def rate(g: dict[str, Any], key: str) -> str:
+        return "-" if g.get(key) is None else f"{g[key]:+.2f}"
+
     for kind, g in doc["growth"].items():
         cells = [str(g["processes"]), str(g["samples"])]
         for metric in METRICS:
-            cells += ["-" if g[metric] is None else f"{g[metric]:g}",
-                      "-" if g[f"{metric}_per_h"] is None else f"{g[f'{metric}_per_h']:+.2f}"]
+            cells += ["-" if g[metric] is None else f"{g[metric]:g}", rate(g, f"{metric}_per_h")]
+        cells += [str(g.get("settled_processes", "-")), rate(g, "rss_per_h_settled")]
         t.add_row(kind, *cells)
     return t
 

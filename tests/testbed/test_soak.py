@@ -103,6 +103,17 @@ def test_growth_is_one_slope_with_a_level_per_process() -> None:
     g = soak_report.growth(samples, warmup_s=10.0)["worker"]
     assert g["processes"] == 2 and g["rss_per_h"] == pytest.approx(60.0)
     assert g["fds_per_h"] == 0 and g["threads_per_h"] == 0
+    # Only the second is past SETTLED_S (age 100 + t from t=200 s): its own slope is the same.
+    assert g["settled_processes"] == 1 and g["rss_per_h_settled"] == pytest.approx(60.0)
+
+
+def test_warm_up_shows_in_the_fit_over_all_ages_not_in_the_settled_one() -> None:
+    # A process that grows 10 MiB in its first 5 minutes and nothing after: not a leak.
+    samples = [{"t": a, "kind": "chaosd", "pid": 1, "age": a,
+                "rss": (30 + 10 * min(a, 300) / 300) * (1 << 20), "fds": 9, "threads": 4}
+               for a in range(0, 900, 10)]
+    g = soak_report.growth(samples, warmup_s=0.0)["chaosd"]
+    assert g["rss_per_h"] > 10 and g["rss_per_h_settled"] == 0
 
 
 def _train(steps: range, t0: float, digest: str = "", loss: float = 0.01,
