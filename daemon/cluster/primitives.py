@@ -286,8 +286,12 @@ class Negotiator:
         reports step 0 until its worker polls: a join planned in that moment took effect at
         step 3 while the member stood at 2000, and its rounds waited for a joiner with no
         state until they timed out (the soak, 15 s per power cut)."""
-        steps = [max(self.step_of(n), self._member_at.get(n, 0)) for n in self.members()]
-        return max(steps, default=0)
+        return self._newest(self.members())
+
+    def _newest(self, nodes: Iterable[str]) -> int:
+        """The newest step any of ``nodes`` is at: the step its daemon said, and never
+        below the one it became a member at (0 for none)."""
+        return max((max(self.step_of(n), self._member_at.get(n, 0)) for n in nodes), default=0)
 
     def observe_worker(self, node: str, state: str, step: int, attached: bool = True,
                        snapshot: int = -1) -> None:
@@ -647,9 +651,7 @@ class Negotiator:
         """Is a state of ``step`` clearly newer than the active members'? Joiners do not
         count: they pull (seed 2521: one holding the same 340 as the joiner, counted as a
         member, made the joiner look level with members at 330)."""
-        active = max((max(self.step_of(n), self._member_at.get(n, 0)) for n in self._active()),
-                     default=0)
-        return step >= self.sched.step and step > active + self.lead()
+        return step >= self.sched.step and step > self._newest(self._active()) + self.lead()
 
     def _held_by(self, node: str) -> int:
         """The step ``node`` holds, as it last said: its worker's (a restored snapshot,
@@ -893,7 +895,7 @@ class Negotiator:
         if not active or (self.sched.me not in active
                           and not all(m in self._heard for m in active)):
             return False
-        return self.sched.step > max(map(self.step_of, active)) + self.lead()
+        return self.sched.step > self._newest(active) + self.lead()
 
     def link(self, a: str, b: str, up: bool, failed: bool = False) -> str | None:
         """connect-link / disconnect-link between two members; returns an error or None."""

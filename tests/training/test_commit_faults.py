@@ -28,21 +28,26 @@ STEPS = 20
 WORKER = str(Path(__file__).with_name("_worker.py"))
 
 
+def _start(tmp_path: Path, fake: FakeCluster, procs: list[subprocess.Popen[bytes]],
+           extra: dict[str, list[str]]) -> dict[str, subprocess.Popen[bytes]]:
+    """The four workers, one by one as boxes join; ``extra``: a node's added arguments."""
+    mine: dict[str, subprocess.Popen[bytes]] = {}
+    for node in IDS:
+        argv = [sys.executable, WORKER, "--steps", str(STEPS), "--wait-members", "4",
+                "--out", str(tmp_path / f"{node}.jsonl"), *extra.get(node, [])]
+        log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(p)
+        mine[node] = p
+        time.sleep(0.3)
+    return mine
+
+
 def _run(tmp_path: Path, procs: list[subprocess.Popen[bytes]], faults: dict[str, str]) -> None:
     fake = FakeCluster(tmp_path)
-    mine: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for node in IDS:
-            argv = [sys.executable, WORKER, "--steps", str(STEPS), "--wait-members", "4",
-                    "--out", str(tmp_path / f"{node}.jsonl")]
-            if node in faults:
-                argv += ["--fault", faults[node]]
-            log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
-            p = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node),
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            procs.append(p)
-            mine[node] = p
-            time.sleep(0.3)  # join one by one, as boxes do
+        mine = _start(tmp_path, fake, procs, {n: ["--fault", f] for n, f in faults.items()})
         deadline = time.monotonic() + 90
         failed: set[str] = set()
         while any(p.poll() is None for p in mine.values()):
@@ -113,19 +118,8 @@ def test_a_frozen_root_that_commits_after_its_members_moved_on_agrees_with_them(
     the root committed round 5. The others must have applied that same result, not rerun
     the round without the root's gradient: one round, one result, wherever it committed."""
     fake = FakeCluster(tmp_path)
-    mine: dict[str, subprocess.Popen[bytes]] = {}
-    try:
-        for node in IDS:
-            argv = [sys.executable, WORKER, "--steps", str(STEPS), "--wait-members", "4",
-                    "--out", str(tmp_path / f"{node}.jsonl")]
-            if node == "n1":  # the root of the chain n0 - n1 - n2 - n3
-                argv += ["--freeze", "committed:0:5"]
-            log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
-            p = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node),
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            procs.append(p)
-            mine[node] = p
-            time.sleep(0.3)
+    try:  # n1 is the root of the chain n0 - n1 - n2 - n3
+        mine = _start(tmp_path, fake, procs, {"n1": ["--freeze", "committed:0:5"]})
         root = psutil.Process(mine["n1"].pid)
         _wait("the root to freeze", lambda: root.status() == psutil.STATUS_STOPPED, mine,
               tmp_path)
