@@ -5,6 +5,7 @@ no asyncio (plain threads and subprocesses). Of ``daemon`` it imports only the s
 contracts (:mod:`daemon.contracts`). The benchmarks are a package of their own,
 :mod:`chaos_bench`; only :mod:`chaosctl.main` imports it, to add ``chaosctl bench ...``.
 
+- :mod:`chaosctl.entry`: the console script; a Ctrl-C while the CLI imports exits 130 too.
 - :mod:`chaosctl.main`: the typer app, global options and the error boundary (exit codes).
 - :mod:`chaosctl.client`: the one control client (from the contracts) and chaosctl's errors.
 - :mod:`chaosctl.polling`: ``wait_until`` and ``agreed``, for tools and tests alike.

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -214,3 +215,20 @@ def test_events_follow_polls_since_last_seq(daemon: FakeDaemon) -> None:
     assert [json.loads(line)["seq"] for line in out.splitlines()] == [1, 2, 3]
     sinces = [r["args"]["since"] for r in daemon.requests if r["op"] == "events"]
     assert sinces[0] == 0 and sinces[-1] == 3
+
+
+def test_ctrl_c_while_the_cli_imports_is_one_line_and_exit_130() -> None:
+    # The Ctrl-C lands at the import seam: a finder that interrupts the CLI's own import.
+    script = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'chaosctl.main':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from chaosctl.entry import main\n"
+        "main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=60)
+    assert done.returncode == 130
+    assert done.stderr.decode().strip() == "chaosctl: interrupted"

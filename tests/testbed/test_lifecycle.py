@@ -177,7 +177,10 @@ def test_ctrl_c_during_up_leaves_nothing(tmp_path: Path, after_s: float) -> None
     proc = subprocess.Popen([*chaosctl_argv(), "testbed", "up", "-n", "3", "--dir",
                              str(directory)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    time.sleep(after_s)
+    # Into the build, not the interpreter's start: on a loaded box that alone can take a
+    # second (a Ctrl-C while the CLI imports is test_cli's).
+    wait_until(lambda: directory.exists() or proc.poll() is not None, 60, "the build to start")
+    time.sleep(after_s - 1.0)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     state = TestbedState.load(directory)
