@@ -26,6 +26,12 @@ def worker(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=16, help="hidden units")
     args = ap.parse_args(argv)
     import faulthandler
+    import logging
+
+    # chaosd hands the worker's stderr to worker.log: with times, its lines can be read
+    # beside the daemons' logs when a soak violation is traced (stop 33's stalls could not).
+    logging.basicConfig(level=os.environ.get("CHAOS_WORKER_LOG", "INFO").upper(),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
     import torch
 
