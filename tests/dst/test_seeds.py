@@ -179,6 +179,10 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
 OPEN: tuple[tuple[int, float, str], ...] = (
+    # A scheduler whose own worker froze drops it as hung but cannot kill it (the simulated
+    # worker is not its supervisor's child), restarts the cluster from a snapshot, and the
+    # thawed worker still holds the steps after it (stop 33; BENCHMARKS "Open").
+    (2934, 200.0, "split"),
 )
 
 
