@@ -194,14 +194,14 @@ def decide(s: Summary, own_digest: bytes = b"") -> Decision:
         own_digest: The root's digest of its state at ``s.high`` (b"" if the root is behind
             or gave none).
     """
+    if s.high == s.low and s.low_hold:
+        # The tally is of the step before the one agreed: nothing is compared this time.
+        return Decision(s.low + 1, True)
     digest = b""
     if s.tally:
         best = max(n for _, n in s.tally)
         tied = [d for d, n in s.tally if n == best]
         digest = own_digest if own_digest in tied else min(tied)
-    if s.high == s.low and s.low_hold:
-        # The tally is of the step before the one agreed: nothing is compared this time.
-        return Decision(s.low + 1, True)
     if s.high == s.low:
         return Decision(s.low, True, digest, len(s.tally))
     return Decision(s.high, s.high == s.low + 1 and s.low_hold, digest, len(s.tally))
