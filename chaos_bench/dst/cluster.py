@@ -70,8 +70,14 @@ class Box:
                      on_connect=agent.on_connect, on_disconnect=agent.on_disconnect,
                      subscriptions=sorted(agent._wanted_topics()))
         agent.bus = bus
-        agent.supervisor.on_exit.clear()
-        agent.supervisor.on_exit.append(agent._worker_exited)
+        sup = agent.supervisor
+        sup.on_exit.clear()
+        sup.on_exit.append(agent._worker_exited)
+        # Our workers are the supervisor's children (chaosctl join): chaosd may kill one it
+        # finds hung, and the box restarts it. Without this every worker ran "by hand", and
+        # a hung one dropped from the rounds lived on holding its state (the seed 2934).
+        sup.owns = self._runs_worker  # type: ignore[method-assign]
+        sup.kill = self._kill_supervised  # type: ignore[method-assign]
         self._watch_commands(agent)
         self.agent, self.bus = agent, bus
         bus.reachable = not self.cut
@@ -195,6 +201,19 @@ class Box:
             self.start_worker()
         elif gen == self.gen and self.wants_worker:
             self.c.sim.at(1.0, lambda: self._restart_worker(gen))
+
+    def _runs_worker(self, pid: int) -> bool:
+        w = self.worker
+        return w is not None and w.alive and w.pid == pid
+
+    def _kill_supervised(self) -> bool:
+        """The supervisor's SIGKILL of its child (a hung worker): it restarts as after a crash."""
+        w = self.worker
+        if w is None or not w.alive:
+            return False
+        self.c.ref.count("worker:killed-hung")
+        self._kill_worker(supervised=True)
+        return True
 
     def _kill_worker(self, supervised: bool) -> None:
         w = self.worker

@@ -394,6 +394,13 @@ def _ended_bootstrap() -> list[tuple[Any, str, Any]]:
     return [(Bootstrap, "ended", never)]
 
 
+def _older_plan_joins() -> list[tuple[Any, str, Any]]:
+    def no(*_: object) -> bool:
+        return False  # the fix undone: any report ends the join, any newer policy admits
+    return [(primitives.Negotiator, "_older_plan", staticmethod(no)),
+            (scaleout.JoinMachine, "_replanned", no)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -478,4 +485,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "step, not what its worker restored", _daemon_step_held),
     Mutant("ended-bootstrap", "335c9d8", "a bootstrap of a scheduler whose term has ended is "
            "carried out", _ended_bootstrap),
+    Mutant("older-plan-joins", "stop 34", "a joiner's report of an older plan's state ends the "
+           "join, and a policy of a newer plan admits a joiner holding the older state",
+           _older_plan_joins),
 )}

@@ -15,7 +15,7 @@ off meanwhile has its bytes re-planned onto the others, and with no source left 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -69,6 +69,7 @@ class Pull:
     first_offer: float | None = None
     chosen: dict[str, State] = field(default_factory=dict)
     done_at: float | None = None
+    refused: set[str] = field(default_factory=set)  # sources no command named (answered)
 
 
 class DataPlane:
@@ -82,6 +83,7 @@ class DataPlane:
         self.ready: dict[str, tuple[int, int]] = {}  # node -> (round, policy version)
         self.offers: dict[tuple[str, str], State] = {}  # (source, new node) -> its snapshot
         self.declined: set[tuple[str, str]] = set()
+        self.pulls: dict[str, Pull] = {}  # new node -> its pull in flight (what sources see)
 
     # --- rounds -------------------------------------------------------------------------
     def set_ready(self, node: str, rnd: int, pub: SyncPolicy) -> None:
@@ -137,6 +139,28 @@ class DataPlane:
         self.declined.add((source, new))
         self.offers.pop((source, new), None)
 
+    def start_pull(self, joiner: str, sources: tuple[str, ...], min_step: int) -> Pull:
+        """The new node asks ``sources`` for the state of ``min_step`` or later."""
+        pull = self.pulls[joiner] = Pull(joiner, sources, min_step, self.sim.now)
+        return pull
+
+    def end_pull(self, joiner: str) -> None:
+        self.pulls.pop(joiner, None)
+
+    def refuse_unnamed(self, source: str, named: Container[str]) -> int:
+        """(A source's poll.) As the real rendezvous: refuse the pulls asking ``source`` for
+        a node no command names it a source of, and that it neither serves nor declined.
+        Returns how many it refused."""
+        n = 0
+        for pull in self.pulls.values():
+            key = (source, pull.joiner)
+            if (source in pull.sources and source not in pull.refused and pull.joiner not in named
+                    and key not in self.offers and key not in self.declined
+                    and self.reach(source, pull.joiner)):
+                pull.refused.add(source)
+                n += 1
+        return n
+
     def withdraw(self, source: str, members: tuple[str, ...]) -> None:
         for m in members:
             self.offers.pop((source, m), None)
@@ -144,6 +168,7 @@ class DataPlane:
     def forget(self, node: str) -> None:
         """A process ended: its readiness and its offers go with it."""
         self.ready.pop(node, None)
+        self.pulls.pop(node, None)
         for key in [k for k in self.offers if k[0] == node]:
             del self.offers[key]
 
@@ -155,8 +180,8 @@ class DataPlane:
             got = {s: self.offers[(s, pull.joiner)] for s in live
                    if (s, pull.joiner) in self.offers
                    and self.offers[(s, pull.joiner)].step >= pull.min_step}
-            answered = set(got) | {s for s in pull.sources
-                                   if (s, pull.joiner) in self.declined}
+            answered = set(got) | pull.refused | {s for s in pull.sources
+                                                  if (s, pull.joiner) in self.declined}
             if got and pull.first_offer is None:
                 pull.first_offer = now
             all_in = answered >= set(pull.sources)

@@ -167,6 +167,8 @@ class SimWorker:
             return
         if not self._poll():
             return
+        if self.plane.refuse_unnamed(self.me, self.serve.waiting):
+            self.events.count("worker:serve-refused")
         if self.phase == "joining":
             self._joining()
         elif self.phase in ("active", "leaving"):
@@ -235,8 +237,8 @@ class SimWorker:
         action = self.join.advance(self.sim.clock.monotonic(), self.book.newest,
                                    in_touch=self.in_touch, term=self.term)
         if isinstance(action, Fetch):
-            self.pull = Pull(self.me, tuple(sorted(action.command.sources)),
-                             action.command.version_step, self.sim.now)
+            self.pull = self.plane.start_pull(self.me, tuple(sorted(action.command.sources)),
+                                              action.command.version_step)
         elif isinstance(action, StartAlone):
             # A former member carries on from its own state; a new one from a fresh model.
             self.events.bootstrap(self.me, self.state)
@@ -261,12 +263,14 @@ class SimWorker:
         assert self.pull is not None and self.join is not None
         if self.join.superseded:
             self.pull = None
+            self.plane.end_pull(self.me)
             self.join.fetched(False, self.sim.clock.monotonic())
             return
         verdict, got = self.plane.step_pull(self.pull)
         if verdict == "wait":
             return
         pull, self.pull = self.pull, None
+        self.plane.end_pull(self.me)
         if verdict == "fail" or got is None:
             self.join.fetched(False, self.sim.clock.monotonic())
             return

@@ -26,7 +26,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -102,6 +102,7 @@ class StateTransfer:
         self._answers: dict[str, Offer | str] = {}  # source -> its offer, or why not
         self._first_offer = 0.0
         self._waiting: set[tuple[str, int]] = set()  # source side: requests not answered yet
+        self._unnamed: set[tuple[str, int]] = set()  # of those, the ones no command explains
         self._threads = ThreadSet()  # askers, answerers and closers, joined on close
         links.register_handler(_KINDS, self)
         links.add_down_listener(self._on_down)
@@ -144,6 +145,26 @@ class StateTransfer:
         if gone:
             self._close_later(gone)
 
+    def refuse_unnamed(self, named: Container[str]) -> None:
+        """(At a step boundary, once chaosd's commands are taken in.) Refuse at once the
+        waiting requests of new nodes that no replicate command names us a source of
+        (``named``) and that we neither serve nor declined.
+
+        Such a request used to wait its full minute for a snapshot that no command would
+        ever make: a source whose chaosd lost the command in a broker restart held the new
+        node's pull open, the new node could not ask to join again (which has the scheduler
+        send the command once more) until that pull failed, and the rounds that add it
+        waited on both (soak fault 20, 101 s). Refused, the new node's pull fails, it
+        retries, and asks again after ``ASK_AGAIN_S``. A command that is merely late (taken
+        in after this boundary) costs one retry.
+        """
+        with self._cond:
+            stray = {(peer, step) for peer, step in self._waiting if peer not in named
+                     and peer not in self._servers and peer not in self._declined}
+            if not stray <= self._unnamed:
+                self._unnamed |= stray
+                self._cond.notify_all()
+
     def serving(self) -> dict[str, int]:
         """New node -> bytes sent to it so far, for the offers still open."""
         with self._cond:
@@ -157,12 +178,16 @@ class StateTransfer:
 
     def _serve_request(self, peer: str, step: int) -> None:
         # The request may come before we have committed that step: wait for our snapshot.
+        key = (peer, step)
         with self._cond:
-            self._cond.wait_for(lambda: self._has(peer, step) or peer in self._declined,
-                                OFFER_WAIT_S)  # fmt: skip
+            self._cond.wait_for(lambda: self._has(peer, step) or peer in self._declined
+                                or key in self._unnamed, OFFER_WAIT_S)  # fmt: skip
             server = self._servers.get(peer)
             declined = None if self._has(peer, step) else self._declined.get(peer)
-            self._waiting.discard((peer, step))
+            if declined is None and server is None and key in self._unnamed:
+                declined = f"no replicate command names {self.links.me.node_id} a source of {peer}"
+            self._waiting.discard(key)
+            self._unnamed.discard(key)
         try:
             if declined is not None:
                 self._send(peer, Kind.STATE_END, declined.encode())

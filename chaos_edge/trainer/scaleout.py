@@ -18,6 +18,7 @@ The new node (:class:`JoinPhase`)::
        |                      +--failed or superseded--> RETRYING
        +--Bootstrap (in touch, not superseded)--------+
     any phase --deadline--> TIMED_OUT;  a state that does not fit --> REFUSED
+    AWAITING_POLICY --a command of another plan--> FETCHING (or a Bootstrap's StartAlone)
 
 A ``Bootstrap`` is carried out only while chaosd is in touch with the cluster, and not once a
 newer policy leaves this node out: a box frozen with one in its queue thawed and started over
@@ -146,14 +147,17 @@ class JoinMachine:
             return Joined()
         if self.phase in (JoinPhase.REFUSED, JoinPhase.TIMED_OUT):
             return GiveUp(f"the join ended {self.phase.value}")
-        if self.phase is JoinPhase.AWAITING_POLICY and self._has_policy(book_newest):
+        replanned = self.phase is JoinPhase.AWAITING_POLICY and self._replanned()
+        if self.phase is JoinPhase.AWAITING_POLICY and not replanned and \
+                self._has_policy(book_newest):
             self.phase = JoinPhase.MEMBER
             return Joined()
         if now > self.deadline:
             was = self.phase
             self.phase = JoinPhase.TIMED_OUT
             return GiveUp(self._late(was))
-        if self.phase in (JoinPhase.AWAITING_POLICY, JoinPhase.FETCHING):
+        if self.phase is JoinPhase.FETCHING or (
+                self.phase is JoinPhase.AWAITING_POLICY and not replanned):
             return Wait()  # the policy is on its way; or the owner's pull is in flight
         if self.phase is JoinPhase.RETRYING and now < self._retry_at:
             return Wait()
@@ -193,6 +197,16 @@ class JoinMachine:
     def refused(self) -> None:
         """The pulled state does not fit this script: the join ends here."""
         self.phase = JoinPhase.REFUSED
+
+    def _replanned(self) -> bool:
+        """(Awaiting the policy.) A command of another plan came: the scheduler planned our
+        join anew (a new scheduler, or other sources), and the state we restored is the old
+        plan's. Its policy may name us, but from the new plan's step: joining on it with the
+        older state, a node restored at 363 trained alone on while another held 384 (the
+        simulator's seed 397). The new command is carried out instead. The same plan's
+        command sent again changes nothing (:attr:`unused`)."""
+        return (self._newest is not None and self.command is not None
+                and self._newest.policy_version != self.command.policy_version)
 
     def _has_policy(self, newest: SyncPolicy | None) -> bool:
         """The command that brought the state may outrun the policy that adds us (another

@@ -84,7 +84,9 @@ class Source:
 
     def serve_due(self) -> None:
         """At a step boundary: snapshot for every new node whose first round is our next one
-        (:meth:`ServeMachine.due`), and offer it, or decline if the memory guard says no."""
+        (:meth:`ServeMachine.due`), and offer it, or decline if the memory guard says no.
+        A request from a node no command names us a source of is refused
+        (:meth:`StateTransfer.refuse_unnamed`)."""
         step = self._state.step
         for rep in self._machine.due(step, self._s.book.for_round(step + 1)):
             if rep.version_step < step:
@@ -100,6 +102,7 @@ class Source:
                 self._s.report(ServeDeclined(new=rep.new, reason=why))
                 continue
             self.rendezvous.offer(rep.new, self._state.snapshot(), limits.serve_bps)
+        self.rendezvous.refuse_unnamed(self._machine.waiting)
 
     def before_round(self, pub: SyncPolicy, last_version: int, deadline: float) -> None:
         """Before the first round with a new tree neighbour, wait (bounded) for the replicate

@@ -754,7 +754,12 @@ class Negotiator:
 
     def replicated(self, node: str, report: Replicated) -> None:
         """The new node restored the state: scale-out is done."""
-        join = self.joins.pop(node, None)
+        join = self.joins.get(node)
+        if join is not None and self._older_plan(join, report):
+            log.info("%s restored step %d of an older plan; its join waits for step %d",
+                     node, report.version, join.command.version_step)
+            return
+        self.joins.pop(node, None)
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
             return
         self.sched.set_node(node, state="active")
@@ -771,6 +776,14 @@ class Negotiator:
             detail["declined"] = declined
         self.sched.record("scale-out", node=node, delay_ms=delay,
                           **{"policy_version": self.sched.policy_version, **detail})
+
+    @staticmethod
+    def _older_plan(join: Join, report: Replicated) -> bool:
+        """Whether ``report`` is of an older plan of this join (a pull that ended after we
+        planned the join anew): a source serves the command's step or a later one. Made
+        active with it, the node trained on an older state than a member held (the
+        simulator's seed 397); its worker carries out our command next."""
+        return report.version < join.command.version_step
 
     def leave(self, node: str, step: int) -> None:
         """Graceful scale-in at a step boundary a little ahead, like every planned change:

@@ -105,3 +105,32 @@ def test_a_newer_command_ends_the_wait_for_a_step_that_may_never_come(
     new.ask(["a-src"], 319, time.monotonic() + 10)
     offers, errors = new.offers(time.monotonic() + 10, grace_s=1.0)
     assert not errors and offers["a-src"].manifest.version == 319
+
+
+def test_a_source_no_command_names_refuses_at_its_next_boundary(
+        pair: tuple[StateTransfer, StateTransfer]) -> None:
+    """A source whose chaosd never got the replicate command (a broker restart lost it) held
+    the new node's request open for its full minute, and the new node could not ask to join
+    again meanwhile (soak fault 20). At its next step boundary with still no command naming
+    it, it refuses; a request from a node it does expect waits on."""
+    src, new = pair
+    new.ask(["a-src"], 7, time.monotonic() + 10)
+    deadline = time.monotonic() + 5
+    while not src._waiting and time.monotonic() < deadline:  # the request is in
+        time.sleep(0.01)
+    src.refuse_unnamed({"b-new"})  # a command names us its source: the request waits
+    time.sleep(0.3)
+    assert new.offers(time.monotonic() + 0.2, grace_s=1.0) == (
+        {}, {"a-src": "no answer in time"})
+    new.ask(["a-src"], 7, time.monotonic() + 10)  # asked again (the real joiner re-asks)
+    src.refuse_unnamed(set())  # the boundary's commands named nobody
+    offers, errors = new.offers(time.monotonic() + 10, grace_s=1.0)
+    assert offers == {} and isinstance(errors["a-src"], Refusal)
+    assert errors["a-src"] == "no replicate command names a-src a source of b-new"
+    # Once the command came and the source served, a new ask gets the offer.
+    _, _, state = _state(7)
+    src.offer("b-new", state)
+    src.refuse_unnamed(set())  # served: no longer a stranger
+    new.ask(["a-src"], 7, time.monotonic() + 10)
+    offers, errors = new.offers(time.monotonic() + 10, grace_s=1.0)
+    assert not errors and offers["a-src"].manifest.version == 7

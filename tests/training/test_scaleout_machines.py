@@ -251,6 +251,31 @@ def test_a_command_that_came_after_the_pull_is_left_for_the_next_join() -> None:
     assert m.advance(0.2, policy(5, ("a", "b", "c"))) == Joined() and m.unused == resent
 
 
+def test_a_command_of_another_plan_while_the_policy_is_awaited_is_carried_out() -> None:
+    """A new scheduler planned our join anew while we awaited the old plan's policy: its
+    policy names us from its own step, so joining on it with the old plan's state trained on
+    an older state than a member held (the simulator's seed 397). The new plan is pulled."""
+    m = JoinMachine("c", deadline=100.0)
+    old, new = rep(version_step=363, policy_version=50), rep(version_step=386,
+                                                            policy_version=1000001)
+    m.offer(old)
+    m.advance(0.0, None)
+    m.fetched(True, 0.1)
+    m.offer(new)
+    assert m.advance(0.2, policy(1000001, ("a", "b", "c"), effective=387)) == Fetch(new)
+    assert m.phase is JoinPhase.FETCHING and m.unused is None
+    m.fetched(True, 0.3)
+    assert m.advance(0.4, policy(1000001, ("a", "b", "c"), effective=387)) == Joined()
+    # A bootstrap of another plan: we start alone from the state we hold.
+    m = JoinMachine("c", deadline=100.0)
+    m.offer(old)
+    m.advance(0.0, None)
+    m.fetched(True, 0.1)
+    boot = Bootstrap(new="c", policy_version=60)
+    m.offer(boot)
+    assert m.advance(0.2, policy(60, ("c",))) == StartAlone(boot)
+
+
 def test_new_neighbours_are_tree_neighbours_that_were_no_members() -> None:
     prev, pub = policy(4, ("a", "b")), policy(5, ("a", "b", "c"))
     assert new_neighbours("a", pub, prev) == ["c"]

@@ -62,6 +62,10 @@ class FakeRendezvous:
     def __init__(self) -> None:
         self.offered: dict[str, Any] = {}
         self.declined: dict[str, str] = {}
+        self.named: list[set[str]] = []  # what each refuse_unnamed call was told
+
+    def refuse_unnamed(self, named: Any) -> None:
+        self.named.append(set(named))
 
     def offer(self, new: str, state: Any, serve_bps: float | None = None) -> None:
         self.offered[new] = (state, serve_bps)
@@ -111,6 +115,9 @@ def test_a_source_offers_its_snapshot_once_the_new_policy_governs() -> None:
     s.book.put(policy(5, ("a", "b", "c"), effective=11))
     src.serve_due()
     assert rv.offered == {"c": ("state of step 10", 1e6)} and not src.knows("c")
+    # At each boundary the rendezvous hears whom we may yet serve: c while its command
+    # waited, nobody once it was served (the offer answers c's requests from then on).
+    assert rv.named == [{"c"}, set()]
 
 
 def test_a_command_for_a_node_that_already_trains_with_us_is_dropped() -> None:

@@ -40,9 +40,10 @@ def handle(neg: Negotiator, node: str, op: str, args: dict[str, object]) -> str 
     return neg.handle(node, body)
 
 
-def done(**fields: object) -> Replicated:
-    """A new node's ``replicated`` report."""
-    return Replicated(version=0, **fields)  # type: ignore[arg-type]
+def done(version: int = 1 << 20, **fields: object) -> Replicated:
+    """A new node's ``replicated`` report (of a step its command's plan reached: the
+    scheduler ignores an older plan's)."""
+    return Replicated(version=version, **fields)  # type: ignore[arg-type]
 
 
 def grow(neg: Negotiator, *nodes: str) -> None:
@@ -247,6 +248,20 @@ def test_a_repeated_join_request_resends_the_commands_a_broker_restart_lost() ->
     assert cmds(neg, "replicate") == first
     assert neg.sched.policy_version == version  # nothing planned anew
     assert [e.node for e in neg.sched.events if e.kind == "scale-out"] == ["a", "b"]
+
+
+def test_a_report_of_an_older_plans_state_does_not_end_the_join() -> None:
+    """The joiner's pull of an older plan (a deposed scheduler's) ended after this one
+    planned the join: its state is older than the step this plan names. Made active with it,
+    the node trained alone on an older state than a member held (the simulator's seed 397)."""
+    neg, _ = make({"a": 40, "b": 40})
+    grow(neg, "a", "b")
+    neg.join("c", "127.0.0.1:3", ["a", "b"])
+    step = neg.joins["c"].command.version_step
+    neg.replicated("c", done(version=step - 5))
+    assert neg.sched.nodes["c"].state == "joining" and "c" in neg.joins
+    neg.replicated("c", done(version=step))
+    assert neg.sched.nodes["c"].state == "active" and "c" not in neg.joins
 
 
 def test_stall_reports_attach_to_their_event() -> None:
