@@ -485,7 +485,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "step, not what its worker restored", _daemon_step_held),
     Mutant("ended-bootstrap", "335c9d8", "a bootstrap of a scheduler whose term has ended is "
            "carried out", _ended_bootstrap),
-    Mutant("older-plan-joins", "stop 34", "a joiner's report of an older plan's state ends the "
+    Mutant("older-plan-joins", "d78989a", "a joiner's report of an older plan's state ends the "
            "join, and a policy of a newer plan admits a joiner holding the older state",
            _older_plan_joins),
 )}
