@@ -282,7 +282,8 @@ class SimWorker:
             return
         self.events.restored(self.me, got)
         self.state = got
-        self.report(Replicated(version=got.step, bytes=1 << 20,
+        plan = self.join.command.policy_version if self.join.command is not None else None
+        self.report(Replicated(version=got.step, bytes=1 << 20, plan=plan,
                                delay_ms=round((self.sim.now - pull.started) * 1e3, 3),
                                sources=sorted(pull.chosen),
                                declined={s: "memory" for s in pull.sources

@@ -288,7 +288,8 @@ class Joiner:
             replans=0 if fetched is None else len(fetched.replans),
             refetched_blocks=0 if fetched is None else len(fetched.refetched_blocks),
             left_out={k: v[:200] for k, v in errors.items()},
-            declined={k: v[:200] for k, v in errors.items() if isinstance(v, Refusal)})
+            declined={k: v[:200] for k, v in errors.items() if isinstance(v, Refusal)},
+            plan=rep.policy_version)
         return Pulled(manifest, res.buffer, report)
 
     def _measure(self, rep: Replicate, sources: Sequence[str]) -> dict[str, Mapping[str, Any]]:

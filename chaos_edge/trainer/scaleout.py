@@ -18,7 +18,7 @@ The new node (:class:`JoinPhase`)::
        |                      +--failed or superseded--> RETRYING
        +--Bootstrap (in touch, not superseded)--------+
     any phase --deadline--> TIMED_OUT;  a state that does not fit --> REFUSED
-    AWAITING_POLICY --a command of another plan--> FETCHING (or a Bootstrap's StartAlone)
+    AWAITING_POLICY --a Replicate of another plan--> FETCHING
 
 A ``Bootstrap`` is carried out only while chaosd is in touch with the cluster, and not once a
 newer policy leaves this node out: a box frozen with one in its queue thawed and started over
@@ -204,8 +204,9 @@ class JoinMachine:
         plan's. Its policy may name us, but from the new plan's step: joining on it with the
         older state, a node restored at 363 trained alone on while another held 384 (the
         simulator's seed 397). The new command is carried out instead. The same plan's
-        command sent again changes nothing (:attr:`unused`)."""
-        return (self._newest is not None and self.command is not None
+        command sent again changes nothing, nor does a bootstrap, which starts from the state
+        we hold anyway: each is kept for the next join (:attr:`unused`)."""
+        return (isinstance(self._newest, Replicate) and self.command is not None
                 and self._newest.policy_version != self.command.policy_version)
 
     def _has_policy(self, newest: SyncPolicy | None) -> bool:

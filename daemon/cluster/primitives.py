@@ -756,8 +756,9 @@ class Negotiator:
         """The new node restored the state: scale-out is done."""
         join = self.joins.get(node)
         if join is not None and self._older_plan(join, report):
-            log.info("%s restored step %d of an older plan; its join waits for step %d",
-                     node, report.version, join.command.version_step)
+            log.info("%s restored step %d for plan v%s, an older one; its join waits for "
+                     "step %d (v%d)", node, report.version, report.plan,
+                     join.command.version_step, join.command.policy_version)
             return
         self.joins.pop(node, None)
         if self.sched.nodes.get(node) is None or self.sched.nodes[node].state != "joining":
@@ -779,11 +780,12 @@ class Negotiator:
 
     @staticmethod
     def _older_plan(join: Join, report: Replicated) -> bool:
-        """Whether ``report`` is of an older plan of this join (a pull that ended after we
-        planned the join anew): a source serves the command's step or a later one. Made
+        """Whether ``report`` is of another plan of this join than ours (a pull that ended
+        after we planned the join anew: its command named another policy version). Made
         active with it, the node trained on an older state than a member held (the
-        simulator's seed 397); its worker carries out our command next."""
-        return report.version < join.command.version_step
+        simulator's seed 397); its worker carries out our command next. A report that does
+        not say its plan (an older worker) is taken as ours."""
+        return report.plan is not None and report.plan != join.command.policy_version
 
     def leave(self, node: str, step: int) -> None:
         """Graceful scale-in at a step boundary a little ahead, like every planned change:

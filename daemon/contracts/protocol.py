@@ -300,6 +300,8 @@ class Replicated(_Report):
         refetched_blocks: Blocks that failed verification and were fetched again.
         left_out: Sources that made no offer, and why.
         declined: Those of them that refused on their own (their memory guard).
+        plan: The ``policy_version`` of the replicate command the pull carried out (None:
+            unsaid), so the scheduler can tell a pull of an older plan of the join.
     """
 
     KIND: ClassVar[str] = "replicated"
@@ -318,12 +320,15 @@ class Replicated(_Report):
     refetched_blocks: int = 0
     left_out: dict[str, str] = field(default_factory=dict)
     declined: dict[str, str] = field(default_factory=dict)
+    plan: int | None = None
 
     def detail(self) -> dict[str, Any]:
         """What the ``scale-out`` event carries of it: everything but the worker's own
-        ``delay_ms`` (the event's is the scheduler's, request to done), empty parts left out."""
+        ``delay_ms`` (the event's is the scheduler's, request to done) and the plan (the
+        event's ``policy_version`` says it), empty parts left out."""
         doc = self.to_args()
         del doc["kind"], doc["delay_ms"]
+        doc.pop("plan", None)
         return {k: v for k, v in doc.items() if v not in ({}, None) or k == "sources"}
 
 

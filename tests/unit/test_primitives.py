@@ -40,10 +40,9 @@ def handle(neg: Negotiator, node: str, op: str, args: dict[str, object]) -> str 
     return neg.handle(node, body)
 
 
-def done(version: int = 1 << 20, **fields: object) -> Replicated:
-    """A new node's ``replicated`` report (of a step its command's plan reached: the
-    scheduler ignores an older plan's)."""
-    return Replicated(version=version, **fields)  # type: ignore[arg-type]
+def done(**fields: object) -> Replicated:
+    """A new node's ``replicated`` report."""
+    return Replicated(version=0, **fields)  # type: ignore[arg-type]
 
 
 def grow(neg: Negotiator, *nodes: str) -> None:
@@ -257,10 +256,10 @@ def test_a_report_of_an_older_plans_state_does_not_end_the_join() -> None:
     neg, _ = make({"a": 40, "b": 40})
     grow(neg, "a", "b")
     neg.join("c", "127.0.0.1:3", ["a", "b"])
-    step = neg.joins["c"].command.version_step
-    neg.replicated("c", done(version=step - 5))
+    plan = neg.joins["c"].command.policy_version
+    neg.replicated("c", done(plan=plan - 1))
     assert neg.sched.nodes["c"].state == "joining" and "c" in neg.joins
-    neg.replicated("c", done(version=step))
+    neg.replicated("c", done(plan=plan))
     assert neg.sched.nodes["c"].state == "active" and "c" not in neg.joins
 
 
