@@ -283,19 +283,6 @@ class NodeAgent:
                        holds=self.worker.step if self.worker.attached else -1)
         await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
 
-    def _holds_state(self) -> bool:
-        """Whether a scheduler elected here has a state to start from: the cluster's snapshot
-        (the retained view), our worker's state, or a snapshot of it on our disk. A node with
-        none lets a holder lead first (``election.orphan_s``). After a power cut of every
-        box and the broker, only the disks held the state: every node counted as holding none,
-        each broker restart began the 20-s wait again, and training resumed 96 s after the
-        daemons returned (the soak's hour in stop 34). Whoever leads waits to hear the nodes up
-        and resumes from the newest state they hold."""
-        if self.view is not None:
-            return True  # the usual case: the disk is read only while no view is retained
-        w = self.worker
-        return (w.attached and w.step > 0) or self._snapshot_step() > 0
-
     def _snapshot_step(self) -> int:
         """The newest snapshot on our disk, by name (what the worker restores if it starts)."""
         if not self.cfg.snapshots.enabled:
@@ -834,7 +821,7 @@ class NodeAgent:
         # The best term a live peer knows: above 0, a cluster exists, and a node that holds
         # none of its state lets a peer that may hold it lead first.
         known = max((st.term for n, st in self.presence.items() if n in live), default=0)
-        verdict = self.election.tick(live, has_state=self._holds_state(), own=own,
+        verdict = self.election.tick(live, has_state=self.view is not None, own=own,
                                      cluster_term=known, alone_s=self.cfg.mqtt.reconnect_max_s,
                                      own_step=own_step, heard=outside)
         if verdict.action is Action.CLAIM and self.role is not None and rival is not None:

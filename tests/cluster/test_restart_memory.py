@@ -10,12 +10,10 @@ from pathlib import Path
 import pytest
 
 from daemon.agent.memory import TermMemory
-from daemon.agent.node import NodeAgent
 from daemon.cluster.election import Action, Election
 from daemon.contracts.clock import FakeClock
-from daemon.contracts.config import Config, ElectionConfig
+from daemon.contracts.config import ElectionConfig
 from daemon.contracts.messages import Status
-from daemon.contracts.snapshots import SNAPSHOT_DIR, snapshot_name
 from tests.cluster.test_role import FakeHost, join
 
 pytestmark = pytest.mark.timeout(10)
@@ -105,21 +103,3 @@ def test_a_newcomer_that_sees_a_peer_knowing_a_cluster_lets_it_lead_first() -> N
     assert fresh.tick({"a"}, has_state=False, cluster_term=0).action is Action.NONE  # rank 1
     clock.advance(CFG.stagger_s + 0.05)
     assert fresh.tick({"a"}, has_state=False, cluster_term=0).action is Action.CLAIM
-
-
-def test_a_node_holds_the_state_when_its_disk_or_worker_does(tmp_path: Path) -> None:
-    """After a power cut of every box and the broker, no node has the retained view; the
-    disks hold the state. Counted as holding none, every node waited orphan_s, and each
-    broker restart began that wait again: training resumed 96 s after the daemons returned
-    (the soak's hour in stop 34). A snapshot on our disk, or a worker holding a state, is a
-    state a scheduler elected here can start from."""
-    agent = NodeAgent(Config(node_id="n1", cluster="c", data_dir=str(tmp_path)), FakeClock())
-    assert agent.view is None and not agent._holds_state()  # a new box: lets a holder lead
-    (tmp_path / SNAPSHOT_DIR).mkdir()
-    (tmp_path / SNAPSHOT_DIR / snapshot_name(240)).touch()
-    assert agent._holds_state()
-    (tmp_path / SNAPSHOT_DIR / snapshot_name(240)).unlink()
-    agent.worker.pid, agent.worker.step = 4242, 17  # a worker attached, holding step 17
-    assert agent._holds_state()
-    agent.worker.step = 0  # a fresh model is no state
-    assert not agent._holds_state()

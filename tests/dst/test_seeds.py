@@ -36,7 +36,7 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "extrapolated-hold": (27921, 20.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "one-report-partitions": (532, 200.0, frozenset({"split"})),
-    "last-leave-lost": (581, 200.0, frozenset({"state-lost"})),  # 449 to stop 31, 586 to 34
+    "last-leave-lost": (586, 200.0, frozenset({"state-lost"})),  # 449 until stop 31
     "unheard-bootstrap": (13, 200.0, frozenset({"state-lost"})),
     "inferred-bootstrap": (11, 200.0, frozenset({"join-stuck"})),
     # Found by the 200 long seeds at 7940f4a, open for a stop: with lost QoS 0 messages alone,
@@ -45,6 +45,8 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # Open at stop 31, fixed in stop 32: caught by the seed that found it.
     "behind-train-on": (2290, 200.0, frozenset({"split"})),
     # Found by stop 32's 200 fresh long seeds (2400-2599), fixed in the same stop.
+    "ahead-plus-lead": (2521, 200.0, frozenset({"split"})),
+    "daemon-step-held": (2521, 200.0, frozenset({"split"})),
     # Found in stop 34 by seed 397 once sources refuse requests no command explains.
     "older-plan-joins": (397, 200.0, frozenset({"split"})),
 }
@@ -63,12 +65,6 @@ UNCAUGHT: dict[str, str] = {
     "silent-empty": "pinned at 498 until stop 34 moved it; none in 150 of 60 s (unit-tested)",
     "first-holds": "pinned at 570 until stop 34 moved it; none in 120 of 200 s (unit-tested)",
     "ended-bootstrap": "pinned at 2759 until stop 34; none in 120 of 200 s (unit-tested)",
-    # Then the election's "holds the state" counting a disk snapshot moved two more, both
-    # pinned at 2521: none in 2500..2559 at 200 s for either. Their rules have unit tests
-    # (tests/unit/test_primitives.py: a joiner holding the newest step heard is ahead of
-    # members that lag it; the join floor is the worker's step, not the daemon's).
-    "ahead-plus-lead": "pinned at 2521 until stop 34; none in 60 of 200 s (unit-tested)",
-    "daemon-step-held": "pinned at 2521 until stop 34; none in 60 of 200 s (unit-tested)",
     # Caught at 635 (200 s) from f61fc3d until 6ea94ef's rule (a joiner holding the newest
     # step heard is ahead of lagging members) covered that run: 635 passes since even with
     # the hold and the learned term both undone; none in 600..899 at 200 s. Agent-tested
