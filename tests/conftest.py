@@ -5,6 +5,8 @@ daemons and workers carries the last lines each of them logged (DEBUG left out).
 """
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,3 +54,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     tails = log_tails(root) if root is not None and root.exists() else ""
     if tails:
         report.sections.append(("process logs (tails)", tails))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (a CI runner's cancel, ``timeout``, a kill of the run) unwinds like Ctrl-C, in
+    the main process and in every xdist worker: the fixtures' finalizers run, and the
+    daemons, brokers, namespaces and veths a test built go with them. With the default
+    action the process died at once and left them all behind (a killed run in stop 34 left
+    namespaces, chaosd, mosquitto and iperf3 running)."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+        signal.signal(signal.SIGTERM, signal.default_int_handler)

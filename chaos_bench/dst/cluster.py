@@ -9,11 +9,13 @@ after it fails, as ``chaosctl join -- CMD`` does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from chaos_bench.dst.broker import SimBroker, SimBus
@@ -472,8 +474,18 @@ def _brief(args: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in keep.items())
 
 
-def quiet_logs() -> None:
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
     """The agents log at INFO as chaosd does; a simulation of thousands of runs keeps only
-    errors (a run that fails is replayed with its trace)."""
-    logging.getLogger("chaosd").setLevel(logging.CRITICAL)
-    logging.getLogger("chaos").setLevel(logging.CRITICAL)
+    errors (a run that fails is replayed with its trace). The levels are put back after the
+    run: left at CRITICAL, they silenced the tests that ran next in the same process (a test
+    of chaosd's one-line warnings found no line)."""
+    loggers = [logging.getLogger(name) for name in ("chaosd", "chaos")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)

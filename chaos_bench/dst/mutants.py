@@ -19,7 +19,7 @@ from daemon.agent.leadership import Leadership
 from daemon.agent.node import NodeAgent
 from daemon.cluster import primitives
 from daemon.cluster.detector import PhiAccrualDetector
-from daemon.cluster.election import Election, Heard
+from daemon.cluster.election import Election, Heard, Holding
 from daemon.cluster.role import SchedulerRole
 from daemon.contracts.messages import Request, Status
 from daemon.contracts.protocol import Bootstrap, parse_request
@@ -120,9 +120,9 @@ def _silent_empty() -> list[tuple[Any, str, Any]]:
 def _newcomer_stands() -> list[tuple[Any, str, Any]]:
     tick = Election.__dict__["tick"]
 
-    def old(self: Election, live: set[str], has_state: bool = True, own: int = 0,
+    def old(self: Election, live: set[str], holding: Holding = Holding.VIEW, own: int = 0,
             cluster_term: int = 0, **later: Any) -> Any:
-        return tick(self, live, has_state, own, 0, **later)  # blind to the peers' term
+        return tick(self, live, holding, own, 0, **later)  # blind to the peers' term
     return [(Election, "tick", old)]
 
 
@@ -349,9 +349,20 @@ def _first_holds() -> list[tuple[Any, str, Any]]:
 
 
 def _held_named() -> list[tuple[Any, str, Any]]:
+    unname = primitives.Negotiator.__dict__["_unname"]
+
     def keep(self: primitives.Negotiator, node: str) -> None:
+        if self.sched.policy is None:  # a later fix's case, kept: no policy names it
+            unname(self, node)
         return None  # the fix undone: a held node stays in the policy in force
     return [(primitives.Negotiator, "_unname", keep)]
+
+
+def _viewless_unasked() -> list[tuple[Any, str, Any]]:
+    def named_only(self: primitives.Negotiator, node: str) -> None:
+        if self._named(node):  # the fix undone: with no policy of ours, nothing is said
+            self.publish_policy(effective_step=0)
+    return [(primitives.Negotiator, "_unname", named_only)]
 
 
 def _silent_unawaited() -> list[tuple[Any, str, Any]]:
@@ -471,6 +482,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "replica its worker restored since, when it is planned again", _first_holds),
     Mutant("held-named", "e032c64", "a joiner held back stays in the inherited policy that "
            "names it, and trains alone on it", _held_named),
+    Mutant("viewless-unasked", "stop 35", "a scheduler elected without the view holds a "
+           "joiner back for workers that train under a policy it never saw, and never asks "
+           "them to join", _viewless_unasked),
     Mutant("silent-unawaited", "014ad8e", "a joiner with no member left starts the cluster over "
            "at once, though the last member went silent a moment ago and may be back with "
            "steps we never heard of", _silent_unawaited),

@@ -55,7 +55,11 @@ def run_plan(plan: Plan, trace: bool = False, mutant: str | None = None) -> Resu
 
 
 def _run(plan: Plan, trace: bool) -> Result:
-    quiet_logs()
+    with quiet_logs():
+        return _run_quietly(plan, trace)
+
+
+def _run_quietly(plan: Plan, trace: bool) -> Result:
     t0 = time.process_time()
     sim = Sim(plan.seed, trace=trace)
     cluster = Cluster(plan, sim)

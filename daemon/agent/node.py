@@ -29,7 +29,7 @@ from daemon.agent.probes import LinkMonitor, PeerEndpoint
 from daemon.agent.resources import Resources, sample
 from daemon.agent.worker import WorkerSession, WorkerSupervisor, pid_alive, unresponsive_for
 from daemon.cluster.detector import PhiAccrualDetector
-from daemon.cluster.election import Action, Election, Heard
+from daemon.cluster.election import Action, Election, Heard, Holding
 from daemon.cluster.role import SchedulerRole
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock, SystemClock
@@ -282,6 +282,22 @@ class NodeAgent:
                        leader=self.election.leader or "", snapshot=self._snapshot_step(),
                        holds=self.worker.step if self.worker.attached else -1)
         await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
+
+    def _start_from(self) -> Holding:
+        """What a scheduler elected here would start from: the cluster's snapshot (the
+        retained view), else our worker's state or a snapshot of it on our disk, else nothing.
+        After a power cut of every box and the broker, only the disks held the state: counted
+        as holding nothing, every node waited ``election.orphan_s``, each broker restart
+        began that wait again, and training resumed 96 s after the daemons returned (the
+        soak's hour in stop 34). A holder of a state stands once the nodes with the view had
+        their turn; whoever leads waits to hear the nodes up and goes on from the newest
+        state they hold."""
+        if self.view is not None:
+            return Holding.VIEW  # the usual case: the disk is read only while no view is kept
+        w = self.worker
+        if (w.attached and w.step > 0) or self._snapshot_step() > 0:
+            return Holding.STATE
+        return Holding.NOTHING
 
     def _snapshot_step(self) -> int:
         """The newest snapshot on our disk, by name (what the worker restores if it starts)."""
@@ -821,7 +837,7 @@ class NodeAgent:
         # The best term a live peer knows: above 0, a cluster exists, and a node that holds
         # none of its state lets a peer that may hold it lead first.
         known = max((st.term for n, st in self.presence.items() if n in live), default=0)
-        verdict = self.election.tick(live, has_state=self.view is not None, own=own,
+        verdict = self.election.tick(live, holding=self._start_from(), own=own,
                                      cluster_term=known, alone_s=self.cfg.mqtt.reconnect_max_s,
                                      own_step=own_step, heard=outside)
         if verdict.action is Action.CLAIM and self.role is not None and rival is not None:

@@ -34,6 +34,10 @@ Rules (all nodes apply the same ones, so they converge without talking more):
   node would bootstrap a second cluster beside them (the simulator's seed 66: a new box did).
   A node that knows no cluster and sees nobody waits a reconnect backoff first: the broker may
   be one that has just lost its memory, and the members are reconnecting (seed 1201).
+  A node whose worker or disk holds a training state, but not the view, stands after every
+  live node's turn: after a power cut of every box and the broker only the disks hold the
+  state, and each broker restart began the ``orphan_s`` wait again (96 s to resume in the
+  soak's hour of stop 34); a node with the view still leads first when one is up.
 """
 
 from __future__ import annotations
@@ -50,6 +54,13 @@ class Action(enum.Enum):
     CLAIM = "claim"          # publish our claim (new term or re-assertion)
     STEP_DOWN = "step-down"  # we were leader and no longer are
     FOLLOW = "follow"        # a new leader was accepted
+
+
+class Holding(enum.Enum):
+    """What a scheduler elected on this node would start from."""
+    VIEW = "view"        # the cluster's snapshot (the retained view): it governs at once
+    STATE = "state"      # a training state alone (our worker's, or a snapshot on our disk)
+    NOTHING = "nothing"  # neither: a holder of the state must get the first chance
 
 
 @dataclass(frozen=True)
@@ -270,14 +281,17 @@ class Election:
         if not self.is_leader:
             self.leader = None
 
-    def tick(self, live: set[str], has_state: bool = True, own: int = 0,
+    def tick(self, live: set[str], holding: Holding = Holding.VIEW, own: int = 0,
              cluster_term: int = 0, alone_s: float = 0.0, own_step: int = -1,
              heard: Heard = Heard()) -> Verdict:
         """Decide whether to stand, given the nodes we currently believe alive.
 
         Args:
             live: ids of live nodes as this node sees them (``me`` is implied).
-            has_state: this node holds a cluster snapshot that a new scheduler can start from.
+            holding: what a scheduler elected here would start from. A node with the view
+                stands in its rank; one with a training state alone after every live node
+                had its turn, since one of them may hold the view (a scheduler without it
+                makes every worker join again); one with neither after ``orphan_s``.
             own: the nodes training under our policies, if we lead (a contest's count).
             cluster_term: the best term a live peer says it knows (its presence).
             alone_s: how long a node that knows no cluster and sees no peer waits before it
@@ -301,9 +315,12 @@ class Election:
             self._vacant_since = now
         rank = sorted(live | {self.me}).index(self.me)
         wait = rank * self._cfg.stagger_s
-        if max(self.term, cluster_term) > 0 and not has_state:
+        knows_cluster = max(self.term, cluster_term) > 0
+        if knows_cluster and holding is Holding.NOTHING:
             wait = max(wait, self._cfg.orphan_s)  # let a peer that holds the state lead
-        elif not live and not has_state:
+        elif knows_cluster and holding is Holding.STATE:
+            wait = (len(live | {self.me}) + rank) * self._cfg.stagger_s  # the view's turn first
+        elif not live and holding is Holding.NOTHING:
             wait = max(wait, alone_s)  # an empty broker may be one that lost its memory
         if now - self._vacant_since < wait:
             return self._verdict(Action.NONE)

@@ -368,13 +368,7 @@ class Negotiator:
             # holder of the state, never heard from it (the simulator's seed 52).
             if self.sched.policy is None or not self.sched.policy.members:
                 return self.sched.policy
-            empty = SyncPolicy.build(self.sched.policy_version + 1, [], [], "", effective_step,
-                                     wire=self.wire, sync=self.sync)
-            self.sched.policy_version = empty.version
-            self.sched.policy = empty
-            self.sched.policies.append(empty)
-            self.sched.dirty = True
-            return empty
+            return self._publish_empty(effective_step)
         weights = {link_key(lk.a, lk.b): (lk.bandwidth_mbps or 1.0)
                    for lk in self.sched.links if lk.state == "up"}
         plan = spanning_tree(members, weights)
@@ -401,6 +395,17 @@ class Negotiator:
         self.sched.policies.append(policy)
         self.sched.dirty = True
         return policy
+
+    def _publish_empty(self, effective_step: int) -> SyncPolicy:
+        """A policy naming no member: every worker that a policy of ours or an older one
+        names finds itself outside it, and asks to join, saying the step it holds."""
+        empty = SyncPolicy.build(self.sched.policy_version + 1, [], [], "", effective_step,
+                                 wire=self.wire, sync=self.sync)
+        self.sched.policy_version = empty.version
+        self.sched.policy = empty
+        self.sched.policies.append(empty)
+        self.sched.dirty = True
+        return empty
 
     def _keep(self, parts: tuple[frozenset[str], ...]) -> frozenset[str]:
         """The part that trains on: the most holders of the state up (active members, not
@@ -554,9 +559,20 @@ class Negotiator:
         inherited a policy naming a joiner its predecessor had planned; the joiner's pull
         from that predecessor ended, it trained alone on that policy while held here as
         holding nothing, and an older state started the cluster over (the simulator's seed
-        567). Left out at once, its worker asks again, saying it holds the replica."""
+        567). Left out at once, its worker asks again, saying it holds the replica.
+
+        A scheduler without the cluster's view (elected after its predecessor died while the
+        broker was down, which lost the retained view) has no policy of its own, and the
+        holders of the newer state it waits for train under one it never saw: they never
+        asked, and past HOLD_S the joiner's older state started the cluster over
+        (test_split_brain: the rebooted scheduler's disk held 380, the survivors 396). A
+        policy of our term naming nobody is newer than theirs: they ask to join, saying what
+        they hold, and the newest holder goes on."""
         if self._named(node):
             self.publish_policy(effective_step=0)
+        elif self.sched.policy is None:
+            log.warning("no view of the cluster's policy: asking every worker to join")
+            self._publish_empty(effective_step=0)
 
     def _named(self, node: str) -> bool:
         """Does the newest policy name ``node`` as a member?"""

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from daemon.agent.memory import TermMemory
-from daemon.cluster.election import Action, Election
+from daemon.agent.node import NodeAgent
+from daemon.cluster.election import Action, Election, Holding
 from daemon.contracts.clock import FakeClock
-from daemon.contracts.config import ElectionConfig
+from daemon.contracts.config import Config, ElectionConfig
 from daemon.contracts.messages import Status
+from daemon.contracts.snapshots import SNAPSHOT_DIR, snapshot_name
 from tests.cluster.test_role import FakeHost, join
 
 pytestmark = pytest.mark.timeout(10)
@@ -44,7 +46,7 @@ def test_a_node_that_remembers_a_cluster_waits_for_its_state() -> None:
     el.connected()
     clock.advance(CFG.grace_s)
     # Rank 0, seat vacant, but no snapshot to start from: a peer that has one goes first.
-    assert el.tick({"b"}, has_state=False).action is Action.NONE
+    assert el.tick({"b"}, holding=Holding.NOTHING).action is Action.NONE
     assert el.on_claim("b", 8).action is Action.FOLLOW
     assert el.leader == "b" and el.term == 8
 
@@ -55,11 +57,11 @@ def test_an_orphan_stands_above_its_remembered_term_in_the_end() -> None:
     el.restore(7)
     el.connected()
     clock.advance(CFG.grace_s)
-    assert el.tick(set(), has_state=False).action is Action.NONE
+    assert el.tick(set(), holding=Holding.NOTHING).action is Action.NONE
     clock.advance(CFG.orphan_s - 0.1)
-    assert el.tick(set(), has_state=False).action is Action.NONE
+    assert el.tick(set(), holding=Holding.NOTHING).action is Action.NONE
     clock.advance(0.2)
-    verdict = el.tick(set(), has_state=False)
+    verdict = el.tick(set(), holding=Holding.NOTHING)
     assert verdict.action is Action.CLAIM and verdict.term == 8
 
 
@@ -68,7 +70,7 @@ def test_a_fresh_node_does_not_wait() -> None:
     el = Election("a", CFG, clock)
     el.connected()
     clock.advance(CFG.grace_s)
-    assert el.tick(set(), has_state=False).action is Action.CLAIM
+    assert el.tick(set(), holding=Holding.NOTHING).action is Action.CLAIM
 
 
 def test_a_member_back_as_a_new_process_is_scaled_in_then_admitted() -> None:
@@ -95,11 +97,58 @@ def test_a_newcomer_that_sees_a_peer_knowing_a_cluster_lets_it_lead_first() -> N
     el = Election("z", CFG, clock)
     el.connected()
     clock.advance(CFG.grace_s)
-    assert el.tick({"a"}, has_state=False, cluster_term=3).action is Action.NONE
+    assert el.tick({"a"}, holding=Holding.NOTHING, cluster_term=3).action is Action.NONE
     assert el.on_claim("a", 4).action is Action.FOLLOW
     fresh = Election("z", CFG, clock)  # peers that know no cluster: a new one, no wait
     fresh.connected()
-    clock.advance(CFG.grace_s)
-    assert fresh.tick({"a"}, has_state=False, cluster_term=0).action is Action.NONE  # rank 1
+    clock.advance(CFG.grace_s)  # rank 1: after a's turn
+    assert fresh.tick({"a"}, holding=Holding.NOTHING, cluster_term=0).action is Action.NONE
     clock.advance(CFG.stagger_s + 0.05)
-    assert fresh.tick({"a"}, has_state=False, cluster_term=0).action is Action.CLAIM
+    assert fresh.tick({"a"}, holding=Holding.NOTHING, cluster_term=0).action is Action.CLAIM
+
+
+def test_a_node_holds_the_state_when_its_disk_or_worker_does(tmp_path: Path) -> None:
+    """After a power cut of every box and the broker, no node has the retained view; the
+    disks hold the state. Counted as holding none, every node waited orphan_s, and each
+    broker restart began that wait again: training resumed 96 s after the daemons returned
+    (the soak's hour in stop 34). A snapshot on our disk, or a worker holding a state, is a
+    state a scheduler elected here can start from."""
+    agent = NodeAgent(Config(node_id="n1", cluster="c", data_dir=str(tmp_path)), FakeClock())
+    assert agent.view is None and agent._start_from() is Holding.NOTHING  # a new box: waits
+    (tmp_path / SNAPSHOT_DIR).mkdir()
+    (tmp_path / SNAPSHOT_DIR / snapshot_name(240)).touch()
+    assert agent._start_from() is Holding.STATE
+    (tmp_path / SNAPSHOT_DIR / snapshot_name(240)).unlink()
+    agent.worker.pid, agent.worker.step = 4242, 17  # a worker attached, holding step 17
+    assert agent._start_from() is Holding.STATE
+    agent.worker.step = 0  # a fresh model is no state
+    assert agent._start_from() is Holding.NOTHING
+
+
+def test_a_holder_of_a_state_stands_after_the_view_and_long_before_orphan_s() -> None:
+    """A node whose disk or worker holds the state, without the view, stands once every live
+    node had its turn: a node with the view leads first (a scheduler without it makes every
+    worker join again), and after a power cut of every box, when no node has the view, the
+    holders do not wait orphan_s (test_split_brain and the soak's hour of stop 34)."""
+    clock = FakeClock()
+    held = Election("a", CFG, clock)  # rank 0 among a, b, c, but only its disk holds a state
+    viewer = Election("b", CFG, clock)  # rank 1, with the view
+    for el in (held, viewer):
+        el.restore(3)
+        el.connected()
+    clock.advance(CFG.grace_s)
+    assert held.tick({"b", "c"}, holding=Holding.STATE).action is Action.NONE
+    assert viewer.tick({"a", "c"}, holding=Holding.VIEW).action is Action.NONE
+    clock.advance(CFG.stagger_s + 0.01)  # b's turn
+    assert held.tick({"b", "c"}, holding=Holding.STATE).action is Action.NONE
+    assert viewer.tick({"a", "c"}, holding=Holding.VIEW).action is Action.CLAIM
+    # Nobody with the view: after every live node's turn, long before orphan_s.
+    lone = Election("a", CFG, clock)
+    lone.restore(3)
+    lone.connected()
+    clock.advance(CFG.grace_s)
+    assert lone.tick({"b", "c"}, holding=Holding.STATE).action is Action.NONE
+    clock.advance(3 * CFG.stagger_s + 0.05)
+    assert 3 * CFG.stagger_s < CFG.orphan_s
+    verdict = lone.tick({"b", "c"}, holding=Holding.STATE)
+    assert verdict.action is Action.CLAIM and verdict.term == 4

@@ -12,6 +12,7 @@ seed stops failing under its mutant, find a new one with
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 from pathlib import Path
@@ -36,7 +37,7 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "extrapolated-hold": (27921, 20.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "one-report-partitions": (532, 200.0, frozenset({"split"})),
-    "last-leave-lost": (586, 200.0, frozenset({"state-lost"})),  # 449 until stop 31
+    "last-leave-lost": (164, 200.0, frozenset({"state-lost"})),  # 449 to stop 31, 586 to 34
     "unheard-bootstrap": (13, 200.0, frozenset({"state-lost"})),
     "inferred-bootstrap": (11, 200.0, frozenset({"join-stuck"})),
     # Found by the 200 long seeds at 7940f4a, open for a stop: with lost QoS 0 messages alone,
@@ -45,8 +46,6 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # Open at stop 31, fixed in stop 32: caught by the seed that found it.
     "behind-train-on": (2290, 200.0, frozenset({"split"})),
     # Found by stop 32's 200 fresh long seeds (2400-2599), fixed in the same stop.
-    "ahead-plus-lead": (2521, 200.0, frozenset({"split"})),
-    "daemon-step-held": (2521, 200.0, frozenset({"split"})),
     # Found in stop 34 by seed 397 once sources refuse requests no command explains.
     "older-plan-joins": (397, 200.0, frozenset({"split"})),
 }
@@ -65,6 +64,18 @@ UNCAUGHT: dict[str, str] = {
     "silent-empty": "pinned at 498 until stop 34 moved it; none in 150 of 60 s (unit-tested)",
     "first-holds": "pinned at 570 until stop 34 moved it; none in 120 of 200 s (unit-tested)",
     "ended-bootstrap": "pinned at 2759 until stop 34; none in 120 of 200 s (unit-tested)",
+    # Stop 35's fix, found by test_split_brain (real chaosd, mosquitto and workers) once a
+    # node whose disk holds a state could lead before one with the view: the simulator's
+    # campaign has not met a scheduler elected without the view while workers train on.
+    "viewless-unasked": "none in 0..224 at 200 s (unit-tested; test_split_brain)",
+    # Then stop 35's election (a node whose disk or worker holds a state stands after the
+    # nodes with the view, not orphan_s later) moved two more, both pinned at 2521 (2521
+    # passes with either now; none in 2500..2559 at 200 s in stop 34's try of that rule).
+    # Their rules have unit tests (tests/unit/test_primitives.py: a joiner holding the newest
+    # step heard is ahead of members that lag it; the join floor is the worker's step, not
+    # the daemon's).
+    "ahead-plus-lead": "pinned at 2521 until stop 35; none in 60 of 200 s (unit-tested)",
+    "daemon-step-held": "pinned at 2521 until stop 35; none in 60 of 200 s (unit-tested)",
     # Caught at 635 (200 s) from f61fc3d until 6ea94ef's rule (a joiner holding the newest
     # step heard is ahead of lagging members) covered that run: 635 passes since even with
     # the hold and the learned term both undone; none in 600..899 at 200 s. Agent-tested
@@ -277,3 +288,12 @@ def test_a_campaign_stopped_early_summarises_the_seeds_that_ran(tmp_path: Path) 
     assert doc["interrupted"] is True and 0 < doc["seeds"] < 2000
     assert proc.returncode in (1, 130) and (proc.returncode == 1) == bool(doc["violations"])
     assert "interrupted" in (tmp_path / "dst.md").read_text().splitlines()[0]
+
+
+def test_a_run_leaves_the_daemons_log_levels_as_it_found_them() -> None:
+    """The simulator quiets the agents' logs while it runs; left at CRITICAL afterwards, they
+    silenced the tests that ran next in the same process."""
+    names = ("chaosd", "chaos")
+    before = [logging.getLogger(n).level for n in names]
+    run_seed(7, 5.0)
+    assert [logging.getLogger(n).level for n in names] == before

@@ -15,6 +15,7 @@ from daemon.cluster.primitives import (
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import MessageError
+from daemon.contracts.policy import TERM_POLICY_SPAN
 from daemon.contracts.protocol import Bootstrap, Replicated, ServeDeclined, Stall, parse_request
 
 pytestmark = pytest.mark.timeout(30)
@@ -1134,6 +1135,40 @@ def test_a_held_joiner_the_policy_in_force_names_gets_a_policy_without_it() -> N
     assert neg.held == {"c": 0}
     assert neg.sched.policy_version > version and neg.sched.policy.members == ()
     assert neg.sched.policy.effective_step == 0
+
+
+def test_a_scheduler_without_the_view_asks_the_holders_under_an_unseen_policy_to_join() -> None:
+    """test_split_brain: the scheduler died with its worker while the broker was down, which
+    lost the retained view. Rebooted, it led again at a higher term with no view: its worker
+    restored its disk's 380 and asked to join, while the survivors' workers held 396 under
+    the old scheduler's policy, waiting for it. Never named by a policy of ours, they never
+    asked, and past HOLD_S the older 380 started the cluster over (a fork). A policy of our
+    term naming nobody makes them ask; the newest holder goes on."""
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("a", 2, None, clock), clock, lambda n: 0)
+    for node in ("a", "b", "c"):
+        neg.sched.set_node(node, state="standby", data_addr=f"127.0.0.1:{ord(node)}")
+    neg.observe_worker("b", "active", 396)
+    neg.observe_worker("c", "active", 396)
+    assert neg.sched.policy is None
+    neg.join("a", "127.0.0.1:97", [], step=380)
+    assert neg.held == {"a": 380} and not cmds(neg, "bootstrap")
+    empty = neg.sched.policy
+    assert empty is not None and empty.members == () and empty.effective_step == 0
+    assert empty.version > TERM_POLICY_SPAN  # newer than every policy of term 1
+    neg.join("b", "127.0.0.1:98", [], step=396)  # b's worker, outside it, asks
+    neg.join("c", "127.0.0.1:99", [], step=396)
+    assert [n for n, _ in cmds(neg, "bootstrap")] == ["b"]
+    assert sorted(neg.joins) == ["a", "c"] and neg.sched.step == 396
+    # With a view, a held joiner the policy does not name is held quietly, as before.
+    neg2, _ = make()
+    grow(neg2, "x")
+    neg2.sched.step = 500
+    neg2.sched.fail("x", "heartbeat", 2.0)
+    neg2.gone("x", "failure")
+    version = neg2.sched.policy_version
+    neg2.join("y", "127.0.0.1:3", [], step=0)
+    assert neg2.held == {"y": 0} and neg2.sched.policy_version == version
 
 
 def test_a_joiner_that_would_start_over_waits_for_the_last_member_gone_silent() -> None:
