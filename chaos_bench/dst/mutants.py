@@ -482,7 +482,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "replica its worker restored since, when it is planned again", _first_holds),
     Mutant("held-named", "e032c64", "a joiner held back stays in the inherited policy that "
            "names it, and trains alone on it", _held_named),
-    Mutant("viewless-unasked", "stop 35", "a scheduler elected without the view holds a "
+    Mutant("viewless-unasked", "29f4a9a", "a scheduler elected without the view holds a "
            "joiner back for workers that train under a policy it never saw, and never asks "
            "them to join", _viewless_unasked),
     Mutant("silent-unawaited", "014ad8e", "a joiner with no member left starts the cluster over "
