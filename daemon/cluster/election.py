@@ -35,9 +35,10 @@ Rules (all nodes apply the same ones, so they converge without talking more):
   A node that knows no cluster and sees nobody waits a reconnect backoff first: the broker may
   be one that has just lost its memory, and the members are reconnecting (seed 1201).
   A node whose worker or disk holds a training state, but not the view, stands after every
-  live node's turn: after a power cut of every box and the broker only the disks hold the
-  state, and each broker restart began the ``orphan_s`` wait again (96 s to resume in the
-  soak's hour of stop 34); a node with the view still leads first when one is up.
+  live node's turn and two reconnect backoffs: after a power cut of every box and the broker
+  only the disks hold the state, and each broker restart began the ``orphan_s`` wait again
+  (96 s to resume in the soak's hour of stop 34); a node with the view, or a live scheduler
+  reconnecting, still leads first.
 """
 
 from __future__ import annotations
@@ -290,8 +291,9 @@ class Election:
             live: ids of live nodes as this node sees them (``me`` is implied).
             holding: what a scheduler elected here would start from. A node with the view
                 stands in its rank; one with a training state alone after every live node
-                had its turn, since one of them may hold the view (a scheduler without it
-                makes every worker join again); one with neither after ``orphan_s``.
+                had its turn and ``2 * alone_s``, since a peer may hold the view or lead and
+                be reconnecting (a scheduler without the view knows no node); one with
+                neither after ``orphan_s``.
             own: the nodes training under our policies, if we lead (a contest's count).
             cluster_term: the best term a live peer says it knows (its presence).
             alone_s: how long a node that knows no cluster and sees no peer waits before it
@@ -319,7 +321,12 @@ class Election:
         if knows_cluster and holding is Holding.NOTHING:
             wait = max(wait, self._cfg.orphan_s)  # let a peer that holds the state lead
         elif knows_cluster and holding is Holding.STATE:
-            wait = (len(live | {self.me}) + rank) * self._cfg.stagger_s  # the view's turn first
+            # The view's turn first, and two backoffs for every peer to reconnect after a
+            # broker restart: a live scheduler re-asserts its claim then. Seeing nobody yet,
+            # a rebooted node stood 0.6 s after it connected and started the cluster over
+            # from its disk's older state beside the scheduler still reconnecting (the hour
+            # of stop 35: steps 14851-14857 committed twice).
+            wait = max((len(live | {self.me}) + rank) * self._cfg.stagger_s, 2 * alone_s)
         elif not live and holding is Holding.NOTHING:
             wait = max(wait, alone_s)  # an empty broker may be one that lost its memory
         if now - self._vacant_since < wait:

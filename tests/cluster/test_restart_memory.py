@@ -152,3 +152,22 @@ def test_a_holder_of_a_state_stands_after_the_view_and_long_before_orphan_s() ->
     assert 3 * CFG.stagger_s < CFG.orphan_s
     verdict = lone.tick({"b", "c"}, holding=Holding.STATE)
     assert verdict.action is Action.CLAIM and verdict.term == 4
+    # And two reconnect backoffs: after a broker restart a live scheduler may still be
+    # reconnecting (the hour of stop 35: a node that stood seeing nobody forked the state).
+    backoff = 2.0
+    late = Election("a", CFG, clock)
+    late.restore(3)
+    late.connected()
+    clock.advance(CFG.grace_s)
+    assert late.tick(set(), holding=Holding.STATE, alone_s=backoff).action is Action.NONE
+    clock.advance(2 * backoff - 0.1)
+    assert late.tick(set(), holding=Holding.STATE, alone_s=backoff).action is Action.NONE
+    assert late.on_claim("b", 4).action is Action.FOLLOW  # the scheduler is back: followed
+    alone = Election("a", CFG, clock)
+    alone.restore(3)
+    alone.connected()
+    clock.advance(CFG.grace_s)
+    assert alone.tick(set(), holding=Holding.STATE, alone_s=backoff).action is Action.NONE
+    clock.advance(2 * backoff + 0.05)
+    assert 2 * backoff < CFG.orphan_s
+    assert alone.tick(set(), holding=Holding.STATE, alone_s=backoff).action is Action.CLAIM
