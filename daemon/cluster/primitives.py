@@ -549,10 +549,22 @@ class Negotiator:
         # joiner planned anew) would hold up every round until its new replica's step, and
         # that state is one those rounds must make: a policy without it governs at once (the
         # simulator's seed 1721; soak fault 12, a 299 s stall until the join timed out).
+        before = self.sched.policy_version
         policy = self.publish_policy(effective_step=0 if self._named(node)
                                      else join.member_from)
-        join.command = replace(command, policy_version=policy.version if policy else 0)
+        adds = self._adding(node, before, policy)
+        join.command = replace(command, policy_version=adds.version if adds else 0)
         self._send_replicate(join)
+
+    def _adding(self, node: str, since: int, last: SyncPolicy | None) -> SyncPolicy | None:
+        """Of the policies published after version ``since`` (``last`` the newest), the one
+        that makes ``node`` a member: not always the last, since another joiner planned with
+        a longer lead (the cluster stepped faster then) is added by a later one. Named by that
+        later one, a joiner's sources waited for it to govern their next round before they
+        served, while the rounds from its first step already needed it: neither served nor
+        ran (soak fault 22, stalls of 101 s and 61 s)."""
+        return next((p for p in self.sched.policies if p.version > since
+                     and node in p.members), last)
 
     def _unname(self, node: str) -> None:
         """A node held back must not train on a policy that still names it: a new scheduler

@@ -16,7 +16,14 @@ from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.errors import MessageError
 from daemon.contracts.policy import TERM_POLICY_SPAN
-from daemon.contracts.protocol import Bootstrap, Replicated, ServeDeclined, Stall, parse_request
+from daemon.contracts.protocol import (
+    Bootstrap,
+    Replicate,
+    Replicated,
+    ServeDeclined,
+    Stall,
+    parse_request,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -1285,3 +1292,43 @@ def test_a_node_linked_back_rejoins_holding_what_its_worker_restored() -> None:
     neg.observe_worker("d", "joining", 28)  # its worker restored 28; its daemon said 25
     neg.link("c", "d", up=True)
     assert neg.joins["d"].holds == 28
+
+
+def test_a_joiners_command_names_the_policy_that_makes_it_a_member_not_a_later_one() -> None:
+    # Soak fault 22: b was planned while the cluster stepped fast (a long lead), then c, a
+    # node set aside by a partition, asked to join again once training had slowed (the
+    # minimum lead): c becomes a member first, by one policy, and b by a later one. c's
+    # command named the later one, so its source waited for that policy to govern its next
+    # round before it served, and the rounds from c's first step waited for c: 101 s stalls.
+    from chaos_edge.trainer.policy import PolicyBook
+    from chaos_edge.trainer.scaleout import ServeMachine
+
+    steps = {"a": 100}
+    neg, clock = make(steps)
+    grow(neg, "a")
+    for _ in range(20):  # 40 steps/s: a lead of 20
+        clock.advance(0.25)
+        steps["a"] += 10
+        neg.observe_progress()
+    neg.join("b", "127.0.0.1:2", ["a"])
+    for _ in range(30):  # a stall: the minimum lead
+        clock.advance(0.25)
+        neg.observe_progress()
+    neg.join("c", "127.0.0.1:3", ["a"])
+    b, c = neg.joins["b"].command, neg.joins["c"].command
+    assert c.version_step < b.version_step
+    book, source = PolicyBook(), ServeMachine("a")
+    for pub in neg.sched.policies:
+        book.put(pub)
+    first_c = book.for_round(c.version_step + 1)
+    assert first_c is not None and "c" in first_c.members and "b" not in first_c.members
+    assert c.policy_version == first_c.version  # the policy that makes it a member
+    for target, body in neg.out:
+        if target == "a" and isinstance(body, Replicate):
+            source.offer(body)
+    # At c's step the source serves c (its next round needs c), and b only at b's.
+    assert [r.new for r in source.due(c.version_step, book.for_round(c.version_step + 1))] \
+        == ["c"]
+    assert source.due(b.version_step - 1, book.for_round(b.version_step)) == []
+    assert [r.new for r in source.due(b.version_step, book.for_round(b.version_step + 1))] \
+        == ["b"]
