@@ -305,6 +305,12 @@ def _rejoin_named() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_named", never)]
 
 
+def _last_policy_named() -> list[tuple[Any, str, Any]]:
+    def last(self: primitives.Negotiator, node: str, since: int, policy: Any) -> Any:
+        return policy  # the fix undone: the newest policy published, whoever it adds
+    return [(primitives.Negotiator, "_adding", last)]
+
+
 def _source_link_ignored() -> list[tuple[Any, str, Any]]:
     report = primitives.Negotiator.__dict__["report"]
 
@@ -499,6 +505,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "step, not what its worker restored", _daemon_step_held),
     Mutant("ended-bootstrap", "335c9d8", "a bootstrap of a scheduler whose term has ended is "
            "carried out", _ended_bootstrap),
+    Mutant("last-policy-named", "1c36e36", "a joiner's command names the last policy published "
+           "with it, not the one that makes it a member, and its sources serve it too late",
+           _last_policy_named),
     Mutant("older-plan-joins", "d78989a", "a joiner's report of an older plan's state ends the "
            "join, and a policy of a newer plan admits a joiner holding the older state",
            _older_plan_joins),
