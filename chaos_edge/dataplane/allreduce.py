@@ -271,6 +271,22 @@ class AllReducer(FrameRouter):
             ph.abort(f"superseded by policy v{version} (effective at step {from_step})")
             return ph.neighbours
 
+    def interrupt_for(self, peer: str, version: int, reason: str) -> bool:
+        """Abort the phase in flight if it waits on ``peer`` under policy ``version`` or a
+        newer one (thread-safe): a new node whose replicate command came after the round
+        began cannot take part before we serve it, which we do only between rounds.
+
+        Returns:
+            Whether a phase was aborted.
+        """
+        with self._lock:
+            ph = self._phase
+            if ph is None or ph.aborted or ph.done or ph.version < version \
+                    or peer not in ph.neighbours:
+                return False
+            ph.abort(reason)
+            return True
+
     # -- phase lifecycle -------------------------------------------------------------------
     def _execute(self, ph: Phase, body: Callable[[float], None], timeout: float | None) -> None:
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)

@@ -40,6 +40,7 @@ statistics, which is why the agreed copies are used).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -70,6 +71,7 @@ from daemon.contracts import protocol
 from daemon.contracts.clock import Clock, SystemClock
 from daemon.contracts.policy import SyncMode, SyncPolicy
 
+log = logging.getLogger("chaos.trainer")
 __all__ = ["Shard", "StateDiverged", "StateMismatch", "StepTiming", "Trainer", "TrainerError",
            "UnserialisableState", "capture_exit_event"]
 DIGEST_EVERY = 100  # steps between the guard's comparisons (and whenever a member joins)
@@ -197,6 +199,7 @@ class Trainer:
                                           join_timeout=join_timeout, step=lambda: self.step,
                                           poll=self._poll, joined=self._joined)  # fmt: skip
             self._s.poller.on_policy = self._on_policy
+            self._s.poller.on_command = self._on_command
             self._membership.join(self._clock.monotonic() + join_timeout)
         except BaseException:
             self._s.close()
@@ -419,6 +422,20 @@ class Trainer:
         if restored:
             self._shares.forget()
         self._epochs.joined()
+
+    def _on_command(self, raw: Mapping[str, Any]) -> None:
+        """(The poller's thread.) A ``replicate`` naming us a source of a new node that the
+        round in flight waits on aborts that round: we serve only between rounds, so the
+        round and the new node would each wait for the other. The command normally comes
+        before that round (:meth:`Source.before_round` waits for it); one that came late (a
+        broker restart lost it, and the scheduler sent it again) stalled the round until the
+        new node's pull gave up, a minute later. The rerun's step boundary serves it."""
+        rep = self._source.late(raw, self._version)
+        if rep is not None and self.reducer.interrupt_for(
+                rep.new, rep.policy_version, f"serving {rep.new}, whose replicate command came "
+                "after the round began"):
+            log.warning("the replicate command for %s came after round %d began: rerunning "
+                        "it once %s is served", rep.new, self.step + 1, rep.new)
 
     def _on_policy(self, pub: SyncPolicy) -> None:
         """(The poller's thread.) A new policy that governs the round in flight aborts it

@@ -4,8 +4,9 @@ The training thread blocks in rounds, so a poll made only between steps learned 
 policy only after the round in flight timed out (30 s by default). :class:`Poller` polls every
 ``POLL_S`` whatever the training thread does: it flushes queued reports, tells chaosd the
 position the training thread last published (which also keeps the worker visibly alive to its
-supervisor), hands each new policy to ``on_policy`` at once (the Trainer aborts a round that
-policy governs), and keeps policies, commands and the leave flag in an inbox that the
+supervisor), hands each new policy to ``on_policy`` and each command to ``on_command`` at once
+(the Trainer aborts a round that policy governs, or that waits on a node the command has us
+serve), and keeps policies, commands and the leave flag in an inbox that the
 training thread takes in at its step boundaries. Nothing is polled on a step's own path.
 """
 
@@ -47,6 +48,8 @@ class Poller:
         self.term = 0
         #: Called on the poller's thread with each new policy, oldest first.
         self.on_policy: Callable[[SyncPolicy], None] | None = None
+        #: Called on the poller's thread with each command, in its wire form.
+        self.on_command: Callable[[Mapping[str, Any]], None] | None = None
         self._lock = threading.Lock()
         self._policies: list[SyncPolicy] = []
         self._commands: list[Mapping[str, Any]] = []
@@ -154,3 +157,9 @@ class Poller:
                     self.on_policy(pub)
                 except Exception:  # the poll must go on; the round then only times out
                     log.exception("handling policy v%d failed", pub.version)
+        for cmd in commands:
+            if self.on_command is not None:
+                try:
+                    self.on_command(cmd)
+                except Exception:  # as above: the training thread still takes it in
+                    log.exception("handling command %r failed", cmd.get("op"))

@@ -47,6 +47,29 @@ def test_a_round_waiting_for_a_silent_peer_aborts_when_superseded(
     assert solo.allreduce(np.ones(1000, np.float32), 1, step=4, policy=alone).step == 4
 
 
+def test_a_round_waiting_on_a_new_node_we_must_serve_first_is_interrupted(
+        trio: dict[str, AllReducer], mute: socket.socket) -> None:
+    """A replicate command that came after the round began (Trainer._on_command): the round
+    waits on the new node, the new node on our offer, which is made between rounds."""
+    solo = trio["solo"]
+    policy = SyncPolicy.build(5, ["solo", "mute"], [("mute", "solo")], "solo")
+    got: list[bool] = []
+
+    def late() -> None:
+        got.append(solo.interrupt_for("other", 5, "not a neighbour"))
+        got.append(solo.interrupt_for("mute", 6, "a newer policy's new node"))
+        got.append(solo.interrupt_for("mute", 5, "serving mute first"))
+        got.append(solo.interrupt_for("mute", 5, "once"))
+
+    t = _later(0.3, late)
+    with pytest.raises(RoundAborted, match="serving mute first") as info:
+        solo.allreduce(np.ones(1000, np.float32), 1, step=4, policy=policy, timeout=LONG)
+    t.join(5)
+    assert got == [False, False, True, False]
+    assert info.value.step == 4 and info.value.policy_version == 5
+    assert solo.interrupt_for("mute", 5, "nothing in flight") is False
+
+
 def test_an_agreement_waiting_for_a_silent_peer_aborts_too(
         trio: dict[str, AllReducer], mute: socket.socket) -> None:
     solo = trio["solo"]

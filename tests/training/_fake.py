@@ -35,9 +35,14 @@ class FakeCluster:
         self.addrs: dict[str, str] = {}
         self.steps: dict[str, int] = {}
         self.commands: dict[str, list[dict[str, Any]]] = {}
+        self.sent: dict[str, list[dict[str, Any]]] = {}  # a new node's replicate, to resend
         self.leave: set[str] = set()
         self.reports: list[tuple[str, dict[str, Any]]] = []
         self.servers: list[socketserver.UnixStreamServer] = []
+        #: Seconds the sources' replicate commands take to arrive (a broker restart lost the
+        #: first copy, and the scheduler sent it again); 0: with the new node's.
+        self.source_late_s = 0.0
+        self._timers: list[threading.Timer] = []
 
     def socket_for(self, node: str) -> str:
         """Start (once) the control socket of ``node`` and return its path."""
@@ -59,6 +64,8 @@ class FakeCluster:
         return path
 
     def close(self) -> None:
+        for t in self._timers:
+            t.cancel()
         for srv in self.servers:
             srv.shutdown()
             srv.server_close()
@@ -74,12 +81,20 @@ class FakeCluster:
         pol["effective_step"] = effective
         self.policy = pol
 
+    def _late(self, node: str, cmd: WorkerCommand) -> None:
+        with self.lock:
+            self._cmd(node, cmd)
+
     def _cmd(self, node: str, cmd: WorkerCommand) -> None:
         """Queue a command in its wire form (the worker parses it as it parses the real)."""
         self.commands.setdefault(node, []).append({"op": cmd.OP, "args": cmd.to_args()})
 
     def op(self, node: str, op: str, args: dict[str, Any]) -> Any:
         with self.lock:
+            if op == "worker.attach" and node in self.members:
+                # A new node asking again (its pulls were refused): its own command again.
+                self.commands.setdefault(node, []).extend(self.sent.get(node, []))
+                return {"node": node, "cluster": "fake", "secret": SECRET, "incarnation": "x"}
             if op == "worker.attach":
                 self.addrs[node] = f"127.0.0.1:{args['port']}"
                 self.steps[node] = 0
@@ -98,8 +113,14 @@ class FakeCluster:
                     # As the real scheduler does: both ends of the new link are told first.
                     self._cmd(source, Connect(peer=node, addr=self.addrs[node]))
                     self._cmd(node, Connect(peer=source, addr=self.addrs[source]))
-                    for target in (node, source):
-                        self._cmd(target, rep)
+                    self._cmd(node, rep)
+                    self.sent[node] = [{"op": rep.OP, "args": rep.to_args()}]
+                    if self.source_late_s:
+                        self._timers.append(threading.Timer(self.source_late_s,
+                                                            self._late, (source, rep)))
+                        self._timers[-1].start()
+                    else:
+                        self._cmd(source, rep)
                 return {"node": node, "cluster": "fake", "secret": SECRET, "incarnation": "x"}
             if op == "ping":  # a daemon without snapshots ([snapshots] off)
                 return {"node": node, "cluster": "fake"}
