@@ -148,6 +148,7 @@ class WorkerSupervisor:
         self._proc: asyncio.subprocess.Process | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self._leaving = False  # the operator said leave: an exit is not restarted
         self._killed = False  # the last exit was our SIGKILL of a hung worker
         self.restarts = 0
         #: Why the cluster refused the worker's state (``refuse``); such a worker is not
@@ -191,6 +192,7 @@ class WorkerSupervisor:
             raise RuntimeError("a worker is already running or restarting")
         self._job = job
         self._stopping, self.refused, self.start_error = False, None, None
+        self._leaving = False
         self._memory.save(job)
         self._task = asyncio.create_task(self._supervise(), name="worker")
 
@@ -204,8 +206,12 @@ class WorkerSupervisor:
         return job
 
     def forget(self) -> None:
-        """The operator said leave: nothing to start again after a restart."""
+        """The operator said leave: nothing starts the worker again, neither after a reboot
+        nor when it exits while it leaves. A worker that crashed mid-leave was restarted,
+        its new session knew nothing of the leave, and it trained on for 14 minutes (the
+        soak's hour in stop 36, n1 left at t=29 s)."""
         self._memory.forget()
+        self._leaving = True
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         self._log_dir.mkdir(parents=True, exist_ok=True)
@@ -272,6 +278,9 @@ class WorkerSupervisor:
                 return
             if self.refused is not None:
                 log.error("worker exited with %d and is not restarted: %s", code, self.refused)
+                return
+            if self._leaving:
+                log.warning("worker exited with %d while it left; not restarted", code)
                 return
             self.restarts += 1
             if loop.time() - started >= RESTART_MAX_S:

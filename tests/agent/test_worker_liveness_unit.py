@@ -167,6 +167,27 @@ async def test_kill_of_a_stopped_worker_restarts_it(tmp_path: Path) -> None:
     assert not sup.running and not sup.supervising
 
 
+async def test_a_worker_that_exits_while_it_leaves_is_not_restarted(tmp_path: Path) -> None:
+    """The soak's hour in stop 36: a worker crashed a moment after the operator's leave, was
+    restarted, and its new session, knowing nothing of the leave, trained on for 14 min."""
+    sup = WorkerSupervisor(str(tmp_path), {})
+    exits: list[int] = []
+    sup.on_exit.append(exits.append)
+    sup.start(Job([sys.executable, "-c", "import sys, time; time.sleep(1); sys.exit(1)"]))
+    try:
+        await wait_for(lambda: sup.pid is not None)
+        sup.forget()  # ops.leave: the operator's word
+        await wait_for(lambda: not sup.supervising)
+        assert exits == [1] and sup.restarts == 0 and not sup.running
+        assert sup.resume() is None  # nor after a reboot
+        sup.start(Job(SLEEPER))  # a later join supervises as before
+        await wait_for(lambda: sup.pid is not None)
+        assert sup.kill()
+        await wait_for(lambda: sup.restarts == 1)
+    finally:
+        await asyncio.wait_for(sup.stop(), 20)
+
+
 async def test_stop_ends_a_stopped_worker_without_waiting_for_the_grace(
         tmp_path: Path) -> None:
     sup = WorkerSupervisor(str(tmp_path), {})
