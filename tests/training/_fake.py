@@ -12,7 +12,10 @@ import itertools
 import json
 import os
 import socketserver
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -156,3 +159,67 @@ def worker_env(path: str, node: str) -> dict[str, str]:
     """Environment of a worker process attached to the fake."""
     return {**os.environ, "CHAOS_SOCKET": path, "CHAOS_NODE_ID": node,
             "CHAOS_DATA_BIND": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
+
+
+class FakeRun:
+    """Worker processes (tests/training/_worker.py) attached to one FakeCluster, each with
+    its step records (``NODE.jsonl``) and log (``NODE.log``) in the cluster's workdir."""
+
+    WORKER = str(Path(__file__).with_name("_worker.py"))
+
+    def __init__(self, fake: FakeCluster, steps: int) -> None:
+        self.fake, self.steps, self.dir = fake, steps, fake.workdir
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, *extra: str) -> None:
+        """Start ``node``'s worker, paced at 0.05 s a step."""
+        argv = [sys.executable, self.WORKER, "--steps", str(self.steps), "--sleep", "0.05",
+                "--out", str(self.dir / f"{node}.jsonl"), *extra]
+        log = open(self.dir / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
+        self.procs[node] = subprocess.Popen(argv, env=worker_env(self.fake.socket_for(node), node),
+                                            stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)  # fmt: skip
+
+    def records(self, node: str) -> list[dict[str, object]]:
+        path = self.dir / f"{node}.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+    def log(self, node: str) -> str:
+        return (self.dir / f"{node}.log").read_text(errors="replace")
+
+    def wait_steps(self, node: str, n: int, timeout: float = 60) -> None:
+        """Until ``node`` committed ``n`` steps (every worker still running)."""
+        deadline = time.monotonic() + timeout
+        while len(self.records(node)) < n:
+            assert time.monotonic() < deadline, f"{node} did not train"
+            assert all(p.poll() is None for p in self.procs.values()), "a worker exited early"
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = 120) -> None:
+        """Until every worker exited; each must have exited 0."""
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p in self.procs.values()):
+            assert time.monotonic() < deadline, "workers did not finish"
+            time.sleep(0.2)
+        logs = {n: self.log(n) for n in self.procs}
+        assert {n: p.returncode for n, p in self.procs.items()} == dict.fromkeys(self.procs, 0), \
+            logs
+
+    def assert_in_step(self, last: str) -> None:
+        """Every member held the same state at every step it committed, and ``last`` (the
+        newest node) trained to the end."""
+        by_step: dict[int, set[str]] = {}
+        for node in self.procs:
+            for rec in self.records(node):
+                by_step.setdefault(int(str(rec["step"])), set()).add(str(rec["digest"]))
+        assert by_step[self.steps] and all(len(d) == 1 for d in by_step.values())
+        assert max(int(str(r["step"])) for r in self.records(last)) == self.steps
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+        self.fake.close()
