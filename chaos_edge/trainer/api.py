@@ -428,8 +428,9 @@ class Trainer:
         round in flight waits on aborts that round: we serve only between rounds, so the
         round and the new node would each wait for the other. The command normally comes
         before that round (:meth:`Source.before_round` waits for it); one that came late (a
-        broker restart lost it, and the scheduler sent it again) stalled the round until the
-        new node's pull gave up, a minute later. The rerun's step boundary serves it."""
+        broker restart lost it, and the scheduler sent it again) stalled the round until its
+        phase timed out (a quarter of ``timeout``: 30 s by default). The rerun's step
+        boundary serves it."""
         rep = self._source.late(raw, self._version)
         if rep is not None and self.reducer.interrupt_for(
                 rep.new, rep.policy_version, f"serving {rep.new}, whose replicate command came "
