@@ -6,8 +6,9 @@ step to ``--out``: ``{"step", "digest", "loss", "stall_ms", "update_ms", "reruns
 "policy_version"}``. ``--fault EVENT:INDEX:FROM_STEP`` kills this process with SIGKILL at the
 first data-plane hook ``EVENT`` with ``INDEX`` once round ``FROM_STEP`` or later runs (fault
 injection); ``--freeze EVENT:INDEX:FROM_STEP`` stops it there with SIGSTOP instead, once (a
-box that freezes: no reset, and it goes on when thawed); ``--stall EVENT:INDEX:SECONDS``
-sleeps there instead, while a planned change waits.
+box that freezes: no reset, and it goes on when thawed); ``--stall EVENT:INDEX:SECONDS[:MEMBERS]``
+sleeps there instead, while a planned change waits (one with at least ``MEMBERS`` members, if
+given).
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fault", default="")
     ap.add_argument("--freeze", default="", help="EVENT:INDEX:FROM_STEP: SIGSTOP there once")
     ap.add_argument("--stall", default="",
-                    help="EVENT:INDEX:SECONDS: sleep at that data-plane hook while a newer "
-                         "policy waits to take effect (a slow link as a planned change lands)")
+                    help="EVENT:INDEX:SECONDS[:MEMBERS]: sleep at that data-plane hook while a "
+                         "newer policy (of at least MEMBERS members) waits to take effect (a "
+                         "slow link as a planned change lands)")
     ap.add_argument("--wait-members", type=int, default=1)
     ap.add_argument("--sleep", type=float, default=0.0)
     ap.add_argument("--leave-at", type=int, default=-1)
@@ -69,13 +71,14 @@ def main(argv: list[str] | None = None) -> int:
 
         trainer.reducer.fault_hook = hook
     if args.stall:
-        s_event, s_index, seconds = args.stall.split(":")
+        s_event, s_index, seconds, *at_least = args.stall.split(":")
 
         def stall(ev: str, i: int) -> None:
             book = trainer._s.book
             now, newest = book.for_round(trainer.step + 1), book.newest
             if (ev == s_event and i == int(s_index) and now is not None
-                    and newest is not None and newest.version > now.version):
+                    and newest is not None and newest.version > now.version
+                    and len(newest.members) >= int((at_least or ["0"])[0])):
                 time.sleep(float(seconds))
 
         trainer.reducer.fault_hook = stall

@@ -289,8 +289,9 @@ class Trainer:
             self._shares.ended(self._clock.monotonic())
             return
         while True:
-            pub = self._membership.policy(alarm)
-            self._source.before_round(pub, self._version, alarm.at)
+            book = self._membership.policy(alarm)
+            self._source.before_round(book, self._version, alarm.at)
+            pub = epochs.governing(book)  # a newer one if we began catching up in it
             epochs.guard_turn(pub)
             epoch = epochs.epoch(pub)
             # A gradient of a state we no longer hold (rejoined in this call) or one the guard
@@ -325,7 +326,7 @@ class Trainer:
                     self._replica.held, self._replica.held_version = exc.result, exc.policy_version
                 self._s.report(protocol.RoundAborted(step=self.step + 1, reason=exc.reason[:200]))
                 nxt = epochs.next_epoch(pub, alarm, exc)
-                if nxt is not None and epochs.catch_up(pub, nxt):
+                if nxt is not None and epochs.catch_up(nxt):
                     self._version = pub.version
                     break  # the peers' next epoch committed the result we held
         # Every member of the epoch that committed has its state: it needs no offer any more.

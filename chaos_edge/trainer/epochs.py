@@ -68,11 +68,24 @@ class Epochs:
         self.diverged = False  # the guard found us out of line: no samples until rejoined
         self._attempt: dict[int, int] = {}  # policy version -> its current attempt
         self._checked = -1  # the last round whose digest the members compared
+        # (our step, policy): we opened this newer policy's epoch to catch up at that step.
+        # The data plane runs no phase older than the last, so until we commit, our rounds
+        # run under it (or a newer one), never again under the older policy of our round.
+        self._ahead: tuple[int, SyncPolicy] | None = None
 
     def joined(self) -> None:
         """A join made us a member: our next round opens an epoch that compares our state,
         and the guard holds nothing against us any more."""
         self.agreed, self.agreed_members, self.diverged = None, None, False
+        self._ahead = None
+
+    def governing(self, pub: SyncPolicy) -> SyncPolicy:
+        """The policy our next round runs under: ``pub`` (the book's for that round), unless
+        we already opened a newer policy's epoch at this step to catch up in it."""
+        if self._ahead is None or self._ahead[0] != self._replica.step:
+            return pub
+        ahead = self._ahead[1]
+        return ahead if ahead.version > pub.version else pub
 
     def epoch(self, pub: SyncPolicy) -> Epoch:
         """The epoch our next round under ``pub`` runs in."""
@@ -164,19 +177,24 @@ class Epochs:
             return None
         return nxt
 
-    def catch_up(self, pub: SyncPolicy, nxt: SyncPolicy) -> bool:
+    def catch_up(self, nxt: SyncPolicy) -> bool:
         """Open the epoch of the round after ours with the peers already in it, holding our
-        round's result; True if that committed it. Else the members there dropped it (one
-        lacked it, so none committed it): our round reruns under its own policy in a newer
-        attempt."""
+        round's result; True if that committed it.
+
+        From here on our round runs under ``nxt`` (:meth:`governing`): this node has run a
+        phase of ``nxt``, and the data plane runs none older after it. If the agreement
+        aborted, the next try is a newer attempt of ``nxt``. If it decided our own step (the
+        members there are all a round behind and one lacks the result, so none committed
+        it), the round reruns in that same epoch, as every member of it does.
+        """
+        self._ahead = (self._replica.step, nxt)
         try:
-            if self.agree(nxt, self.epoch(nxt)[1], b""):
-                return True
+            return self.agree(nxt, self.epoch(nxt)[1], b"")
         except RoundAborted as exc:
-            log.info("%s: catching up in epoch %s failed: %s", self.me, self.epoch(nxt),
-                     exc.reason)  # fmt: skip
-        self._bump(pub.version)
-        return False
+            log.warning("%s: catching up in epoch %s failed: %s", self.me, self.epoch(nxt),
+                        exc.reason)  # fmt: skip
+            self._bump(nxt.version)
+            return False
 
     def next_epoch(self, pub: SyncPolicy, alarm: StepAlarm, exc: RoundAborted
                    ) -> SyncPolicy | None:  # fmt: skip
@@ -192,7 +210,7 @@ class Epochs:
         self._s.redial()
         alarm.check(self._replica.step + 1, f"last abort: {exc.reason}")
         wait_until = self._clock.monotonic() + RERUN_WAIT_S
-        while self._s.book.for_round(self._replica.step + 1) is pub:
+        while self._next_round_policy() is pub:
             nxt = self._past_us(pub)
             if nxt is not None:
                 if self._replica.held is None:
@@ -210,6 +228,10 @@ class Epochs:
             self._s.wait(POLL_S)
             self._poll()
         return None
+
+    def _next_round_policy(self) -> SyncPolicy | None:
+        pub = self._s.book.for_round(self._replica.step + 1)
+        return None if pub is None else self.governing(pub)
 
     def _bump(self, version: int) -> None:
         """Move ``version`` on to its next attempt: the newest one a neighbour started, else
