@@ -424,7 +424,7 @@ class Trainer:
             self._shares.forget()
         self._epochs.joined()
 
-    def _on_command(self, raw: Mapping[str, Any]) -> None:
+    def _on_command(self, cmd: protocol.WorkerCommand) -> None:
         """(The poller's thread.) A ``replicate`` naming us a source of a new node that the
         round in flight waits on aborts that round: we serve only between rounds, so the
         round and the new node would each wait for the other. The command normally comes
@@ -432,7 +432,7 @@ class Trainer:
         broker restart lost it, and the scheduler sent it again) stalled the round until its
         phase timed out (a quarter of ``timeout``: 30 s by default). The rerun's step
         boundary serves it."""
-        rep = self._source.late(raw, self._version)
+        rep = self._source.late(cmd, self._version)
         if rep is not None and self.reducer.interrupt_for(
                 rep.new, rep.policy_version, f"serving {rep.new}, whose replicate command came "
                 "after the round began"):

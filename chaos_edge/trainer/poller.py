@@ -8,6 +8,9 @@ supervisor), hands each new policy to ``on_policy`` and each command to ``on_com
 (the Trainer aborts a round that policy governs, or that waits on a node the command has us
 serve), and keeps policies, commands and the leave flag in an inbox that the
 training thread takes in at its step boundaries. Nothing is polled on a step's own path.
+
+Commands are parsed here, once, into their typed records: a malformed one is counted and
+logged (rate-limited) here, and nothing after the poller sees it.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from daemon.contracts.clock import SystemClock
 from daemon.contracts.control import ControlClient
-from daemon.contracts.errors import ControlFailure
+from daemon.contracts.errors import ControlFailure, MessageError
 from daemon.contracts.policy import SyncPolicy, parse
+from daemon.contracts.protocol import WorkerCommand, parse_worker_command
+from daemon.contracts.ratelog import RateLimitedLog
 
 log = logging.getLogger("chaos.trainer")
 POLL_S = 0.02  # a new policy reaches a round in flight within this (plus one control call)
@@ -48,11 +54,13 @@ class Poller:
         self.term = 0
         #: Called on the poller's thread with each new policy, oldest first.
         self.on_policy: Callable[[SyncPolicy], None] | None = None
-        #: Called on the poller's thread with each command, in its wire form.
-        self.on_command: Callable[[Mapping[str, Any]], None] | None = None
+        #: Called on the poller's thread with each well-formed command.
+        self.on_command: Callable[[WorkerCommand], None] | None = None
         self._lock = threading.Lock()
         self._policies: list[SyncPolicy] = []
-        self._commands: list[Mapping[str, Any]] = []
+        self._commands: list[WorkerCommand] = []
+        self.rejects = RateLimitedLog(log, "ignored %d malformed worker command(s); last: %s",
+                                      SystemClock())
         self._leave = False
         self._error: ControlFailure | None = None
         self._known = -1  # newest policy version fetched
@@ -85,7 +93,7 @@ class Poller:
             self._sync_ms.append(round(ms, 3))
             del self._sync_ms[:-1000]
 
-    def take(self) -> tuple[list[SyncPolicy], list[Mapping[str, Any]], bool]:
+    def take(self) -> tuple[list[SyncPolicy], list[WorkerCommand], bool]:
         """New policies, commands (each once) and whether chaosd asked us to leave.
 
         Raises:
@@ -140,7 +148,7 @@ class Poller:
         fresh.sort(key=lambda p: p.version)
         if fresh:
             self._known = fresh[-1].version
-        commands = list(data.get("commands") or [])
+        commands = self._parse_commands(data.get("commands"))
         leave = bool(data.get("leave"))
         self.in_touch = data.get("in_touch") is not False  # an older daemon does not say
         term = data.get("term")
@@ -162,4 +170,17 @@ class Poller:
                 try:
                     self.on_command(cmd)
                 except Exception:  # as above: the training thread still takes it in
-                    log.exception("handling command %r failed", cmd.get("op"))
+                    log.exception("handling command %r failed", cmd.OP)
+
+    def _parse_commands(self, raw: Any) -> list[WorkerCommand]:
+        """The well-formed commands of a poll's answer, in order; the rest counted."""
+        out: list[WorkerCommand] = []
+        for doc in raw if isinstance(raw, list) else []:
+            try:
+                if not isinstance(doc, Mapping):
+                    raise MessageError(f"a worker command is an object, not {doc!r:.80}")
+                out.append(parse_worker_command(str(doc.get("op")), doc.get("args")))
+            except MessageError as exc:
+                self.rejects.note(str(exc))
+        self.rejects.flush()
+        return out

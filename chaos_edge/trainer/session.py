@@ -27,9 +27,8 @@ from chaos_edge.dataplane.threads import ThreadSet
 from chaos_edge.trainer.control import TrainerError
 from chaos_edge.trainer.policy import PolicyBook, parse_addr
 from chaos_edge.trainer.poller import Poller
-from daemon.contracts.clock import SystemClock
 from daemon.contracts.control import ControlClient
-from daemon.contracts.errors import ControlFailure, MessageError
+from daemon.contracts.errors import ControlFailure
 from daemon.contracts.policy import SyncPolicy
 from daemon.contracts.protocol import (
     Bootstrap,
@@ -37,10 +36,9 @@ from daemon.contracts.protocol import (
     Disconnect,
     LinkFailed,
     Replicate,
+    WorkerCommand,
     WorkerReport,
-    parse_worker_command,
 )
-from daemon.contracts.ratelog import RateLimitedLog
 
 log = logging.getLogger("chaos.trainer")
 EXIT_EVENT = threading.Event()
@@ -113,8 +111,6 @@ class Session:
         self.leave_requested = False
         self._lock = threading.Lock()
         self._reports: list[WorkerReport] = []
-        self._rejects = RateLimitedLog(log, "ignored %d malformed worker command(s); last: %s",
-                                       SystemClock())
         self._wanted: dict[str, tuple[str, int]] = {}  # peers we keep linked, and their address
         self._dialing: set[str] = set()
         self._quiet_down: set[str] = set()  # peers we disconnected on purpose
@@ -220,12 +216,7 @@ class Session:
         self.client.close()
 
     # -- commands and links ----------------------------------------------------------------
-    def _command(self, raw: Mapping[str, Any]) -> None:
-        try:
-            cmd = parse_worker_command(str(raw.get("op")), raw.get("args"))
-        except MessageError as exc:
-            self._rejects.note(str(exc))
-            return
+    def _command(self, cmd: WorkerCommand) -> None:
         if isinstance(cmd, Connect):
             self.want(cmd.peer, cmd.addr)
         elif isinstance(cmd, Disconnect):

@@ -16,8 +16,8 @@ sources offer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from chaos_edge.replication.state import StateSpace
 from chaos_edge.trainer.poller import POLL_S
@@ -25,9 +25,8 @@ from chaos_edge.trainer.rendezvous import StateTransfer, snapshot_room
 from chaos_edge.trainer.scaleout import ServeMachine, new_neighbours
 from chaos_edge.trainer.session import Session
 from daemon.contracts.clock import Clock
-from daemon.contracts.errors import MessageError
 from daemon.contracts.policy import SyncPolicy
-from daemon.contracts.protocol import Bootstrap, Replicate, ServeDeclined, parse_worker_command
+from daemon.contracts.protocol import Bootstrap, Replicate, ServeDeclined, WorkerCommand
 
 log = logging.getLogger("chaos.trainer")
 SERVE_WAIT_S = 5.0  # a source waits this long for the replicate command of a new neighbour
@@ -79,16 +78,11 @@ class Source:
         """A command for another node (kept if it names us a source)."""
         self._machine.offer(cmd)
 
-    def late(self, raw: Mapping[str, Any], committed_version: int) -> Replicate | None:
-        """(Any thread.) The command in wire form ``raw`` if it has us serve a new node
-        that we have not answered yet and that no round of ours has committed with (we
-        last committed under ``committed_version``): a round in flight that waits on that
-        node can only end once we serve it. None for anything else (a malformed command is
-        left to the training thread, which says so)."""
-        try:
-            cmd = parse_worker_command(str(raw.get("op")), raw.get("args"))
-        except MessageError:
-            return None
+    def late(self, cmd: WorkerCommand, committed_version: int) -> Replicate | None:
+        """(Any thread.) ``cmd`` if it has us serve a new node that we have not answered yet
+        and that no round of ours has committed with (we last committed under
+        ``committed_version``): a round in flight that waits on that node can only end once
+        we serve it. None for any other command."""
         if not isinstance(cmd, Replicate) or cmd.new == self.me or self.me not in cmd.sources \
                 or committed_version >= cmd.policy_version:
             return None

@@ -13,6 +13,7 @@ from chaos_edge.trainer.poller import Poller
 from daemon.contracts.control import ControlClient
 from daemon.contracts.errors import ControlFailure
 from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.protocol import Connect, WorkerCommand
 from tests.training._fake import FakeCluster
 
 pytestmark = pytest.mark.timeout(30)
@@ -42,14 +43,14 @@ def test_policies_reach_on_policy_at_once_and_the_inbox_once(tmp_path: Path) -> 
         policies, commands, leave = poller.take()
         assert [p.version for p in policies] == [1] and all(
             isinstance(p, SyncPolicy) for p in policies)
-        assert [c["op"] for c in commands] == ["bootstrap"] and not leave
+        assert [c.OP for c in commands] == ["bootstrap"] and not leave
         _until(lambda: fake.steps["n0"] == 7)  # the published position reaches the daemon
         fake.op("n1", "worker.attach", {"port": 2})  # v2, and commands for n0
         _until(lambda: len(seen) == 2)
         time.sleep(0.1)  # later polls repeat v2: it is handed over once
         policies, commands, _ = poller.take()
         assert [p.version for p in policies] == [2]
-        assert [c["op"] for c in commands] == ["connect", "replicate"]
+        assert [c.OP for c in commands] == ["connect", "replicate"]
         assert poller.take()[:2] == ([], []) and seen[-1][0] == 2
         assert reports, "queued reports are flushed before each poll"
     finally:
@@ -60,3 +61,33 @@ def test_policies_reach_on_policy_at_once_and_the_inbox_once(tmp_path: Path) -> 
         poller.take()
     poller.stop(2.0)
     assert poller._thread is not None and not poller._thread.is_alive()
+
+
+def test_a_malformed_command_is_counted_by_the_poller_and_reaches_no_one(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Commands are parsed once, on the poller's thread: the Trainer's hook and the training
+    thread's inbox get typed records, and a malformed command reaches neither."""
+    fake = FakeCluster(tmp_path)
+    client = ControlClient(fake.socket_for("n0"), 5.0)
+    poller = Poller(client, lambda: None)
+    hooked: list[WorkerCommand] = []
+    poller.on_command = hooked.append
+    good = Connect(peer="n1", addr="127.0.0.1:7001")
+    with fake.lock:
+        fake.commands["n0"] = [
+            {"op": "connect", "args": {"peer": "n1", "addr": "127.0.0.1:"}},  # the soak's
+            {"op": "launch", "args": {}},  # no such command
+            "connect",  # not an object
+            {"op": good.OP, "args": good.to_args()},
+        ]
+    try:
+        poller.poll_once()
+        _, commands, _ = poller.take()
+    finally:
+        fake.close()
+        client.close()
+    assert commands == [good] and hooked == [good]
+    assert poller.rejects.total == 3
+    # Rate-limited: the first at once, the other two are counted toward the next line.
+    lines = [r.getMessage() for r in caplog.records if "malformed worker command" in r.getMessage()]
+    assert len(lines) == 1 and "is not host:port" in lines[0], lines

@@ -22,6 +22,7 @@ from chaos_edge.trainer.poller import Poller
 from chaosctl.client import call_once
 from daemon.contracts.control import ControlClient
 from daemon.contracts.messages import Command, Topics, encode
+from daemon.contracts.protocol import Connect, WorkerCommand
 from daemon.contracts.signing import ControlAuth, control_key
 
 pytestmark = pytest.mark.timeout(90)
@@ -38,18 +39,32 @@ async def _publish(port: int, topic: str, term: int, leader: str, start: int, n:
             await cli.publish(topic, auth.seal(topic, encode(cmd), time.time()), qos=1)
 
 
-def _marker(cmd: Mapping[str, Any]) -> int | None:
+def _marker(cmd: WorkerCommand) -> int | None:
     """The burst index of one of our commands (its peer ``p<i>``), else None."""
-    peer = cmd["args"].get("peer", "")
-    return int(peer[1:]) if cmd["op"] == "connect" and peer[:1] == "p" else None
+    return int(cmd.peer[1:]) if isinstance(cmd, Connect) and cmd.peer[:1] == "p" else None
+
+
+class _Recording:
+    """The poller's control client, keeping the sequence numbers of the commands chaosd
+    answered with (the poller hands on only the parsed commands)."""
+
+    def __init__(self, client: ControlClient) -> None:
+        self.client, self.timeout, self.seqs = client, client.timeout, list[int]()
+
+    def call(self, op: str, args: Mapping[str, Any]) -> Any:
+        data = self.client.call(op, args)
+        if op == "worker.poll":
+            self.seqs.extend(c["seq"] for c in (data or {}).get("commands") or [])
+        return data
 
 
 def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
     r = run(1)
     node = r.c.node_ids[0]
     client = ControlClient(r.c.socket_of(node), 5.0)
-    poller = Poller(client, lambda: None)
-    got: list[Mapping[str, Any]] = []
+    recording = _Recording(client)
+    poller = Poller(recording, lambda: None)  # type: ignore[arg-type]
+    got: list[WorkerCommand] = []
     try:
         client.call("worker.attach", {"pid": os.getpid(), "host": "127.0.0.1", "port": 9})
         poller.start()
@@ -71,5 +86,6 @@ def test_background_poll_loses_no_command_and_reorders_none(run: Any) -> None:
         client.close()
     ours = [m for c in got if (m := _marker(c)) is not None]
     assert ours == list(range(BURSTS * PER_BURST))
-    seqs = [c["seq"] for c in got]
+    seqs = recording.seqs
     assert seqs == sorted(set(seqs)), "the daemon's sequence numbers repeat or go back"
+    assert len(got) == len(seqs), "the poller dropped a well-formed command"
