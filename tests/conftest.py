@@ -62,6 +62,13 @@ def pytest_configure(config: pytest.Config) -> None:
     daemons, brokers, namespaces and veths a test built go with them. With the default
     action the process died at once and left them all behind (a killed run in stop 34 left
     namespaces, chaosd, mosquitto and iperf3 running)."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # A shell without job control starts a background job (``cmd &``, nohup, a script) with
+    # SIGINT ignored, and an ignored signal stays ignored across exec: every CLI process a
+    # test sends Ctrl-C to would never see it (stop 37's venv run failed four such tests).
+    # A handler, unlike SIG_IGN, resets to the default in the children.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
