@@ -147,7 +147,9 @@ class SchedulerRole:
 
     def on_heartbeat(self, hb: Heartbeat, addr: str) -> None:
         self.sched.observe_heartbeat(hb, addr)
-        self.neg.observe_worker(hb.node, hb.state, hb.step, attached=hb.holds >= 0,
+        # The worker's own step: the daemon's (hb.step) is its last poll's, which lags a
+        # worker that just attached with a restored snapshot or nothing.
+        self.neg.observe_worker(hb.node, hb.state, hb.holds, attached=hb.holds >= 0,
                                snapshot=hb.snapshot)
         self.neg.observe_progress()
         self.flush()

@@ -468,3 +468,21 @@ def test_a_scheduler_back_as_a_new_process_scales_its_own_old_membership_in() ->
     assert role.sched.policy is not None and ME not in role.sched.policy.members
     failed = [e for e in role.sched.events if e.kind == "node-failed"]
     assert [(e.node, e.detail["reason"]) for e in failed] == [(ME, "restarted")]
+
+
+def test_a_heartbeat_counts_the_step_its_worker_holds_not_the_daemons_last_poll() -> None:
+    """chaosd's own step is its worker's last poll. A worker that crashed at 500 and was
+    restarted from a snapshot of 400 holds 400 until it polls: counted as 500, the scheduler
+    waited for a state nobody holds; counted as 0 (a daemon that restarted too), it could let
+    an older joiner start the cluster over."""
+    host = FakeHost(FakeClock())
+    role = host.elect()
+    host.detector.heartbeat("b")
+    host.heard["b"] = host.clock.monotonic()
+    for step, holds in ((500, 400), (0, 400)):
+        role.on_heartbeat(Heartbeat(node="b", seq=1, incarnation=1, step=step, state="standby",
+                                    cpu_percent=0.0, mem_percent=0.0, holds=holds), "10.0.0.2")
+        assert role.neg._held_elsewhere("c") == 400
+    role.on_heartbeat(Heartbeat(node="b", seq=2, incarnation=1, step=400, state="standby",
+                                cpu_percent=0.0, mem_percent=0.0, holds=-1), "10.0.0.2")
+    assert role.neg._held_elsewhere("c") == -1  # no worker attached: it holds nothing
