@@ -164,7 +164,12 @@ def test_silent_daemon_times_out_with_exit_3(daemon: FakeDaemon) -> None:
 
 def interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
     proc.send_signal(signal.SIGINT)
-    return proc.communicate(timeout=15)
+    try:
+        return proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # it ignored the Ctrl-C: fail, but leave no process behind
+        proc.communicate(timeout=15)
+        raise
 
 
 def popen_ctl(daemon: FakeDaemon, *args: str) -> subprocess.Popen[str]:
