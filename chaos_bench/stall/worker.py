@@ -71,15 +71,17 @@ def main(argv: list[str] | None = None) -> int:
 
         trainer.reducer.fault_hook = hook
     if args.stall:
-        s_event, s_index, seconds, *at_least = args.stall.split(":")
+        s_event, index_s, seconds_s, *at_least = args.stall.split(":")
+        s_index, seconds = int(index_s), float(seconds_s)
+        min_members = int(at_least[0]) if at_least else 0
 
         def stall(ev: str, i: int) -> None:
             book = trainer._s.book
             now, newest = book.for_round(trainer.step + 1), book.newest
-            if (ev == s_event and i == int(s_index) and now is not None
+            if (ev == s_event and i == s_index and now is not None
                     and newest is not None and newest.version > now.version
-                    and len(newest.members) >= int((at_least or ["0"])[0])):
-                time.sleep(float(seconds))
+                    and len(newest.members) >= min_members):
+                time.sleep(seconds)
 
         trainer.reducer.fault_hook = stall
     gen = torch.Generator().manual_seed(sum(map(ord, node)))
