@@ -101,21 +101,28 @@ class Sites:
     """The hub cluster, the site broker and the relay between them."""
 
     def __init__(self, workdir: Path, site_nodes: tuple[str, ...]) -> None:
-        self.site_port = free_port()
+        self.site_port = 0  # chosen at start, once the relay listens
         self.site_nodes = site_nodes
-        self.c = LocalCluster(workdir, 3, cluster="bridged", broker_kind="mosquitto",
-                              node_port={n: self.site_port for n in site_nodes})
+        self.c = LocalCluster(workdir, 3, cluster="bridged", broker_kind="mosquitto")
         self.relay: Relay | None = None
         self.site: Child | None = None
 
     def start(self) -> None:
         self.c.start_broker()
         self.relay = Relay(self.c.port)
-        self.start_site()
+        # A port free a moment ago can be taken before mosquitto binds it (the relay's own
+        # listener, or an outgoing connection of another test): then another port.
+        for attempt in range(3):
+            self.site_port = free_port()
+            if self.start_site(last=attempt == 2):
+                break
+        self.c.node_port = {n: self.site_port for n in self.site_nodes}
         for node in self.c.node_ids:
             self.c.start_node(node)
 
-    def start_site(self) -> None:
+    def start_site(self, last: bool = True) -> bool:
+        """Start the site broker on ``site_port``; False if the port was taken and this is
+        not the ``last`` try."""
         assert self.relay is not None
         conf = self.c.workdir / "site.conf"
         conf.write_text(site_conf(self.site_port, self.relay.port))
@@ -125,7 +132,11 @@ class Sites:
         self.c._spawn(site)
         wait_until(lambda: b"Connecting bridge" in site.log.read_bytes()[offset:]
                    or not site.alive(), 10, "the site broker to start its bridge")
+        taken = b"Address already in use" in site.log.read_bytes()[offset:]
+        if not site.alive() and taken and not last:
+            return False
         assert site.alive(), f"the site broker exited; see {site.log}"
+        return True
 
     def stop_site(self) -> None:
         if self.site is not None:

@@ -34,6 +34,10 @@ class FakeCluster:
         self.lock = threading.Lock()
         self.version = 0
         self.policy: dict[str, Any] | None = None
+        #: Every policy published, by version: a poll gets those newer than the worker's, as
+        #: from the real daemon (with the newest alone, a first node whose first poll came
+        #: after a second node's join never saw the policy it bootstraps under, and waited).
+        self.published: dict[int, dict[str, Any]] = {}
         self.members: list[str] = []
         self.addrs: dict[str, str] = {}
         self.steps: dict[str, int] = {}
@@ -82,7 +86,7 @@ class FakeCluster:
         pol = tree.policy(self.version).to_dict()
         pol["addrs"] = {m: self.addrs[m] for m in members}
         pol["effective_step"] = effective
-        self.policy = pol
+        self.policy = self.published[self.version] = pol
 
     def _late(self, node: str, cmd: WorkerCommand) -> None:
         with self.lock:
@@ -129,7 +133,10 @@ class FakeCluster:
                 return {"node": node, "cluster": "fake"}
             if op == "worker.poll":
                 self.steps[node] = int(args.get("step", 0))
-                return {"policy": self.policy, "commands": self.commands.pop(node, []),
+                known = int(args.get("policy_version", -1))
+                newer = [p for v, p in sorted(self.published.items()) if v > known]
+                return {"policy": self.policy, "policies": newer,
+                        "commands": self.commands.pop(node, []),
                         "leave": node in self.leave}
             if op == "worker.report":
                 self.reports.append((node, dict(args)))

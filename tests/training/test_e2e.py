@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from chaosctl.client import call_once
-from tests.training._run import kill_link
+from tests.training._run import connections, kill_link
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -92,9 +92,13 @@ def test_links_added_removed_and_failed_mid_allreduce(run: Any) -> None:
     for node in r.c.node_ids:
         log = (r.c.workdir / node / "worker.log").read_text(errors="replace")
         assert "timed out after waiting for neighbours" not in log, (node, log[-2000:])
-    # A link that fails under traffic: its socket is reset while the rounds run.
+    # A link that fails under traffic: its socket is reset while the rounds run. The worker
+    # reports it, unless its redial after the aborted round brought the link back before the
+    # report went out: then the link works, and the scheduler need not drop it.
+    reset = set(connections(r, n2, n3))
     assert kill_link(r, n2, n3) + kill_link(r, n3, n2) >= 1
-    r.c.wait(lambda: r.events("link-failed"), 30, "link-failed event")
+    r.c.wait(lambda: r.events("link-failed") or set(connections(r, n2, n3)) - reset, 30,
+             "a link-failed event, or the link dialled anew")
     r.advance(r.c.node_ids, 20)
     r.assert_consistent()
     r.assert_loss_falls(n1)
