@@ -223,12 +223,13 @@ def test_a_seed_the_campaign_found_keeps_every_invariant(seed: int, duration: fl
 
 
 def test_a_few_hundred_seeds_keep_every_invariant_and_hit_every_fault(tmp_path: Path) -> None:
-    """CI's campaign, through the command a user runs."""
-    proc = run_ctl("bench", "dst", "--seeds", "300", "--duration", "30", "--jobs", "2",
+    """CI's campaign, through the command a user runs. Seeds 0..199 hit every expected kind
+    at least 5 times (the rarest: total-loss and state-refused reports); 300 cost CI 76 s."""
+    proc = run_ctl("bench", "dst", "--seeds", "200", "--duration", "30", "--jobs", "2",
                    "--out", str(tmp_path), timeout=220)
     doc = json.loads((tmp_path / "dst.json").read_text())
     assert proc.returncode == 0, (doc["violations"][:5], doc["crashes"][:2], proc.stderr[-2000:])
-    assert doc["seeds"] == 300 and doc["events"] > 0
+    assert doc["seeds"] == 200 and doc["events"] > 0
     assert not doc["violations"] and not doc["crashes"] and not doc["harness_errors"]
     assert all(doc["coverage"].get(f"fault:{k}", 0) > 0 for k in FAULT_KINDS), doc["coverage"]
     assert doc["never_hit"] == [], doc["never_hit"]
@@ -275,7 +276,9 @@ def test_the_mutants_are_listed() -> None:
 def test_a_campaign_stopped_early_summarises_the_seeds_that_ran(tmp_path: Path) -> None:
     """SIGTERM (a time limit) or Ctrl-C: the seeds that ran are written, marked interrupted."""
     proc = subprocess.Popen(
-        [*chaosctl_argv(), "bench", "dst", "--seeds", "2000", "--duration", "20", "--jobs",
+        # 400 seeds: progress is said every 20, so the stop comes a few seconds in (with 2000,
+        # every 100: the test spent 25 s of both cores getting there).
+        [*chaosctl_argv(), "bench", "dst", "--seeds", "400", "--duration", "20", "--jobs",
          "2", "--out", str(tmp_path)], env=ctl_env(None), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
     try:
@@ -290,7 +293,7 @@ def test_a_campaign_stopped_early_summarises_the_seeds_that_ran(tmp_path: Path) 
             proc.kill()
             proc.wait()
     doc = json.loads((tmp_path / "dst.json").read_text())
-    assert doc["interrupted"] is True and 0 < doc["seeds"] < 2000
+    assert doc["interrupted"] is True and 0 < doc["seeds"] < 400
     assert proc.returncode in (1, 130) and (proc.returncode == 1) == bool(doc["violations"])
     assert "interrupted" in (tmp_path / "dst.md").read_text().splitlines()[0]
 
