@@ -91,6 +91,7 @@ def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say
                      run_id=opts.get("run_id"))
         prefix = tb.state.prefix
         procs: list[LineWorker] = []
+        alone: list[LineWorker] = []  # gloo in processes of its own
         try:
             with tb:
                 say(f"mesh: building {NODES} namespaces, full mesh, {opts['fast_mbit']:g} Mbit/s "
@@ -102,15 +103,17 @@ def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say
                     f"{trees['spanning'].root}; {mb} MB, {chunk_label(chunk_kb)} chunks, "
                     f"{opts['repeats']} repeats")
                 for rank, node in enumerate(tb.nodes):
-                    argv = worker_argv(node, rank, NODES, tb.addr_of(node), nbytes, opts,
-                                       chunk_kb, reuse)
-                    procs.append(start_worker(node, argv, logdir / f"mesh-{node}.log",
-                                      netns.exec_prefix(tb.ns_of(node))))
+                    for gloo_only, group in ((False, procs), (True, alone)):
+                        argv = worker_argv(node, rank, NODES, tb.addr_of(node), nbytes, opts,
+                                           chunk_kb, reuse, gloo_only=gloo_only)
+                        log = logdir / f"mesh-{'alone-' if gloo_only else ''}{node}.log"
+                        group.append(start_worker(node, argv, log,
+                                                  netns.exec_prefix(tb.ns_of(node))))
                 runs = run_rounds(procs, with_wires(trees, opts.get("wires", ["fp32"])),
-                                  opts["repeats"])
-                close_all(procs)
+                                  opts["repeats"], alone)
+                close_all(procs + alone)
         finally:
-            close_all(procs)  # no-op for those already stopped
+            close_all(procs + alone)  # no-op for those already stopped
         left = leftovers(prefix)
     if left:
         raise CtlError(f"the mesh testbed left {', '.join(left)} behind")

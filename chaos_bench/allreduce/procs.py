@@ -17,7 +17,7 @@ from chaos_bench.workers import LineWorker
 from chaosctl.client import CtlError
 from daemon.contracts.policy import SyncPolicy
 
-#: Largest |gloo - chaos| accepted: both average the same float32 values in another order.
+#: Largest |result - exact average| accepted of an fp32 round: float32 sums in another order.
 TOLERANCE = 1e-4
 GOALS = {"loopback": 1.0, "mesh": 1.5}
 
@@ -33,23 +33,18 @@ def start_worker(node: str, argv: list[str], log: Path, prefix: Sequence[str] = 
 
 
 def worker_argv(node: str, rank: int, world: int, host: str, nbytes: int,
-                opts: dict[str, Any], chunk_kb: int, reuse: bool) -> list[str]:
-    """The command line of one worker."""
-    return ["--node", node, "--rank", str(rank), "--world", str(world), "--host", host,
+                opts: dict[str, Any], chunk_kb: int, reuse: bool, gloo_only: bool = False
+                ) -> list[str]:
+    """The command line of one worker (``gloo_only``: one that holds no Chaos links)."""
+    return [*(["--gloo-only"] if gloo_only else []), "--node", node, "--rank", str(rank),
+            "--world", str(world), "--host", host,
             "--elems", str(nbytes // 4), "--chunk-kb", str(chunk_kb), "--sock-buf",
             str(opts["sock_buf"]), "--samples", str(opts["samples"]),
             *(["--reuse"] if reuse else [])]
 
 
-def run_rounds(procs: list[LineWorker], policies: dict[str, SyncPolicy], repeats: int,
-               timeout: float = 300.0) -> dict[str, list[dict[str, Any]]]:
-    """Set the workers up, then ``repeats`` + 1 rounds of gloo and of Chaos over each tree,
-    in an order that rotates every repeat; the warm-ups are dropped. Keys: ``gloo`` and
-    ``chaos/TREE``.
-
-    Raises:
-        CtlError: A worker died, or a result was wrong (a bug, not a slow box).
-    """
+def _setup(procs: list[LineWorker], policies: dict[str, SyncPolicy]) -> None:
+    """Tell one group of workers its peers, ranks, store and policies; wait until ready."""
     hello = [p.recv(120) for p in procs]
     peers = {p.node: h["addr"] for p, h in zip(procs, hello, strict=True)}
     ranks = {p.node: i for i, p in enumerate(procs)}
@@ -60,30 +55,55 @@ def run_rounds(procs: list[LineWorker], policies: dict[str, SyncPolicy], repeats
         p.send(setup)
     for p in procs:
         p.recv(120)
-    kinds = ["gloo", *(f"chaos/{k}" for k in policies)]
+
+
+def run_rounds(procs: list[LineWorker], policies: dict[str, SyncPolicy], repeats: int,
+               alone: list[LineWorker] | None = None, timeout: float = 300.0
+               ) -> dict[str, list[dict[str, Any]]]:
+    """Set the workers up, then ``repeats`` + 1 rounds of gloo and of Chaos over each tree
+    (and of gloo in ``alone``, processes that hold no Chaos links: ``gloo-alone``), in an order
+    that rotates every repeat; the warm-ups are dropped. Keys: ``gloo``, ``gloo-alone`` and
+    ``chaos/TREE``.
+
+    Raises:
+        CtlError: A worker died, or a result was wrong (a bug, not a slow box).
+    """
+    _setup(procs, policies)
+    if alone:
+        _setup(alone, {})
+    kinds = ["gloo", *(["gloo-alone"] if alone else []), *(f"chaos/{k}" for k in policies)]
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for r in range(repeats + 1):
         for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-            for p in procs:
-                p.send(kind.replace("/", ":"))
-            stats = [p.recv(timeout) for p in procs]
-            sums = {s["checksum"] for s in stats}
-            if kind != "gloo" and len(sums) != 1:
-                raise CtlError(f"Chaos's members hold different results: checksums {sums}")
-            diffs = [s["diff"] for s in stats if s["diff"] is not None]
-            if diffs and max(diffs) > TOLERANCE:
-                raise CtlError(f"gloo's average differs from Chaos's by {max(diffs):g}")
-            errs = [s["err"] for s in stats if s.get("err") is not None]
-            sent = [s["sent"] for s in stats if s.get("sent") is not None]
-            runs[kind].append({
-                "seconds": max(s["end"] for s in stats) - min(s["start"] for s in stats),
-                "cpu_seconds": sum(s["cpu"] for s in stats),
-                "max_diff": max(diffs, default=0.0),
-                "max_err": max(errs) if errs else None,
-                "sent_bytes_per_node": sum(sent) / len(sent) if sent else None,
-                "tx_bytes_per_node": sum(s.get("tx") or 0 for s in stats) / len(stats),
-            })
+            group = alone if kind == "gloo-alone" and alone else procs
+            for p in group:
+                p.send("gloo" if kind.startswith("gloo") else kind.replace("/", ":"))
+            stats = [p.recv(timeout) for p in group]
+            runs[kind].append(check_round(kind, stats))
     return {k: v[1:] for k, v in runs.items()}
+
+
+def check_round(kind: str, stats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One round's record, once its results are right: every fp32 result within
+    :data:`TOLERANCE` of the exact average, and Chaos's members bit-identical.
+
+    Raises:
+        CtlError: A result was wrong.
+    """
+    sums = {s["checksum"] for s in stats}
+    if not kind.startswith("gloo") and len(sums) != 1:
+        raise CtlError(f"Chaos's members hold different results: checksums {sums}")
+    err = max(s["err"] for s in stats)
+    if wire_of(kind) == "fp32" and err > TOLERANCE:
+        raise CtlError(f"{kind}'s result differs from the exact average by {err:g}")
+    sent = [s["sent"] for s in stats if s.get("sent") is not None]
+    return {
+        "seconds": max(s["end"] for s in stats) - min(s["start"] for s in stats),
+        "cpu_seconds": sum(s["cpu"] for s in stats),
+        "max_err": err,
+        "sent_bytes_per_node": sum(sent) / len(sent) if sent else None,
+        "tx_bytes_per_node": sum(s.get("tx") or 0 for s in stats) / len(stats),
+    }
 
 
 def chunk_label(chunk_kb: int) -> str:
@@ -109,11 +129,10 @@ def close_all(procs: list[LineWorker]) -> None:
 
 
 def row(network: str, kind: str, runs: list[dict[str, Any]], nbytes: int) -> dict[str, Any]:
-    """Medians of one kind's runs."""
+    """Medians (and the fastest round) of one kind's runs."""
     sec = statistics.median(r["seconds"] for r in runs)
     cpu = statistics.median(r["cpu_seconds"] for r in runs)
     sent = [r["sent_bytes_per_node"] for r in runs if r.get("sent_bytes_per_node") is not None]
-    errs = [r["max_err"] for r in runs if r.get("max_err") is not None]
     return {"network": network, "kind": kind, "wire": wire_of(kind), "seconds": sec,
             "min_seconds": min(r["seconds"] for r in runs),
             "throughput_MBps": nbytes / sec / 1e6, "cpu_seconds": cpu,
@@ -121,16 +140,23 @@ def row(network: str, kind: str, runs: list[dict[str, Any]], nbytes: int) -> dic
             "sent_MB_per_node": statistics.median(sent) / 1e6 if sent else None,
             "tx_MB_per_node": statistics.median(r.get("tx_bytes_per_node") or 0
                                                 for r in runs) / 1e6,
-            "max_err": max(errs) if errs else None, "runs": runs}
+            "max_err": max(r["max_err"] for r in runs), "runs": runs}
 
 
 def compare(network: str, case: str, runs: dict[str, list[dict[str, Any]]], nbytes: int,
             extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """One network's result: a row per implementation (gloo first), and each Chaos tree's
-    throughput over gloo's."""
+    throughput over the baseline's: the faster gloo by median (in Chaos's processes, or
+    alone). ``ratios_by_baseline`` has the ratios against each gloo row, and
+    ``min_ratios`` the fastest round's against the baseline's fastest."""
     rows = [row(network, k, runs[k], nbytes) for k in runs]
-    gloo = next(r for r in rows if r["kind"] == "gloo")
-    ratios = {r["kind"]: r["throughput_MBps"] / gloo["throughput_MBps"] for r in rows
-              if r["kind"] != "gloo"}
+    gloos = [r for r in rows if r["kind"].startswith("gloo")]
+    base = min(gloos, key=lambda r: r["seconds"])
+    chaos = [r for r in rows if not r["kind"].startswith("gloo")]
+    by_base = {g["kind"]: {r["kind"]: g["seconds"] / r["seconds"] for r in chaos}
+               for g in gloos}
     return {"network": network, "case": case, "bytes": nbytes, "goal": GOALS.get(network),
-            "rows": rows, "ratios": ratios, **(extra or {})}
+            "rows": rows, "baseline": base["kind"], "ratios": by_base[base["kind"]],
+            "ratios_by_baseline": by_base,
+            "min_ratios": {r["kind"]: base["min_seconds"] / r["min_seconds"] for r in chaos},
+            **(extra or {})}

@@ -6,24 +6,33 @@ tensor, on loopback (here) and on a shaped netns mesh (:mod:`chaos_bench.allredu
 [--mesh-mb 20] [--mesh-chunk-kb 1024] [--fast-mbit 1000] [--slow-mbit 100] [--out DIR]``
 
 ``--nodes`` worker processes (:mod:`chaos_bench.allreduce.worker`) each hold one random
-``--mb`` MB float32 gradient. Every repeat runs one gloo round (``allreduce`` SUM, then divide
-by the world size: gloo has no AVG) and one Chaos round (``AllReducer``) per tree of
-``--tree`` (``chain``: rooted at an end; ``centre``: the same chain rooted at its centre;
-``star``: what ``spanning_tree`` builds over equal links), all on that same gradient in the
-same processes, in an order that rotates every repeat; one warm-up of each is dropped. Each
-round starts from the gradient copied into its input buffer (untimed, alike for both). A
-round's time runs from the first process's start to the last one's finish; throughput is
-gradient bytes per second; the ratio is Chaos / gloo (medians). CPU seconds (every thread of
-every process, ``time.process_time``) per GB of gradient show where a small box's cores go:
-the processes share them, so CPU bounds the wall time. Every round checks that Chaos's
-members hold bit-identical results and that gloo's average equals Chaos's to float32 rounding.
+``--mb`` MB float32 gradient. Every repeat runs one gloo round, one round of gloo alone and one
+Chaos round (``AllReducer``) per tree of ``--tree`` (``chain``: rooted at an end; ``centre``:
+the same chain rooted at its centre; ``star``: what ``spanning_tree`` builds over equal links),
+in an order that rotates every repeat; one warm-up of each is dropped.
+
+The baseline is gloo doing what a DDP user's gloo does: ``allreduce`` SUM of a gradient divided
+by the world size beforehand (untimed; gloo has no AVG), while Chaos's average is timed inside
+its pipeline. ``gloo`` runs in Chaos's own processes on the same tensor; ``gloo-alone`` runs in
+a second set of processes that hold no Chaos links at all, started beside the first and timed
+in the same rotation. The ratio is Chaos's throughput over the faster of the two (by median:
+the JSON's ``baseline``, with the ratio against each in ``ratios_by_baseline``); ``min`` rows
+compare the fastest rounds.
+
+Every round's input is new (the gradient times a factor that changes every round, applied
+untimed), and every process checks every result, of every kind, element by element against
+the exact average of the inputs: within float32 rounding (:data:`TOLERANCE`) for fp32, or the
+bench stops; the largest error is reported for every row. Chaos's members must also hold
+bit-identical results. A round's time runs from the first process's start to the last one's
+finish; throughput is gradient bytes per second. CPU seconds (every thread of every process,
+``time.process_time``) per GB of gradient show where a small box's cores go: the processes
+share them, so CPU bounds the wall time.
 
 ``--wire`` runs every Chaos tree in each gradient wire format (``fp32``, ``fp16``, ``bf16``,
 ``int8``; the policy's ``wire``), named ``chaos/TREE+FORMAT`` (plain ``chaos/TREE`` is fp32).
 Every row shows the megabytes each node's links sent per round (frame headers included;
 measured by ``PeerLinks.traffic``) and, on the mesh, what each namespace's interfaces sent
-(``/proc/net/dev``, TCP/IP headers and gloo included); a compressed row also shows its largest
-difference from gloo's average, the format's error.
+(``/proc/net/dev``, TCP/IP headers and gloo included); a compressed row's error is the format's.
 
 ``--chunk-kb 0`` (and ``--mesh-chunk-kb 0``) sizes the chunks by the vector, as the Trainer
 does by default (``AllReducer(chunk_bytes=None)``: about 12 chunks of 1 to 16 MiB).
@@ -86,15 +95,20 @@ def bench_loopback(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Pat
     nbytes = mb * 1_000_000 // 4 * 4
     ids = [f"n{k}" for k in range(nodes)]
     procs: list[LineWorker] = []
+    alone: list[LineWorker] = []
     try:
         for rank, node in enumerate(ids):
             argv = worker_argv(node, rank, nodes, "127.0.0.1", nbytes, opts, chunk_kb, reuse)
             procs.append(start_worker(node, argv, logdir / f"loopback-{node}.log"))
+        for rank, node in enumerate(ids):
+            argv = worker_argv(node, rank, nodes, "127.0.0.1", nbytes, opts, chunk_kb, reuse,
+                               gloo_only=True)
+            alone.append(start_worker(node, argv, logdir / f"loopback-alone-{node}.log"))
         policies = with_wires({t: tree(t, ids) for t in opts["trees"]},
                               opts.get("wires", ["fp32"]))
-        runs = run_rounds(procs, policies, opts["repeats"])
+        runs = run_rounds(procs, policies, opts["repeats"], alone)
     finally:
-        close_all(procs)
+        close_all(procs + alone)
     case = (f"loopback x{nodes}, {mb} MB, {chunk_label(chunk_kb)} chunks, "
             f"{'reuse' if reuse else 'fresh'}")
     return compare("loopback", case, runs, nbytes,
@@ -132,16 +146,19 @@ def run(opts: dict[str, Any], out: Path, say: Say) -> dict[str, Any]:
 
 
 def table(doc: dict[str, Any]) -> Table:
-    """The rich table: a line per network, case and implementation, with ratio and goal."""
+    """The rich table: a line per network, case and implementation, with ratios and goal."""
     t = Table(title="All-reduce: Chaos vs torch.distributed gloo (medians)")
     for col in ("case", "impl", "wire", "wall s", "min s", "MB/s", "MB sent/node",
-                "MB tx/node", "max |err|", "CPU s", "CPU s/GB", "chaos/gloo", "goal"):
+                "MB tx/node", "max |err|", "CPU s", "CPU s/GB", "vs best gloo", "min vs min",
+                "goal"):
         t.add_column(col, justify="left" if col in ("case", "impl", "wire") else "right")
     for res in doc["results"]:
         for k, r in enumerate(res["rows"]):
-            ratio = res["ratios"].get(r["kind"])
+            ratio, low = res["ratios"].get(r["kind"]), res["min_ratios"].get(r["kind"])
             sent, err = r.get("sent_MB_per_node"), r.get("max_err")
-            t.add_row(res["case"] if k == 0 else "", r["kind"].partition("+")[0],
+            impl = r["kind"].partition("+")[0]
+            t.add_row(res["case"] if k == 0 else "",
+                      f"{impl} (baseline)" if r["kind"] == res["baseline"] else impl,
                       r.get("wire", wire_of(r["kind"])), f"{r['seconds']:.3f}",
                       f"{r['min_seconds']:.3f}", f"{r['throughput_MBps']:.0f}",
                       "" if sent is None else f"{sent:.1f}",
@@ -149,5 +166,6 @@ def table(doc: dict[str, Any]) -> Table:
                       "" if err is None else f"{err:.2g}",
                       f"{r['cpu_seconds']:.3f}", f"{r['cpu_s_per_GB']:.2f}",
                       "" if ratio is None else f"{ratio:.2f}x",
+                      "" if low is None else f"{low:.2f}x",
                       f">= {res['goal']:.1f}x" if k == 0 and res["goal"] else "")
     return t
