@@ -106,7 +106,7 @@ class NodeAgent:
         self.worker = WorkerSession()
         self.supervisor = WorkerSupervisor(cfg.data_dir, {
             "CHAOS_SOCKET": cfg.socket, "CHAOS_NODE_ID": cfg.node_id,
-            "CHAOS_CLUSTER": cfg.cluster})
+            "CHAOS_CLUSTER": cfg.cluster}, nice=cfg.worker.nice)
         self.supervisor.on_exit.append(self._worker_exited)
         self._req_seq = 0
         # Requests whose reply someone awaits (ask): registered and removed by ask alone, so

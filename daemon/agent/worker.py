@@ -140,9 +140,10 @@ def unresponsive_for(w: WorkerSession, now: float, limit_s: float) -> float | No
 class WorkerSupervisor:
     """Starts the worker command, restarts it on failure, stops it on request."""
 
-    def __init__(self, log_dir: str, env: dict[str, str]) -> None:
+    def __init__(self, log_dir: str, env: dict[str, str], nice: int = 0) -> None:
         self._log_dir = Path(log_dir)
         self._env = env
+        self._nice = nice  # added to chaosd's niceness in the child (``[worker] nice``)
         self._job = Job(argv=[])
         self._memory = JobMemory(log_dir)
         self._proc: asyncio.subprocess.Process | None = None
@@ -221,12 +222,19 @@ class WorkerSupervisor:
             return await asyncio.create_subprocess_exec(
                 *job.argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out,
                 env={**(job.env or os.environ), **self._env}, cwd=job.cwd or None,
-                start_new_session=True,
-                # A daemon killed (or stopped hard) must not leave its worker training alone;
-                # SIGKILL, because the worker turns SIGTERM into a graceful leave via chaosd.
-                preexec_fn=kill_with_parent)
+                start_new_session=True, preexec_fn=self._prepare_child)
         finally:
             out.close()
+
+    def _prepare_child(self) -> None:
+        """In the child, before exec: die with chaosd, and run below its priority.
+
+        A daemon killed (or stopped hard) must not leave its worker training alone; SIGKILL,
+        because the worker turns SIGTERM into a graceful leave via chaosd.
+        """
+        kill_with_parent()
+        if self._nice:
+            os.nice(self._nice)
 
     def refuse(self, reason: str) -> None:
         """The worker's state does not fit the cluster's: let it exit, do not restart it

@@ -164,6 +164,11 @@ class WorkerConfig:
     # is hung (deadlock, stuck I/O, swapping, SIGSTOP) and is killed, dropped from the rounds
     # and restarted. 0 turns the watchdog off: a hung worker then stalls every member.
     poll_silence_s: float = 4.0
+    # The worker runs this much nicer than chaosd. A box whose cores training saturates must
+    # still send its heartbeats on time, or its peers judge it failed (a worker at the same
+    # priority delayed them by seconds on a loaded 2-core box); it also yields to the owner's
+    # own work. 0 runs it at chaosd's priority.
+    nice: int = 5
 
 
 @dataclass(frozen=True)
@@ -385,6 +390,8 @@ def validate(cfg: Config) -> Config:
     if silence != 0 and not MIN_POLL_SILENCE_S <= silence <= 3600:
         raise ConfigError(f"config: worker.poll_silence_s must be 0 (off) or "
                           f"{MIN_POLL_SILENCE_S:g}..3600, not {silence:g}")
+    if not 0 <= cfg.worker.nice <= 19:
+        raise ConfigError(f"config: worker.nice must be 0..19, not {cfg.worker.nice}")
     snaps = cfg.snapshots
     if not 1 <= snaps.every_steps <= 10**9 or not 0 <= snaps.every_s <= 86400:
         raise ConfigError("config: snapshots.every_steps must be >= 1 and snapshots.every_s "

@@ -17,9 +17,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from chaos_edge.dataplane import spanning_tree
+from daemon.contracts.config import WorkerConfig
 from daemon.contracts.protocol import Bootstrap, Connect, Replicate, WorkerCommand
 
 SECRET = "ab" * 16
@@ -168,6 +169,20 @@ def worker_env(path: str, node: str) -> dict[str, str]:
             "CHAOS_DATA_BIND": "127.0.0.1", "PYTHONUNBUFFERED": "1"}
 
 
+def _nicer(nice: int) -> None:
+    os.nice(nice)
+
+
+def spawn_worker(argv: list[str], fake: FakeCluster, node: str, log: IO[bytes]
+                 ) -> subprocess.Popen[bytes]:
+    """A worker attached to the fake, started as chaosd starts one: in a session of its own,
+    ``[worker] nice`` below this process (the fake daemon's) priority."""
+    nice = WorkerConfig().nice
+    return subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lambda: _nicer(nice))
+
+
 class FakeRun:
     """Worker processes (tests/training/_worker.py) attached to one FakeCluster, each with
     its step records (``NODE.jsonl``) and log (``NODE.log``) in the cluster's workdir."""
@@ -183,9 +198,7 @@ class FakeRun:
         argv = [sys.executable, self.WORKER, "--steps", str(self.steps), "--sleep", "0.05",
                 "--out", str(self.dir / f"{node}.jsonl"), *extra]
         log = open(self.dir / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
-        self.procs[node] = subprocess.Popen(argv, env=worker_env(self.fake.socket_for(node), node),
-                                            stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)  # fmt: skip
+        self.procs[node] = spawn_worker(argv, self.fake, node, log)
 
     def records(self, node: str) -> list[dict[str, object]]:
         path = self.dir / f"{node}.jsonl"

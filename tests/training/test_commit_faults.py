@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.training._fake import FakeCluster, worker_env
+from tests.training._fake import FakeCluster, spawn_worker
 
 pytestmark = pytest.mark.timeout(120)
 IDS = ["n0", "n1", "n2", "n3"]
@@ -36,8 +36,7 @@ def _start(tmp_path: Path, fake: FakeCluster, procs: list[subprocess.Popen[bytes
         argv = [sys.executable, WORKER, "--steps", str(STEPS), "--wait-members", "4",
                 "--out", str(tmp_path / f"{node}.jsonl"), *extra.get(node, [])]
         log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
-        p = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node),
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        p = spawn_worker(argv, fake, node, log)
         procs.append(p)
         mine[node] = p
         time.sleep(0.3)

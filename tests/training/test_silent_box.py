@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.training._fake import FakeCluster, worker_env
+from tests.training._fake import FakeCluster, spawn_worker
 from tests.training._run import WORKER
 
 Rows = list[dict[str, Any]]
@@ -113,9 +113,7 @@ def test_survivors_rerun_at_once_when_the_root_of_their_tree_freezes(
             argv = [sys.executable, str(WORKER), "--steps", "100000", "--wait-members", "3",
                     "--sleep", "0.02", "--out", str(tmp_path / f"{node}.jsonl")]
             log = open(tmp_path / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
-            mine[node] = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node),
-                                          stdout=log, stderr=subprocess.STDOUT,
-                                          start_new_session=True)  # fmt: skip
+            mine[node] = spawn_worker(argv, fake, node, log)
             procs.append(mine[node])
             # One attached after the other: the fake picks the lowest id as the source, so a
             # reordered attach (torch imports at different speeds) made a new node a source.
