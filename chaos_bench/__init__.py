@@ -36,6 +36,8 @@ kept under ``bench/results/`` in the repository, as data.
 - :mod:`~chaos_bench.signing`: what signing costs each control message
   (:mod:`~chaos_bench.signing.run`).
 - :mod:`~chaos_bench.probes`: the probes' share of a link (:mod:`~chaos_bench.probes.duty_cycle`).
+- :mod:`~chaos_bench.check`: the headline figures rerun quickly and held against the
+  committed results (``chaosctl bench check``; :mod:`~chaos_bench.check.run`).
 - :mod:`~chaos_bench.sim`: the discrete-event simulation to 10,000 nodes
   (``chaosctl bench simulate``).
 - :mod:`~chaos_bench.models`: the paper's models (``data/paper_models.json``, package data)

@@ -164,6 +164,9 @@ def allreduce(
     = 20,
     mesh_chunk_kb: Annotated[int, typer.Option(min=0, max=1 << 14, help="Chunk size on the "
                                                "mesh, KiB; 0: sized by the vector.")] = 0,
+    mesh_shape: Annotated[str, typer.Option(help="Mesh link rates: star (n1's links fast, "
+                                            "the others slow), uniform (every link slow); "
+                                            "comma-separated.")] = "star",
     fast_mbit: Annotated[float, typer.Option(min=1.0, help="Mesh: n1's links, Mbit/s.")] = 1000.0,
     slow_mbit: Annotated[float, typer.Option(min=1.0, help="Mesh: the other links, Mbit/s.")]
     = 100.0,
@@ -174,6 +177,7 @@ def allreduce(
     """Chaos's all-reduce against torch.distributed gloo, in the same processes, on loopback
     and on a shaped netns full mesh: time, throughput, ratio, CPU seconds per GB."""
     from chaos_bench.allreduce import run as bench_allreduce
+    from chaos_bench.allreduce.mesh import SHAPES
     from daemon.contracts.policy import WIRE_FORMATS
 
     opts = {"networks": _choices(network, "--network", ["loopback", "mesh"]), "mb": mb,
@@ -183,6 +187,7 @@ def allreduce(
             "trees": _choices(tree, "--tree", list(bench_allreduce.TREES)),
             "wires": _choices(wire, "--wire", list(WIRE_FORMATS)),
             "samples": samples, "mesh_mb": mesh_mb, "mesh_chunk_kb": mesh_chunk_kb,
+            "mesh_shapes": _choices(mesh_shape, "--mesh-shape", list(SHAPES)),
             "fast_mbit": fast_mbit,
             "slow_mbit": slow_mbit, "sock_buf": sock_buf}
     doc = bench_allreduce.run(opts, out, say)
@@ -545,3 +550,27 @@ def dst(
         raise typer.Exit(1)
     if doc["interrupted"]:
         raise typer.Exit(130)
+
+
+@bench_app.command("check")
+def check(
+    only: Annotated[str, typer.Option(help="Guards, comma-separated: planner, simulate "
+                                      "(deterministic: CI runs these), allreduce (timing, "
+                                      "about a minute).")] = "planner,simulate,allreduce",
+    results: Annotated[Path, typer.Option(help="The committed results: a checkout's "
+                                          "bench/results.")] = Path("bench/results"),
+    tolerance: Annotated[float, typer.Option(min=0.0, max=0.9, help="How much worse a timing "
+                                             "ratio may be than committed (0.15: 15%).")]
+    = 0.15,
+    out: Annotated[Path, typer.Option(help="Where results go.")] = Path("check"),
+) -> None:
+    """Rerun the quick version of each headline bench and compare it with the committed
+    results: exit 1 when a figure regressed."""
+    from chaos_bench.check import run as bench_check
+
+    names = _choices(only, "--only", list(bench_check.GUARDS))
+    doc = bench_check.run(names, results, tolerance, out, say)
+    console.print(bench_check.table(doc))
+    if doc["regressed"]:
+        typer.echo(f"regressed: {'; '.join(doc['regressed'])}", err=True)
+        raise typer.Exit(1)

@@ -36,22 +36,62 @@ from chaos_bench.allreduce.procs import (
 )
 from chaos_bench.progress import Say
 from chaos_bench.workers import LineWorker
+from chaos_edge.dataplane.codec import codec_for
 from chaosctl.client import CtlError
 from chaosctl.testbed.core import Testbed
 from chaosctl.testbed.topo import norm
-from daemon.contracts.policy import SyncPolicy, spanning_tree
+from daemon.contracts.policy import WIRE_FORMATS, SyncPolicy, spanning_tree
 from netprobe import netns
 
 NODES = 4
 
 
-def shape_star(tb: Testbed, fast: float, slow: float) -> dict[str, float]:
-    """Fast links from ``n1`` to every other node, slow links among the others; returns the
-    rate of every link as the kernel now has it (Mbit/s, key ``a-b``)."""
+SHAPES = ("star", "uniform")
+
+
+def shape_links(tb: Testbed, shape: str, fast: float, slow: float) -> dict[str, float]:
+    """``star``: fast links from ``n1`` to every other node, slow links among the others;
+    ``uniform``: every link slow. Returns the rate of every link as the kernel now has it
+    (Mbit/s, key ``a-b``)."""
     hub = tb.nodes[0]
     for a, b in tb.links:
-        tb.shape(a, b, fast if hub in (a, b) else slow)
+        tb.shape(a, b, fast if shape == "star" and hub in (a, b) else slow)
     return {f"{i.a}-{i.b}": float(i.mbit or 0.0) for i in tb.link_info()}
+
+
+def link_bounds(nodes: list[str], rates: dict[str, float], trees: dict[str, SyncPolicy],
+                nbytes: int) -> dict[str, float]:
+    """Each kind's lower bound in seconds from the link rates alone (full duplex, every pair
+    its own link; no CPU, no latency):
+
+    - ``gloo`` (and ``gloo-alone``): torch's gloo all-reduce is a ring in rank order, one
+      direction; each node sends 2(N-1)/N of the vector to the next, so the slowest ring link
+      bounds it.
+    - ``gloo-rooted``: any reduce to ``n1`` followed by a broadcast from it. ``n1`` must
+      receive a vector's worth over its links, and then every node must receive one over its
+      own links (and ``n1`` send one over its).
+    - ``chaos/TREE[+WIRE]``: each tree edge carries the vector once each way, in the wire
+      format, so the slowest tree edge bounds it (pipelining can at best hide all but that).
+    """
+    bps = {tuple(sorted(k.split("-"))): mbit * 1e6 / 8 for k, mbit in rates.items()}
+
+    def rate(a: str, b: str) -> float:
+        return bps[tuple(sorted((a, b)))]
+
+    def into(n: str) -> float:
+        return sum(rate(n, m) for m in nodes if m != n)
+
+    n, root = len(nodes), nodes[0]
+    ring = min(rate(nodes[k], nodes[(k + 1) % n]) for k in range(n))
+    out = {"gloo": 2 * (n - 1) / n * nbytes / ring}
+    out["gloo-alone"] = out["gloo"]
+    out["gloo-rooted"] = nbytes / into(root) + max(nbytes / into(m) for m in nodes)
+    for name, pol in trees.items():
+        for wire in WIRE_FORMATS:
+            kind = f"chaos/{name}" if wire == "fp32" else f"chaos/{name}+{wire}"
+            size = codec_for(wire).wire_bytes(nbytes // 4)
+            out[kind] = max(size / rate(a, b) for a, b in pol.edges)
+    return out
 
 
 def policies(nodes: list[str], rates: dict[str, float]) -> dict[str, SyncPolicy]:
@@ -69,9 +109,10 @@ def leftovers(prefix: str) -> list[str]:
     return netns.list_netns(prefix) + netns.list_links(prefix)
 
 
-def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say
-        ) -> dict[str, Any]:
-    """Build the mesh, run gloo and Chaos on it, tear it down; one ``compare`` result.
+def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say,
+        shape: str = "star") -> dict[str, Any]:
+    """Build the mesh in ``shape`` (:data:`SHAPES`), run gloo and Chaos on it, tear it down;
+    one ``compare`` result, each row with its link bound (:func:`link_bounds`).
 
     ``opts``: mesh_mb, fast_mbit, slow_mbit, repeats, sock_buf, samples, and optionally
     wires (default fp32 only) and run_id (the testbed's name prefix).
@@ -94,10 +135,13 @@ def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say
         alone: list[LineWorker] = []  # gloo in processes of its own
         try:
             with tb:
-                say(f"mesh: building {NODES} namespaces, full mesh, {opts['fast_mbit']:g} Mbit/s "
-                    f"from n1, {opts['slow_mbit']:g} Mbit/s among the others")
+                say(f"mesh: building {NODES} namespaces, full mesh, " + (
+                    f"{opts['fast_mbit']:g} Mbit/s from n1, {opts['slow_mbit']:g} Mbit/s among "
+                    "the others" if shape == "star" else
+                    f"every link {opts['slow_mbit']:g} Mbit/s"))
                 tb.up(start_daemons=False)
-                rates = shape_star(tb, opts["fast_mbit"], opts["slow_mbit"])
+                rates = shape_links(tb, shape, opts["fast_mbit"], opts["slow_mbit"])
+                nodes = list(tb.nodes)  # in rank order: gloo's ring follows it
                 trees = policies(tb.nodes, rates)
                 say(f"mesh: spanning tree {list(trees['spanning'].edges)} rooted at "
                     f"{trees['spanning'].root}; {mb} MB, {chunk_label(chunk_kb)} chunks, "
@@ -110,17 +154,23 @@ def run(opts: dict[str, Any], chunk_kb: int, reuse: bool, logdir: Path, say: Say
                         group.append(start_worker(node, argv, log,
                                                   netns.exec_prefix(tb.ns_of(node))))
                 runs = run_rounds(procs, with_wires(trees, opts.get("wires", ["fp32"])),
-                                  opts["repeats"], alone)
+                                  opts["repeats"], alone, rooted=True)
                 close_all(procs + alone)
         finally:
             close_all(procs + alone)  # no-op for those already stopped
         left = leftovers(prefix)
     if left:
         raise CtlError(f"the mesh testbed left {', '.join(left)} behind")
-    case = (f"mesh x{NODES}, {mb} MB, {chunk_label(chunk_kb)} chunks, "
+    case = (f"mesh x{NODES} {shape}, {mb} MB, {chunk_label(chunk_kb)} chunks, "
             f"{'reuse' if reuse else 'fresh'}")
-    return compare("mesh", case, runs, nbytes, {
-        "chunk_kb": chunk_kb, "reuse": reuse, "nodes": NODES, "link_mbit": rates,
+    res = compare("mesh", case, runs, nbytes, {
+        "shape": shape, "chunk_kb": chunk_kb, "reuse": reuse, "nodes": NODES,
+        "link_mbit": rates,
         "trees": {k: {"edges": [list(e) for e in p.edges], "root": p.root}
                   for k, p in trees.items()},
         "leftovers_after_teardown": left, "wall_s": time.perf_counter() - t0})
+    bounds = link_bounds(nodes, rates, trees, nbytes)
+    for row in res["rows"]:
+        row["bound_s"] = bounds[row["kind"]]
+        row["over_bound"] = row["seconds"] / row["bound_s"]
+    return res

@@ -58,12 +58,13 @@ def _setup(procs: list[LineWorker], policies: dict[str, SyncPolicy]) -> None:
 
 
 def run_rounds(procs: list[LineWorker], policies: dict[str, SyncPolicy], repeats: int,
-               alone: list[LineWorker] | None = None, timeout: float = 300.0
-               ) -> dict[str, list[dict[str, Any]]]:
+               alone: list[LineWorker] | None = None, rooted: bool = False,
+               timeout: float = 300.0) -> dict[str, list[dict[str, Any]]]:
     """Set the workers up, then ``repeats`` + 1 rounds of gloo and of Chaos over each tree
-    (and of gloo in ``alone``, processes that hold no Chaos links: ``gloo-alone``), in an order
-    that rotates every repeat; the warm-ups are dropped. Keys: ``gloo``, ``gloo-alone`` and
-    ``chaos/TREE``.
+    (and of gloo in ``alone``, processes that hold no Chaos links: ``gloo-alone``; and with
+    ``rooted``, of gloo's reduce to rank 0 and broadcast: ``gloo-rooted``), in an order that
+    rotates every repeat; the warm-ups are dropped. Keys: ``gloo``, ``gloo-alone``,
+    ``gloo-rooted`` and ``chaos/TREE``.
 
     Raises:
         CtlError: A worker died, or a result was wrong (a bug, not a slow box).
@@ -71,13 +72,14 @@ def run_rounds(procs: list[LineWorker], policies: dict[str, SyncPolicy], repeats
     _setup(procs, policies)
     if alone:
         _setup(alone, {})
-    kinds = ["gloo", *(["gloo-alone"] if alone else []), *(f"chaos/{k}" for k in policies)]
+    kinds = ["gloo", *(["gloo-alone"] if alone else []), *(["gloo-rooted"] if rooted else []),
+             *(f"chaos/{k}" for k in policies)]
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
     for r in range(repeats + 1):
         for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
             group = alone if kind == "gloo-alone" and alone else procs
             for p in group:
-                p.send("gloo" if kind.startswith("gloo") else kind.replace("/", ":"))
+                p.send({"gloo-alone": "gloo"}.get(kind, kind.replace("/", ":")))
             stats = [p.recv(timeout) for p in group]
             runs[kind].append(check_round(kind, stats))
     return {k: v[1:] for k, v in runs.items()}

@@ -3,7 +3,8 @@ tensor, on loopback (here) and on a shaped netns mesh (:mod:`chaos_bench.allredu
 
 ``chaosctl bench allreduce [--network loopback,mesh] [--mb 100] [--nodes 4] [--repeats 5]
 [--chunk-kb 1024,16384] [--tree centre,star] [--wire fp32] [--result reuse] [--samples 1]
-[--mesh-mb 20] [--mesh-chunk-kb 1024] [--fast-mbit 1000] [--slow-mbit 100] [--out DIR]``
+[--mesh-mb 20] [--mesh-chunk-kb 1024] [--mesh-shape star,uniform] [--fast-mbit 1000]
+[--slow-mbit 100] [--out DIR]``
 
 ``--nodes`` worker processes (:mod:`chaos_bench.allreduce.worker`) each hold one random
 ``--mb`` MB float32 gradient. Every repeat runs one gloo round, one round of gloo alone and one
@@ -36,6 +37,12 @@ measured by ``PeerLinks.traffic``) and, on the mesh, what each namespace's inter
 
 ``--chunk-kb 0`` (and ``--mesh-chunk-kb 0``) sizes the chunks by the vector, as the Trainer
 does by default (``AllReducer(chunk_bytes=None)``: about 12 chunks of 1 to 16 MiB).
+
+``--mesh-shape`` picks the mesh's link rates: ``star`` (the fast hub, as above) or ``uniform``
+(every link at ``--slow-mbit``), or both. On the mesh gloo also runs rooted at the hub
+(``gloo-rooted``: ``reduce`` to ``n1``, then ``broadcast``), and every row shows its link
+bound (:func:`chaos_bench.allreduce.mesh.link_bounds`): the least time its algorithm could take
+on those links.
 
 ``--result fresh`` lets every Chaos round return a new buffer (the kernel zeroes its pages);
 ``reuse`` passes the same ``out=`` every round, as the Trainer does. ``--samples`` above 1
@@ -136,8 +143,9 @@ def run(opts: dict[str, Any], out: Path, say: Say) -> dict[str, Any]:
                     f"{chunk_label(chunk_kb)} chunks, {mode} out, {opts['repeats']} repeats")
                 results.append(bench_loopback(opts, chunk_kb, mode == "reuse", logdir))
     if "mesh" in opts["networks"]:
-        results.append(allreduce_mesh.run(opts, opts["mesh_chunk_kb"],
-                                          "reuse" in opts["results"], logdir, say))
+        for shape in opts.get("mesh_shapes", ["star"]):
+            results.append(allreduce_mesh.run(opts, opts["mesh_chunk_kb"],
+                                              "reuse" in opts["results"], logdir, say, shape))
     doc = {"options": opts, "cpus": os.cpu_count(), "machine": platform.platform(),
            "argv": sys.argv, "loadavg_before_after": [load_before, os.getloadavg()],
            "wall_s": time.perf_counter() - t0, "goals": GOALS, "results": results}
@@ -148,7 +156,7 @@ def run(opts: dict[str, Any], out: Path, say: Say) -> dict[str, Any]:
 def table(doc: dict[str, Any]) -> Table:
     """The rich table: a line per network, case and implementation, with ratios and goal."""
     t = Table(title="All-reduce: Chaos vs torch.distributed gloo (medians)")
-    for col in ("case", "impl", "wire", "wall s", "min s", "MB/s", "MB sent/node",
+    for col in ("case", "impl", "wire", "wall s", "min s", "bound s", "MB/s", "MB sent/node",
                 "MB tx/node", "max |err|", "CPU s", "CPU s/GB", "vs best gloo", "min vs min",
                 "goal"):
         t.add_column(col, justify="left" if col in ("case", "impl", "wire") else "right")
@@ -160,7 +168,9 @@ def table(doc: dict[str, Any]) -> Table:
             t.add_row(res["case"] if k == 0 else "",
                       f"{impl} (baseline)" if r["kind"] == res["baseline"] else impl,
                       r.get("wire", wire_of(r["kind"])), f"{r['seconds']:.3f}",
-                      f"{r['min_seconds']:.3f}", f"{r['throughput_MBps']:.0f}",
+                      f"{r['min_seconds']:.3f}",
+                      f"{r['bound_s']:.3f}" if r.get("bound_s") else "",
+                      f"{r['throughput_MBps']:.0f}",
                       "" if sent is None else f"{sent:.1f}",
                       f"{r.get('tx_MB_per_node') or 0:.1f}",
                       "" if err is None else f"{err:.2g}",

@@ -20,15 +20,16 @@ It speaks JSON lines: stdout carries its answers, stdin the parent's requests:
    {...}}, "store": [host, port]}``, dials its neighbours of higher rank in any of the trees,
    joins the gloo group (bound to ``--host``, so in a namespace gloo uses the node's data
    address), and prints ``{"ready": true}``;
-3. then for each ``chaos:NAME`` (a policy of the setup, whose ``wire`` is the format) or
-   ``gloo`` line it runs one round and prints ``{"start", "end", "cpu", "checksum", "err",
-   "sent", "tx"}``: wall times (``time.perf_counter``, one clock for every namespace), CPU
-   seconds of the whole process (every thread, gloo's included), the float64 sum of the result
-   (equal on every member when results are bit-identical), the largest difference from the
-   exact average (float32 rounding for fp32; the format's error for a compressed wire), the
-   bytes Chaos's links sent (headers included; None for gloo), and the bytes this network
-   namespace's interfaces other than ``lo`` sent (``/proc/net/dev``: on the mesh every byte to
-   another node, on loopback 0). ``quit`` ends it.
+3. then for each ``chaos:NAME`` (a policy of the setup, whose ``wire`` is the format), ``gloo``
+   or ``gloo-rooted`` (reduce to rank 0, then broadcast) line it runs one round and prints
+   ``{"start", "end", "cpu", "checksum", "err", "sent", "tx"}``: wall times
+   (``time.perf_counter``, one clock for every namespace), CPU seconds of the whole process
+   (every thread, gloo's included), the float64 sum of the result (equal on every member when
+   results are bit-identical), the largest difference from the exact average (float32 rounding
+   for fp32; the format's error for a compressed wire), the bytes Chaos's links sent (headers
+   included; None for gloo), and the bytes this network namespace's interfaces other than ``lo``
+   sent (``/proc/net/dev``: on the mesh every byte to another node, on loopback 0). ``quit``
+   ends it.
 """
 
 from __future__ import annotations
@@ -173,6 +174,20 @@ class Worker:
         end, cpu = time.perf_counter(), time.process_time() - c0
         return self._result(self.work.numpy(), factor, start, end, cpu, None, tx_bytes() - tx0)
 
+    def gloo_rooted(self) -> dict[str, Any]:
+        """One gloo round rooted at rank 0 (on the mesh, the fast hub): ``reduce`` SUM of the
+        pre-divided input to rank 0, then ``broadcast`` from it, as a user who knows the
+        topology would pick over gloo's ring."""
+        assert self.pg is not None
+        factor = self._next()
+        torch.mul(torch.from_numpy(self.grad), factor / self.world, out=self.work)  # untimed
+        tx0 = tx_bytes()
+        c0, start = time.process_time(), time.perf_counter()
+        self.pg.reduce(self.work, 0).wait()  # type: ignore[attr-defined]  # dist.reduce
+        self.pg.broadcast(self.work, 0).wait()  # type: ignore[attr-defined]  # dist.broadcast
+        end, cpu = time.perf_counter(), time.process_time() - c0
+        return self._result(self.work.numpy(), factor, start, end, cpu, None, tx_bytes() - tx0)
+
     def _next(self) -> float:
         self.round += 1
         return scale(self.round)
@@ -227,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
                 answer(w.chaos(cmd[6:]))
             elif cmd == "gloo":
                 answer(w.gloo())
+            elif cmd == "gloo-rooted":
+                answer(w.gloo_rooted())
             elif cmd == "quit":
                 return 0
             else:

@@ -207,17 +207,20 @@ async def test_stop_ends_a_stopped_worker_without_waiting_for_the_grace(
 async def test_the_worker_runs_nicer_than_chaosd(tmp_path: Path) -> None:
     """``[worker] nice``: training that saturates the cores must not delay chaosd's
     heartbeats, so the worker runs below chaosd's priority (and 0 runs it alike)."""
-    for nice in (load_config(None).worker.nice, 0):
+    async def niceness_of_a_worker(nice: int) -> int:
         sup = WorkerSupervisor(str(tmp_path), {}, nice=nice)
         sup.start(Job(SLEEPER))
         try:
             await wait_for(lambda: sup.pid is not None)
             pid = sup.pid
             assert pid is not None
-            assert os.getpriority(os.PRIO_PROCESS, pid) == os.nice(0) + nice
+            return os.getpriority(os.PRIO_PROCESS, pid)
         finally:
             await asyncio.wait_for(sup.stop(), 20)
+
     assert load_config(None).worker.nice == 5
+    assert await niceness_of_a_worker(5) == os.nice(0) + 5
+    assert await niceness_of_a_worker(0) == os.nice(0)
 
 
 def test_a_niceness_out_of_range_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -1,0 +1,208 @@
+"""``chaosctl bench check``: rerun the quick version of each headline bench and hold it against
+the committed results, so that a regression shows.
+
+``chaosctl bench check [--only planner,simulate,allreduce] [--results bench/results]
+[--tolerance 0.15] [--out check]``
+
+Each guard reads its committed figure from ``--results`` (a checkout's ``bench/results``; the
+installed package ships none), reruns the quick version of the bench and compares the two.
+A figure passes when it is no worse than its floor: the committed figure, less the tolerance
+for a timing, exactly for a deterministic figure, or a proven limit (a planner can never beat
+the water-filling bound):
+
+- ``planner`` (deterministic): on the issue's star, the default plan's makespan over the
+  water-filling bound, and Algorithms 1+2's makespan over the default's; over fresh random
+  neighbour sets of every state shape, the default plan's worst makespan over the bound (at
+  most 1: it is the exact optimum).
+- ``simulate`` (deterministic): the simulator replays the committed testbed scale-outs; the
+  number of network-strategy points within 15% of the testbed, delay and idle. The constants
+  are fitted on those same runs, so this is an in-sample regression check, not a validation;
+  ``stop-resume`` matches by construction and is left out.
+- ``allreduce`` (timing): Chaos's all-reduce over the best gloo on loopback (4 processes,
+  100 MB, the centre tree, fp32, auto chunks), 5 repeats against the median of the committed
+  fair runs. It takes about a minute and depends on the box, so CI does not run it.
+
+Prints a table and writes ``check.json`` under ``--out``; exits 1 when a figure regressed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from chaos_bench.output import Output
+from chaos_bench.progress import Say
+from chaosctl.client import CtlError
+
+GUARDS = ("planner", "simulate", "allreduce")
+#: Those that are deterministic: the same code gives the same figure on any box (CI runs them).
+DETERMINISTIC = ("planner", "simulate")
+#: A proven limit is held to this much float noise, and a deterministic figure to this much.
+EXACT = 1e-6
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One headline figure: committed, now, and the worst value accepted."""
+
+    guard: str
+    headline: str
+    source: str  # the committed file, relative to --results
+    committed: float
+    now: float
+    floor: float  # the worst value that passes
+    higher_is_better: bool
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.now >= self.floor if self.higher_is_better else self.now <= self.floor
+
+
+def _read(results: Path, rel: str) -> dict[str, Any]:
+    """A committed JSON document.
+
+    Raises:
+        CtlError: Missing or unreadable.
+    """
+    path = results / rel
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CtlError(f"no committed result {path}: run from a checkout, or pass --results "
+                       "DIR") from None
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"cannot read committed result {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise CtlError(f"{path} is not a bench result (not a JSON object)")
+    return doc
+
+
+def _exact(guard: str, headline: str, source: str, committed: float, now: float,
+           higher: bool) -> Verdict:
+    """A deterministic figure: it may improve, not regress beyond float noise."""
+    slack = EXACT * max(abs(committed), 1.0)
+    return Verdict(guard, headline, source, committed, now,
+                   committed - slack if higher else committed + slack, higher)
+
+
+def check_planner(results: Path, tolerance: float, say: Say) -> list[Verdict]:
+    """The star's two ratios (exact) and the bound over fresh random instances."""
+    from chaos_bench.planner import run as planner
+
+    source = "planner/planner_bench.json"
+    doc = _read(results, source)
+    try:
+        star, shapes = doc["star"], doc["shapes"]
+        then_lb = star["chaos"]["makespan_s"] / star["lower_bound_s"]
+        then_paper = star["paper"]["makespan_s"] / star["chaos"]["makespan_s"]
+        then_max = max(s["chaos_over_lb"]["max"] for s in shapes)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+        raise CtlError(f"{results / source}: not a planner bench result ({exc!r})") from None
+    say("planner: the star, and the quick neighbour sets of every state shape")
+    now_star = planner.bench_star()
+    now_shapes = planner.bench_shapes(True, random.Random(doc.get("seed", 2024)))
+    now_max = max(s["chaos_over_lb"]["max"] for s in now_shapes)
+    return [
+        _exact("planner", "star: chaos makespan / water-filling bound", source, then_lb,
+               now_star["chaos"]["makespan_s"] / now_star["lower_bound_s"], higher=False),
+        _exact("planner", "star: Algorithms 1+2 makespan / chaos", source, then_paper,
+               now_star["paper"]["makespan_s"] / now_star["chaos"]["makespan_s"], higher=True),
+        Verdict("planner", "every shape: worst chaos makespan / bound", source, then_max,
+                now_max, 1.0 + EXACT, higher_is_better=False,
+                note="a bound: at most 1 (fresh instances, so not the committed ones)"),
+    ]
+
+
+def _within(summary: list[dict[str, Any]]) -> tuple[int, int]:
+    """Points within the tolerance, and points, of the network strategies."""
+    rows = [r for r in summary if r["strategy"] != "stop-resume"]
+    return sum(int(r["within"]) for r in rows), sum(int(r["points"]) for r in rows)
+
+
+def check_simulate(results: Path, tolerance: float, say: Say) -> list[Verdict]:
+    """The simulator's replay of the committed testbed runs (in sample)."""
+    from chaos_bench.sim import validate
+
+    source, testbed = "simulate/simulate.json", "scaleout-testbed-stop3/scaleout.json"
+    doc = _read(results, source)
+    try:
+        then, points = _within(doc["validation"]["summary"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CtlError(f"{results / source}: not a simulate result ({exc!r})") from None
+    say(f"simulate: replaying {testbed}")
+    now, now_points = _within(validate.replay(_read(results, testbed))["summary"])
+    verdict = _exact("simulate", f"network-strategy points within 15% of the testbed, of "
+                     f"{points}", source, then, now, higher=True)
+    return [replace(verdict, note=f"in sample: a regression check ({now_points} points now)")]
+
+
+def check_allreduce(results: Path, tolerance: float, say: Say) -> list[Verdict]:
+    """Chaos over the best gloo on loopback, against the committed fair runs' median."""
+    from chaos_bench.allreduce import run as allreduce
+
+    runs = sorted((results / "allreduce-fair").glob("run-*/allreduce_bench.json"))
+    if not runs:
+        raise CtlError(f"no committed result {results / 'allreduce-fair'}/run-*: run from a "
+                       "checkout, or pass --results DIR")
+    source = "allreduce-fair/run-*/allreduce_bench.json"
+    rel = [str(p.relative_to(results)) for p in runs]
+    try:
+        then = statistics.median(_read(results, r)["results"][0]["ratios"]["chaos/centre"]
+                                 for r in rel)
+    except (KeyError, IndexError, TypeError) as exc:
+        raise CtlError(f"{results / source}: not an allreduce bench result ({exc!r})") from None
+    opts = {"networks": ["loopback"], "mb": 100, "nodes": 4, "repeats": 5, "chunk_kbs": [0],
+            "results": ["reuse"], "trees": ["centre"], "wires": ["fp32"], "samples": 1,
+            "sock_buf": 0}
+    with tempfile.TemporaryDirectory(prefix="chaos-check-") as tmp:
+        doc = allreduce.run(opts, Path(tmp), say)
+    now = doc["results"][0]["ratios"]["chaos/centre"]
+    return [Verdict("allreduce", "loopback: chaos / best gloo, medians", source, then, now,
+                    then * (1 - tolerance), higher_is_better=True,
+                    note=f"median of {len(runs)} committed runs; 5 repeats now")]
+
+
+CHECKS: dict[str, Callable[[Path, float, Say], list[Verdict]]] = {
+    "planner": check_planner, "simulate": check_simulate, "allreduce": check_allreduce}
+
+
+def run(only: list[str], results: Path, tolerance: float, out: Path, say: Say
+        ) -> dict[str, Any]:
+    """Every guard of ``only``; writes ``check.json`` and returns it.
+
+    Raises:
+        CtlError: A committed result is missing or unreadable, or a bench failed.
+    """
+    if not results.is_dir():
+        raise CtlError(f"no committed results at {results}: run from a checkout, or pass "
+                       "--results DIR")
+    verdicts: list[Verdict] = []
+    for name in only:
+        verdicts += CHECKS[name](results, tolerance, say)
+    doc = {"results": str(results), "tolerance": tolerance, "guards": only,
+           "verdicts": [{**asdict(v), "ok": v.ok} for v in verdicts],
+           "regressed": [v.headline for v in verdicts if not v.ok]}
+    Output(out, say).json("check.json", doc)
+    return doc
+
+
+def table(doc: dict[str, Any]) -> Table:
+    """A line per headline: committed, now, the floor, and the verdict."""
+    t = Table(title=f"Headlines against {doc['results']} (timings: tolerance "
+                    f"{doc['tolerance']:.0%})")
+    for col in ("guard", "headline", "committed", "now", "accepted", "verdict", "note"):
+        t.add_column(col, justify="right" if col in ("committed", "now", "accepted") else "left")
+    for v in doc["verdicts"]:
+        t.add_row(v["guard"], v["headline"], f"{v['committed']:.6g}", f"{v['now']:.6g}",
+                  f"{'>=' if v['higher_is_better'] else '<='} {v['floor']:.6g}",
+                  "ok" if v["ok"] else "[red]REGRESSED[/]", v["note"])
+    return t
