@@ -413,6 +413,15 @@ class NodeAgent:
             return
         if not self.watches(node):
             return  # one in flight from before an unsubscribe
+        st = self.presence.get(node)
+        if (st is not None and not st.online and st.reason == "left"
+                and hb.incarnation <= st.incarnation):
+            # Sent before its daemon said it left, delivered after (heartbeats and statuses
+            # are separate topics and QoS): taken as a sign of life, it re-admitted the node,
+            # which was then failed for its offline presence (a graceful leave logged as a
+            # failure under load). A restarted daemon has a new incarnation and says "up".
+            self.counters["late_beats"] += 1
+            return
         now = self.clock.monotonic()
         self.detector.heartbeat(node)
         prev = self.beats.get(node)

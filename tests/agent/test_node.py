@@ -411,6 +411,28 @@ async def test_a_last_will_is_confirmed_before_the_node_is_failed() -> None:
     assert agent.scheduler.nodes["c"].state == "standby"
 
 
+async def test_a_heartbeat_that_arrives_after_its_daemon_left_does_not_bring_it_back() -> None:
+    """CI at -n 3, test_systemd_notify: a daemon's SIGTERM leave was logged as node-failed
+    (reason last-will). The heartbeat it sent just before its "left" status came after it,
+    re-admitted the node as a standby, and the next judgement failed it for its offline
+    presence. A beat of a process that has said it left is late news, not a return."""
+    agent, bus, clock = await elected("a")
+    b = Peer("b")
+    bus.deliver(T.status("b"), b.status())
+    await run(agent, clock, 1.0, [b])
+    late = b.hb()  # sent before the leave, delivered after it
+    bus.deliver(T.status("b"), b.status(online=False, reason="left"))
+    bus.deliver(T.hb("b"), late)
+    await run(agent, clock, 3.0)
+    assert agent.scheduler is not None and agent.scheduler.nodes["b"].state == "left"
+    assert not [e for e in agent.scheduler.events if e.kind == "node-failed"]
+    # The same node started again (a new process: a new incarnation) is admitted as before.
+    b2 = Peer("b", incarnation=2)
+    bus.deliver(T.status("b"), b2.status())
+    await run(agent, clock, 1.0, [b2])
+    assert agent.scheduler.nodes["b"].state == "standby"
+
+
 async def test_a_daemon_that_was_paused_does_not_blame_its_peers() -> None:
     agent, bus, clock = await elected("a")
     b = Peer("b")
