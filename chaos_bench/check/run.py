@@ -22,7 +22,8 @@ the water-filling bound):
   100 MB, the centre tree, fp32, auto chunks), 5 repeats against the median of the committed
   fair runs. It takes about a minute and depends on the box, so CI does not run it.
 
-Prints a table and writes ``check.json`` under ``--out``; exits 1 when a figure regressed.
+Prints a table and writes ``check.json`` under ``--out`` (and the all-reduce rerun's own JSON
+under ``--out``/allreduce); exits 1 when a figure regressed.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -94,7 +94,7 @@ def _exact(guard: str, headline: str, source: str, committed: float, now: float,
                    committed - slack if higher else committed + slack, higher)
 
 
-def check_planner(results: Path, tolerance: float, say: Say) -> list[Verdict]:
+def check_planner(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
     """The star's two ratios (exact) and the bound over fresh random instances."""
     from chaos_bench.planner import run as planner
 
@@ -128,7 +128,7 @@ def _within(summary: list[dict[str, Any]]) -> tuple[int, int]:
     return sum(int(r["within"]) for r in rows), sum(int(r["points"]) for r in rows)
 
 
-def check_simulate(results: Path, tolerance: float, say: Say) -> list[Verdict]:
+def check_simulate(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
     """The simulator's replay of the committed testbed runs (in sample)."""
     from chaos_bench.sim import validate
 
@@ -145,8 +145,10 @@ def check_simulate(results: Path, tolerance: float, say: Say) -> list[Verdict]:
     return [replace(verdict, note=f"in sample: a regression check ({now_points} points now)")]
 
 
-def check_allreduce(results: Path, tolerance: float, say: Say) -> list[Verdict]:
-    """Chaos over the best gloo on loopback, against the committed fair runs' median."""
+def check_allreduce(results: Path, tolerance: float, out: Path, say: Say
+                    ) -> list[Verdict]:
+    """Chaos over the best gloo on loopback, against the committed fair runs' median (the
+    rerun's own JSON under ``out/allreduce``)."""
     from chaos_bench.allreduce import run as allreduce
 
     runs = sorted((results / "allreduce-fair").glob("run-*/allreduce_bench.json"))
@@ -163,15 +165,14 @@ def check_allreduce(results: Path, tolerance: float, say: Say) -> list[Verdict]:
     opts = {"networks": ["loopback"], "mb": 100, "nodes": 4, "repeats": 5, "chunk_kbs": [0],
             "results": ["reuse"], "trees": ["centre"], "wires": ["fp32"], "samples": 1,
             "sock_buf": 0}
-    with tempfile.TemporaryDirectory(prefix="chaos-check-") as tmp:
-        doc = allreduce.run(opts, Path(tmp), say)
+    doc = allreduce.run(opts, out / "allreduce", say)
     now = doc["results"][0]["ratios"]["chaos/centre"]
     return [Verdict("allreduce", "loopback: chaos / best gloo, medians", source, then, now,
                     then * (1 - tolerance), higher_is_better=True,
                     note=f"median of {len(runs)} committed runs; 5 repeats now")]
 
 
-CHECKS: dict[str, Callable[[Path, float, Say], list[Verdict]]] = {
+CHECKS: dict[str, Callable[[Path, float, Path, Say], list[Verdict]]] = {
     "planner": check_planner, "simulate": check_simulate, "allreduce": check_allreduce}
 
 
@@ -187,7 +188,7 @@ def run(only: list[str], results: Path, tolerance: float, out: Path, say: Say
                        "--results DIR")
     verdicts: list[Verdict] = []
     for name in only:
-        verdicts += CHECKS[name](results, tolerance, say)
+        verdicts += CHECKS[name](results, tolerance, out, say)
     doc = {"results": str(results), "tolerance": tolerance, "guards": only,
            "verdicts": [{**asdict(v), "ok": v.ok} for v in verdicts],
            "regressed": [v.headline for v in verdicts if not v.ok]}
