@@ -139,7 +139,7 @@ def check_simulate(results: Path, tolerance: float, out: Path, say: Say) -> list
     except (KeyError, TypeError, ValueError) as exc:
         raise CtlError(f"{results / source}: not a simulate result ({exc!r})") from None
     say(f"simulate: replaying {testbed}")
-    now, now_points = _within(validate.replay(_read(results, testbed))["summary"])
+    now, now_points = _within(validate.replay(validate.load(results / testbed))["summary"])
     verdict = _exact("simulate", f"network-strategy points within 15% of the testbed, of "
                      f"{points}", source, then, now, higher=True)
     return [replace(verdict, note=f"in sample: a regression check ({now_points} points now)")]
