@@ -227,7 +227,7 @@ class WorkerSupervisor:
             out.close()
 
     def _prepare_child(self) -> None:
-        """In the child, before exec: die with chaosd, and run below its priority.
+        """In the child, before exec: die with chaosd, and run ``[worker] nice`` below it.
 
         A daemon killed (or stopped hard) must not leave its worker training alone; SIGKILL,
         because the worker turns SIGTERM into a graceful leave via chaosd.

@@ -176,7 +176,7 @@ def _nicer(nice: int) -> None:
 def spawn_worker(argv: list[str], fake: FakeCluster, node: str, log: IO[bytes]
                  ) -> subprocess.Popen[bytes]:
     """A worker attached to the fake, started as chaosd starts one: in a session of its own,
-    ``[worker] nice`` below this process (the fake daemon's) priority."""
+    at ``[worker] nice``'s default below this process (the fake daemon)."""
     nice = WorkerConfig().nice
     return subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node), stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
