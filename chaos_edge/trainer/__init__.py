@@ -31,17 +31,40 @@ package it imports only :mod:`daemon.contracts`. Scripts import it as :mod:`chao
 - :mod:`~chaos_edge.trainer.control`: the worker's errors over the control client.
 """
 
-from chaos_edge.trainer.api import (
-    Shard,
-    StateDiverged,
-    StateMismatch,
-    StepTiming,
-    Trainer,
-    TrainerError,
-    UnserialisableState,
-    capture_exit_event,
-)
-from daemon.contracts.errors import ChaosError, DaemonUnreachable
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from chaos_edge.trainer.api import (
+        Shard,
+        StateDiverged,
+        StateMismatch,
+        StepTiming,
+        Trainer,
+        TrainerError,
+        UnserialisableState,
+        capture_exit_event,
+    )
+    from daemon.contracts.errors import ChaosError, DaemonUnreachable
 
 __all__ = ["ChaosError", "DaemonUnreachable", "Shard", "StateDiverged", "StateMismatch",
            "StepTiming", "Trainer", "TrainerError", "UnserialisableState", "capture_exit_event"]
+
+
+def __getattr__(name: str) -> Any:
+    """The names load on first use: a process that needs only a torch-free part (the DST's
+    workers read :mod:`~chaos_edge.trainer.policy`) does not pay 1.5 s to import torch."""
+    if name not in __all__:
+        raise AttributeError(f"module 'chaos_edge.trainer' has no attribute {name!r}")
+    import chaos_edge.trainer.api as api
+    from daemon.contracts import errors
+
+    for each in __all__:
+        globals()[each] = getattr(errors if each in ("ChaosError", "DaemonUnreachable") else api,
+                                  each)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
