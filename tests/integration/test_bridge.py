@@ -214,9 +214,7 @@ def train_all(r: Run) -> tuple[str, int]:
     c, ids = r.c, r.c.node_ids
     sched, term = wait_until(lambda: c.agreed(ids, {"standby": 3}), 30,
                              "one scheduler across both brokers")
-    for node in ids:  # one at a time: the first bootstraps the model, the others join it
-        r.join(node)
-        wait_until(lambda n=node: r.active([n]), 60, f"{node} active")  # type: ignore[misc]
+    r.join_all(ids)  # the first bootstraps the model, the others join it
     r.advance(ids, 5)
     return sched, term
 

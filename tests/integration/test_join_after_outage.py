@@ -35,9 +35,7 @@ def test_member_killed_during_broker_outage_rejoins(make_cluster: MakeCluster,
     r = Run(c, tmp_path)
     ids = c.node_ids
     sched, term = wait_until(lambda: c.agreed(ids, {"standby": 3}), 20, "one scheduler")
-    for node in ids:  # one at a time: the first bootstraps the model, the others join it
-        r.join(node)
-        wait_until(lambda n=node: r.active([n]), 60, f"{node} active")  # type: ignore[misc]
+    r.join_all(ids)  # the first bootstraps the model, the others join it
     r.advance(ids, 5, timeout=60)
     victim = next(n for n in ids if n != sched)
 

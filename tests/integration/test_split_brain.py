@@ -89,9 +89,7 @@ def test_training_survives_scheduler_death_during_broker_outage(
     r = Run(c, tmp_path)
     ids = c.node_ids
     sched, term = wait_until(lambda: c.agreed(ids, {"standby": 3}), 20, "one scheduler")
-    for node in ids:  # one at a time: the first bootstraps the model, the others join it
-        r.join(node)
-        wait_until(lambda n=node: r.active([n]), 60, f"{node} active")  # type: ignore[misc]
+    r.join_all(ids)  # the first bootstraps the model, the others join it
     r.advance(ids, 5, timeout=60)
     survivors = [n for n in ids if n != sched]
     # The worker dies with its box (as in the soak): chaosd and worker are killed together.

@@ -20,9 +20,7 @@ pytestmark = pytest.mark.timeout(150)
 def test_scale_out_then_graceful_leave(run: Any) -> None:
     r = run(4)
     n1, n2, n3, n4 = r.c.node_ids
-    for node in (n1, n2, n3):
-        r.join(node)
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.join_all([n1, n2, n3])
     r.advance([n1, n2, n3], 30)
     r.join(n4)  # scale-out while the others train
     r.c.wait(lambda: r.active([n1, n2, n3, n4]), 60, "node-4 active")
@@ -42,9 +40,7 @@ def test_scale_out_then_graceful_leave(run: Any) -> None:
 def test_kill9_and_sigstop_survivors_keep_training(run: Any) -> None:
     r = run(4)
     n1, n2, n3, n4 = r.c.node_ids
-    for node in r.c.node_ids:
-        r.join(node)
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.join_all(r.c.node_ids)
     r.advance(r.c.node_ids, 20)
     r.signal_node(n4, signal.SIGKILL)
     r.c.wait(lambda: any(e["node"] == n4 for e in r.events("node-failed")), 20, "n4 failed")

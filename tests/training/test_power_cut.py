@@ -78,9 +78,7 @@ def _cut_and_return(r: Any, ids: list[str], back: list[str], wiped: str = "",
     ``broker``), wipe ``wiped``'s data dir, and bring back only ``back``; returns the newest
     snapshot of the boxes that came back, the row marks of every box and the newest step
     trained before the cut."""
-    for node in ids:
-        r.join(node)
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.join_all(ids)
     r.advance(ids, 3 * EVERY_STEPS)
     r.c.wait(lambda: all(snapshot_steps(r, n) for n in ids), 60, "a snapshot on every box")
     power_cut(r, ids)

@@ -25,9 +25,7 @@ def test_a_box_back_from_a_power_cut_starts_its_job_and_rejoins(run: Any) -> Non
     r = run(3)
     ids = r.c.node_ids
     victim = ids[-1]  # not the first scheduler: this is about the job, not a failover
-    for node in ids:
-        r.join(node)
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.join_all(ids)
     r.advance(ids, 5)
     job = r.c.workdir / victim / JOB_FILE
     assert job.exists() and job.stat().st_mode & 0o077 == 0  # the environment is private

@@ -64,9 +64,7 @@ def _rows(path: Path) -> Rows:
 @pytest.mark.parametrize("box", ["member", "scheduler"])
 def test_survivors_step_within_3s_of_a_silent_box(run: Any, box: str) -> None:
     r = run(3)
-    for node in r.c.node_ids:
-        r.join(node)
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.join_all(r.c.node_ids)
     r.advance(r.c.node_ids, 20)
     sched, _ = r.c.wait(lambda: r.c.agreed(), 20, "one scheduler")
     victim = sched if box == "scheduler" else max(n for n in r.c.node_ids if n != sched)

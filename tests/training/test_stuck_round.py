@@ -26,9 +26,7 @@ def training(run: Any, config: str = "") -> tuple[Any, list[str], dict[str, int]
     """Two members training with the short step timeout; their worker pids."""
     r = run(2, config=config)
     ids = r.c.node_ids
-    for node in ids:
-        r.join(node, extra=["--timeout", str(TIMEOUT_S)])
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.join_all(ids, extra=["--timeout", str(TIMEOUT_S)])
     r.advance(ids, 5)
     return r, ids, {n: r.worker_pid(n) for n in ids}
 

@@ -54,9 +54,7 @@ def join(r: Run, node: str, *extra: str, digest_every: int = 10) -> None:
 
 
 def start(r: Run, nodes: list[str], digest_every: int = 10) -> None:
-    for node in nodes:
-        join(r, node, digest_every=digest_every)
-        r.c.wait(functools.partial(r.active, [node]), 60, f"{node} active")
+    r.join_all(nodes, start=functools.partial(join, r, digest_every=digest_every))
 
 
 def last_seq(r: Run) -> int:

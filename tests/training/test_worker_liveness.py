@@ -26,9 +26,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_a_frozen_worker_is_killed_dropped_and_rejoins(run: Any) -> None:
     r = run(3)
     nodes = r.c.node_ids
-    for node in nodes:
-        r.join(node)
-        r.c.wait(lambda node=node: r.active([node]), 60, f"{node} active")
+    r.join_all(nodes)
     r.advance(nodes, 20)
     victim, survivors = nodes[-1], nodes[:-1]
     pid = r.worker_pid(victim)
