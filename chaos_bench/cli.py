@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
+from chaos_bench.output import writable
 from chaos_bench.progress import say
 from chaos_bench.sim.cli import simulate as sim_simulate
 from chaosctl.client import CtlUsageError
@@ -18,6 +20,29 @@ bench_app = typer.Typer(
     help="Benchmarks: tables on screen, JSON/markdown/PNG under --out (./BENCH by default).",
     no_args_is_help=True,
 )
+
+
+@bench_app.callback()
+def _bench() -> None:
+    unwind_once()
+
+
+def unwind_once() -> None:
+    """The first Ctrl-C or SIGTERM unwinds the bench (as KeyboardInterrupt), so the
+    ``finally`` of whatever it started (clusters, namespaces, temp dirs) tears it down; any
+    later one is ignored, so a second Ctrl-C, or the SIGTERM ``timeout`` or systemd sends
+    beside it, cannot cut that teardown short. (SIGTERM's default, dying on the spot, left
+    mosquitto, namespaces and temp dirs behind.)"""
+
+    def on_signal(signum: int, frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        say(f"{signal.Signals(signum).name}: tearing down what the bench started "
+            "(further interrupts are ignored)")
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
 
 
 
@@ -83,6 +108,7 @@ def control(
 
     if broker not in ("mosquitto", "embedded"):
         raise CtlUsageError(f"--broker must be mosquitto or embedded, not {broker!r}")
+    writable(out)
     rows = bench_control.run(_sizes(sizes), repeats, broker, load_seconds, out, say)
     table = Table(title="chaosd control plane (seconds from the signal)")
     for col in ("nodes", "metric", "n", "p50", "p95", "max"):
@@ -128,6 +154,7 @@ def scaleout(
     if not names:
         raise CtlUsageError("--models needs at least one model")
     star_rates = _ints(star, "--star", 1, 100_000) if star else []
+    writable(out)
     doc = bench_scaleout.run(_sizes(sizes), names, repeats, rates, out, say, degree=degree,
                              iperf_s=iperf_seconds, checkpoints=checkpoints, seed=seed,
                              star=[float(r) for r in star_rates], stop_runs=stop_runs)
@@ -190,6 +217,7 @@ def allreduce(
             "mesh_shapes": _choices(mesh_shape, "--mesh-shape", list(SHAPES)),
             "fast_mbit": fast_mbit,
             "slow_mbit": slow_mbit, "sock_buf": sock_buf}
+    writable(out)
     doc = bench_allreduce.run(opts, out, say)
     console.print(bench_allreduce.table(doc))
 
@@ -207,6 +235,7 @@ def planner(
     from chaos_bench.planner import run as bench_planner
 
     names = _models(models, synthetic=False) if models else None
+    writable(out)
     result = bench_planner.run(quick, seed, names, out, say)
     typer.echo(bench_planner.tables(result))
 
@@ -223,6 +252,7 @@ def signing(
     from chaos_bench.signing import run as bench_signing
 
     sizes = _ints(nodes, "--nodes", 2, 5000) if nodes else None
+    writable(out)
     doc = bench_signing.run(quick, sizes, out, say)
     typer.echo(bench_signing.table(doc))
 
@@ -241,6 +271,7 @@ def snapshots(
     from chaos_bench.snapshots import run as bench_snapshots
 
     names = _choices(models, "--models", bench_snapshots.MODELS) if models else None
+    writable(out)
     doc = bench_snapshots.run(quick, names, out, say)
     typer.echo(bench_snapshots.table(doc))
 
@@ -274,6 +305,7 @@ def loopback(
              else bench_loopback.QUICK if quick else bench_loopback.FULL)
     opts = bench_loopback.Options(repeats or (2 if quick else 3), nodes, neighbors, bw_scale,
                                   planner, seed)
+    writable(out)
     doc = bench_loopback.run(names, opts, out, say)
     typer.echo(bench_loopback.caption(opts))
     typer.echo(bench_loopback.table(doc["rows"]))
@@ -297,6 +329,8 @@ def stall(
     """The training-loop stall each primitive costs a chain of real workers (Table I)."""
     from chaos_bench.stall import run as bench_stall
 
+    writable(out)
+    writable(keep, "--keep")
     _, table = bench_stall.run(nodes, events, gap, out, keep, source, say, digest_every)
     typer.echo(table)
 
@@ -313,6 +347,7 @@ def duty_cycle(
     """What periodic bandwidth probing costs a tbf-shaped link (root, namespaces, iperf3)."""
     from chaos_bench.probes import duty_cycle as bench_duty
 
+    writable(json_out, "--json", file=True)
     rows = bench_duty.run(_ints(rates, "--rates", 1, 10_000), gap, probes, json_out, say)
     typer.echo(bench_duty.table(rows))
 
@@ -367,6 +402,8 @@ def convergence(
     from daemon.contracts.policy import WIRE_FORMATS
 
     wires = _choices(wire, "--wire", list(WIRE_FORMATS))
+    writable(out)
+    writable(keep, "--keep")
     doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, say,
                                 tuple(wires), static_only)
     console.print(convergence_report.table(doc))
@@ -439,6 +476,8 @@ def soak(
     opts = bench_soak.Options(minutes, nodes, rate, sample_seconds, warmup, tuple(chosen),
                               rates, seed, power_cut_every_s=power_cut_every,
                               limits=soak_report.Limits(stall_s=stall_limit))
+    writable(out)
+    writable(keep, "--keep")
     doc = bench_soak.run(opts, out, say, keep)
     console.print(soak_report.table(doc))
     console.print(soak_report.summary(doc))
@@ -490,6 +529,7 @@ def slowlinks(
                            "'chaos-edge[examples]'")
     opts = bench_slow.Options(mbps, hs, steps, nodes, target_acc=target_acc,
                               outer_lr=outer_lr, outer_momentum=outer_momentum)
+    writable(out)
     try:
         doc = bench_slow.run(opts, out, say)
     except (TimeoutError, OSError) as exc:
@@ -533,6 +573,8 @@ def dst(
         raise CtlUsageError("--shrink needs --seed")
     if mutant is not None and mutant not in MUTANTS:
         raise CtlUsageError(f"no mutant {mutant!r}; one of: {', '.join(MUTANTS)}")
+    if seed is None:
+        writable(out)
     try:
         if seed is not None:
             res = campaign.one(seed, duration, shrink, say, mutant)
@@ -569,6 +611,7 @@ def check(
     from chaos_bench.check import run as bench_check
 
     names = _choices(only, "--only", list(bench_check.GUARDS))
+    writable(out)
     doc = bench_check.run(names, results, tolerance, out, say)
     console.print(bench_check.table(doc))
     if doc["regressed"]:

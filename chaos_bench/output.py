@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from chaos_bench.progress import Say
+from chaosctl.client import CtlUsageError
 
 NO_MATPLOTLIB = "matplotlib missing (pip install 'chaos-edge[bench]'): plots skipped"
 
@@ -33,6 +35,33 @@ def pyplot() -> Any | None:
     except ImportError:
         return None
     return plt
+
+
+def writable(path: Path | None, option: str = "--out", file: bool = False) -> None:
+    """Refuse, in one line and before a bench starts anything, a results path it could not
+    write at the end (a two-hour run must not be lost to a typo). Nothing is created here: a
+    folder that does not exist yet is made when the first result is written.
+
+    Args:
+        path: The folder (or, with ``file``, the file) the bench will write; None: none.
+        option: The option's name, for the message.
+        file: ``path`` is a file: its folder must be writable.
+    """
+    if path is None:
+        return
+    if file and path.is_dir():
+        raise CtlUsageError(f"{option} {path}: is a folder, not a file")
+    probe = path.parent if file else path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent  # the nearest folder that exists is where it would be made
+    if not probe.is_dir():
+        raise CtlUsageError(f"{option} {path}: {probe} is not a folder")
+    try:  # a real file: os.access says yes to root, and to read-only mounts
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise CtlUsageError(f"{option} {path}: cannot write in {probe} "
+                            f"({exc.strerror or exc})") from None
 
 
 def keep_copy(work: Path, dest: Path, say: Say, what: str, *skip: str) -> None:

@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -283,7 +284,12 @@ class Cluster:
                    for b in self.boxes.values())
 
     def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        # A campaign's worker ends on SIGTERM through here: not halfway through the removal.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            shutil.rmtree(self.root, ignore_errors=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _watch_traffic(self) -> None:
         """Count every message by kind, and note who commands in which term."""

@@ -6,11 +6,11 @@ the same digest, or the harness has let real time or an unseeded random in, and 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,16 +150,29 @@ def run_many(seeds: Iterable[int], duration: float, jobs: int,
             if progress is not None:
                 progress(doc)
         return out
-    # The workers ignore Ctrl-C: the parent stops them and keeps what they finished.
-    pool = ProcessPoolExecutor(max_workers=jobs, initializer=signal.signal,
-                               initargs=(signal.SIGINT, signal.SIG_IGN))
+    # The workers ignore Ctrl-C: the parent keeps what they finished, then ends them
+    # (terminate: a worker left to finish its chunk outlived an interrupted run by minutes).
+    pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_pool_worker)
     try:
-        for doc in pool.map(_one, todo, chunksize=8):
+        for doc in pool.imap(_one, todo, chunksize=8):
             out.append(doc)
             if progress is not None:
                 progress(doc)
-    except KeyboardInterrupt:
-        pool.shutdown(wait=False, cancel_futures=True)
+    except BaseException:
+        pool.terminate()
         raise
-    pool.shutdown()
+    finally:
+        pool.close()
+        pool.join()
     return out
+
+
+def _pool_worker() -> None:
+    """A campaign's worker: Ctrl-C is the parent's to handle; SIGTERM (terminate) ends it
+    through the seed's ``finally``, which removes the seed's temp dir."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_term)
+
+
+def _exit_on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

@@ -5,13 +5,12 @@ Only typer and rich load with the CLI; SimPy, the planners and matplotlib load w
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from chaos_bench.output import Output
+from chaos_bench.output import Output, writable
 from chaos_bench.progress import say
 from chaos_bench.sim.errors import SimError
 from chaosctl.client import CtlUsageError
@@ -29,16 +28,6 @@ def _nodes(text: str) -> tuple[int, ...]:
     if not values or any(v < 3 or v > MAX_NODES for v in values):
         raise CtlUsageError(f"--nodes: each cluster size must be between 3 and {MAX_NODES:,}")
     return values
-
-
-def _writable(out: Path) -> None:
-    """Fail before a long run, not after it, if the results cannot be written."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CtlUsageError(f"--out {out}: cannot create it ({exc.strerror or exc})") from None
-    if not os.access(out, os.W_OK):
-        raise CtlUsageError(f"--out {out}: not writable")
 
 
 def simulate(
@@ -66,7 +55,7 @@ def simulate(
     from chaos_bench.sim.run import Options, run
 
     sizes = _nodes(nodes)
-    _writable(out)
+    writable(out)
     names = tuple(m.strip() for m in models.split(",") if m.strip())
     bad = [m for m in names if m not in model_names()]
     if not names or bad:

@@ -417,13 +417,16 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
                  run_id=run_id)
     chaos = Chaos(tb, opts, records, say, random.Random(opts.seed))
     sampler = Sampler(tb, chaos)
-    error = ""
+    error, interrupted = "", False
     try:
         with _unwinds_on_sigterm():
             _cluster(tb, chaos, sampler, opts, say)
     except (TestbedError, ControlFailure, OSError) as exc:
         error = str(exc)
         say(f"the run failed: {error}")
+    except BaseException:  # interrupted: nothing of the run is left (its temp dir too)
+        interrupted = True
+        raise
     finally:
         # A second Ctrl-C (or the SIGINT `timeout` passes on beside the user's) must not
         # cut the teardown short: it once left four chaosd and five namespaces behind.
@@ -434,6 +437,8 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
                         chaos._signal(node, signal.SIGCONT)
             say("tearing down")
             tb.down(grace_s=5.0)
+            if interrupted:
+                shutil.rmtree(tmp, ignore_errors=True)
     left = leftovers(tb, sampler.seen)
     rows = soak_report.load_records(records)
     doc = soak_report.analyse(rows, sampler.rows, opts.warmup,
