@@ -45,7 +45,6 @@ def unwind_once() -> None:
         signal.signal(sig, on_signal)
 
 
-
 def _ints(text: str, option: str, lo: int, hi: int) -> list[int]:
     """A comma-separated list of integers in ``[lo, hi]``."""
     try:
