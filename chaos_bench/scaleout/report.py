@@ -77,6 +77,11 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
         def med(f: Any, runs: list[dict[str, Any]] = runs) -> float:
             return float(statistics.median(f(r) for r in runs))
 
+        def span(f: Any, runs: list[dict[str, Any]] = runs) -> list[float]:
+            """The least and the largest over the repeats (the spread of a median)."""
+            values = [float(f(r)) for r in runs]
+            return [round(min(values), 4), round(max(values), 4)]
+
         rows.append({
             "size": size, "model": model, "mib": manifests[model].total_bytes / (1 << 20),
             "repeats": len(runs), "neighbours": med(lambda r: r["neighbours"]),
@@ -88,6 +93,9 @@ def summarise(instances: list[dict[str, Any]], manifests: dict[str, Manifest]) -
             "paper_over_lb_achievable": med(lambda r: r["delay"]["chaos-paper"] / r["lb_ach"]),
             "plain_over_lb_achievable": med(lambda r: r["delay"]["plain"] / r["lb_ach"]),
             "chaos_over_plain": med(lambda r: r["delay"]["chaos"] / r["delay"]["plain"]),
+            "chaos_over_lb_achievable_range": span(
+                lambda r: r["delay"]["chaos"] / r["lb_ach"]),
+            "chaos_over_plain_range": span(lambda r: r["delay"]["chaos"] / r["delay"]["plain"]),
             "chaos_over_lb_measured": med(lambda r: r["delay"]["chaos"] / r["lb_meas"]),
             "chaos_over_lb_configured": med(lambda r: r["delay"]["chaos"] / r["lb_cfg"]),
             "paper_over_lb_measured": med(lambda r: r["delay"]["chaos-paper"] / r["lb_meas"]),
@@ -140,8 +148,9 @@ def markdown(doc: dict[str, Any]) -> str:
         f"{m['repeats']} repeat(s); medians over repeats; seconds. K = new node's "
         "neighbours. chaos = the chaos strategy with its default planner (water-filling) and "
         "run-time rebalancing, paper = the same strategy with the paper's Algorithms 1+2, "
-        "plain = plain sockets with the water-filling split (no protocol, no verification on "
-        "the clock). LB = water-filling lower bound over the new node's links, from iperf3 "
+        "plain = plain sockets with the water-filling split (a baseline, not a bound: no "
+        "protocol, no verification on the clock). LB = the bound: water-filling over the new "
+        "node's links (computed, not run), from iperf3 "
         "rates measured all at once (ach: achievable, what the links deliver together on this "
         "box; the plans use these rates), one link at a time (meas), or the configured tbf "
         "rates (cfg). Idle in node-seconds.",

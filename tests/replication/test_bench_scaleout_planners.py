@@ -10,6 +10,7 @@ bounds.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -116,6 +117,15 @@ def test_joiner_runs_the_paper_planner_beside_the_default(
     assert row["chaos_over_plain"] == pytest.approx(
         res["chaos"]["delay_s"] / res["plain"]["delay_s"]
     )
+    # The spread of each headline ratio over the repeats: one repeat, so least == largest.
+    low, high = row["chaos_over_lb_achievable_range"]
+    assert low == high == pytest.approx(row["chaos_over_lb_achievable"], abs=1e-4)
+    assert row["chaos_over_plain_range"][0] == pytest.approx(row["chaos_over_plain"], abs=1e-4)
+    slower = copy.deepcopy(inst)  # a second repeat in which chaos took twice as long
+    slower["models"]["synth-4"]["chaos"]["delay_s"] *= 2
+    (two,) = report.summarise([inst, slower], {"synth-4": manifest})
+    assert two["repeats"] == 2 and two["chaos_over_lb_achievable_range"] == pytest.approx(
+        [low, 2 * low], abs=1e-3)
     assert set(row["decision_ms"]) == {"chaos", "chaos-paper"}
     assert len(report.cells(row)) == len(report.COLUMNS)
     assert "paper s" in report.COLUMNS and "paper/LBm" in report.COLUMNS
