@@ -324,13 +324,18 @@ def stall(
     digest_every: Annotated[int | None, typer.Option(
         min=0, help="The divergence guard's period in steps (default: the Trainer's, 100; "
         "0: joins only).")] = None,
+    model: Annotated[str, typer.Option(help="What the workers train: mlp (178 parameters), "
+                                       "cnn, chartf or dense-25m (a 100 MB model).")] = "mlp",
 ) -> None:
     """The training-loop stall each primitive costs a chain of real workers (Table I)."""
+    from chaos_bench.stall import MODELS
     from chaos_bench.stall import run as bench_stall
 
+    if len(_choices(model, "--model", list(MODELS))) > 1:
+        raise CtlUsageError(f"--model: one model a run, not {model!r}")
     writable(out)
     writable(keep, "--keep")
-    _, table = bench_stall.run(nodes, events, gap, out, keep, source, say, digest_every)
+    _, table = bench_stall.run(nodes, events, gap, out, keep, source, say, digest_every, model)
     typer.echo(table)
 
 
@@ -376,6 +381,10 @@ def convergence(
                                       "compared with fp32.")] = "fp32",
     static_only: Annotated[bool, typer.Option(help="Only the static runs (to compare wire "
                                               "formats).")] = False,
+    repeats: Annotated[int | None, typer.Option(min=1, max=20, help="Runs of each static "
+                                                "configuration, seeds SEED, SEED+1, ...: their "
+                                                "band is the noise a change is held against "
+                                                "(default 3; with --short, 1).")] = None,
 ) -> None:
     """Loss and accuracy through scale-out and scale-in, with and without consistent mode
     (Figs. 11-14), in each gradient wire format."""
@@ -404,7 +413,7 @@ def convergence(
     writable(out)
     writable(keep, "--keep")
     doc = bench_convergence.run(names, n, kinds, short, at, epochs, seed, out, keep, say,
-                                tuple(wires), static_only)
+                                tuple(wires), static_only, repeats or (1 if short else 3))
     console.print(convergence_report.table(doc))
     bad = [f"{m} {k}: {p}" for m, md in doc["models"].items()
            for k, r in md["runs"].items() for p in r["problems"]]

@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from chaos_bench.output import Output, keep_copy
 from chaos_bench.progress import Say
@@ -68,38 +68,56 @@ def is_baseline(prev: dict[str, Any], row: dict[str, Any]) -> bool:
     return row["step"] == prev["step"] + 1 and row["policy_version"] == prev["policy_version"]
 
 
+def framework_ms(row: dict[str, Any]) -> float:
+    """A step's stall less its optimizer step: what Chaos itself cost the step (rows written
+    before the optimizer was timed apart count it all as the framework's)."""
+    return float(row["stall_ms"]) - float(row.get("optimizer_ms", 0.0))
+
+
 def event_cost(ev: dict[str, Any], rows: dict[str, list[dict[str, Any]]],
-               typical: dict[str, float]) -> tuple[float, float] | None:
-    """(stall beyond the collectives, step time beyond the node's typical step), each the
-    largest over the nodes; None if no node ran the steps the event touched."""
-    stall, excess = [], []
+               typical: dict[str, float]) -> tuple[float, float, float] | None:
+    """(stall beyond the collectives, step time beyond the node's typical step, the stall
+    less the optimizer step), each the largest over the nodes; None if no node ran the steps
+    the event touched."""
+    stall, excess, own = [], [], []
     for node, node_rows in rows.items():
         if ev["kind"] == "scale-out" and node == ev.get("node"):
             continue  # the new node's own first step (warm-up) is no stall of the others
         for r in event_rows(ev, node_rows):
             stall.append(float(r["stall_ms"]))
             excess.append(float(r["update_ms"]) - typical[node])
-    return (max(stall), max(excess)) if stall else None
+            own.append(framework_ms(r))
+    return (max(stall), max(excess), max(own)) if stall else None
 
 
-def baseline(rows: dict[str, list[dict[str, Any]]]) -> tuple[list[float], dict[str, float]]:
-    """The stall of each step under an unchanged policy (the largest over the nodes, as for
-    an event: the max of several draws is larger than one draw), and each node's median
-    step time."""
-    by_step: dict[int, list[float]] = {}
+class Baseline(NamedTuple):
+    """The steps under an unchanged policy, each the largest over the nodes (as for an
+    event: the max of several draws is larger than one draw)."""
+
+    stalls: list[float]
+    framework: list[float]
+    optimizer: list[float]  # every node's optimizer step at those steps, not a max
+    typical: dict[str, float]  # each node's median step time
+
+
+def baseline(rows: dict[str, list[dict[str, Any]]]) -> Baseline:
+    """The stall of each step under an unchanged policy, and each node's median step."""
+    by_step: dict[int, list[dict[str, Any]]] = {}
     changed: set[int] = set()
     typical = {}
     for node, node_rows in rows.items():
         times = []
         for prev, row in itertools.pairwise(node_rows):
             if is_baseline(prev, row):
-                by_step.setdefault(int(row["step"]), []).append(float(row["stall_ms"]))
+                by_step.setdefault(int(row["step"]), []).append(row)
                 times.append(float(row["update_ms"]))
             else:
                 changed.add(int(row["step"]))
         typical[node] = statistics.median(times) if times else 0.0
-    stalls = [max(v) for step, v in sorted(by_step.items()) if step not in changed]
-    return stalls, typical
+    steps = [v for step, v in sorted(by_step.items()) if step not in changed]
+    return Baseline([max(float(r["stall_ms"]) for r in v) for v in steps],
+                    [max(framework_ms(r) for r in v) for v in steps],
+                    [float(r.get("optimizer_ms", 0.0)) for v in steps for r in v], typical)
 
 
 def summarize(values: list[float]) -> dict[str, float]:
@@ -107,8 +125,18 @@ def summarize(values: list[float]) -> dict[str, float]:
             "p99_ms": round(percentile(values, 99), 3), "max_ms": round(max(values), 3)}
 
 
-def run_cluster(nodes: int, events: int, gap: float, tmp: Path,
-                say: Say, digest_every: int | None = None) -> tuple[list[dict[str, Any]], Rows]:
+def describe(model: str) -> dict[str, Any]:
+    """The model the workers train: its name, parameters and state bytes (the parameters
+    and Adam's two moments, all float32)."""
+    from chaos_bench.stall.worker import build  # torch: only when a run is made
+
+    params = sum(p.numel() for p in build(model, 16)[0].parameters())
+    return {"name": model, "parameters": params, "state_mb": round(params * 12 / 1e6, 2)}
+
+
+def run_cluster(nodes: int, events: int, gap: float, tmp: Path, say: Say,
+                digest_every: int | None = None, model: str = "mlp"
+                ) -> tuple[list[dict[str, Any]], Rows]:
     """Train on a chain, cause the events; returns the daemon's event log and the step rows."""
     kind = "mosquitto" if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists() \
         else "embedded"
@@ -120,7 +148,7 @@ def run_cluster(nodes: int, events: int, gap: float, tmp: Path,
 
         def join(node: str, nbrs: list[str]) -> None:
             argv = [sys.executable, "-m", WORKER_MODULE, "--steps", "1000000", "--sleep", "0.01",
-                    "--out", str(tmp / f"{node}.jsonl")]
+                    "--model", model, "--no-digest", "--out", str(tmp / f"{node}.jsonl")]
             if digest_every is not None:
                 argv += ["--digest-every", str(digest_every)]
             call_once(c.socket_of(node), "join", {"neighbors": nbrs, "command": argv},
@@ -155,39 +183,56 @@ def run_cluster(nodes: int, events: int, gap: float, tmp: Path,
 
 
 def report(events: list[dict[str, Any]], rows: Rows, out: Path | None,
-           say: Say) -> tuple[dict[str, Any], str]:
+           say: Say, model: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
     """Stall per kind of event against the baseline; writes the files under ``out`` if given.
-    Returns the result and its markdown table."""
-    base, typical = baseline(rows)
-    result: dict[str, Any] = {"baseline": {"steps": len(base), **summarize(base)},
-                              "typical_update_ms": typical, "kinds": {}}
+    ``model`` describes what the workers trained (it goes into the JSON). Returns the result
+    and its markdown table."""
+    base = baseline(rows)
+    if not base.stalls:
+        raise CtlUsageError("no step ran under an unchanged policy: nothing to compare with")
+    result: dict[str, Any] = {
+        "model": model or {}, "typical_update_ms": base.typical,
+        "optimizer_ms": summarize(base.optimizer) if base.optimizer else None,
+        "baseline": {"steps": len(base.stalls), **summarize(base.stalls),
+                     "framework": summarize(base.framework)},
+        "kinds": {}}
     b = result["baseline"]
-    lines = ["| event | events | measured | stall p50 ms | stall p99 ms | stall max ms | "
-             "step excess p50 ms | step excess p99 ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|",
-             f"| (no change) | {len(base)} | {len(base)} | {b['p50_ms']} | {b['p99_ms']} | "
+    lines = ["| event | events | measured | stall p50 ms | of it Chaos p50 ms | stall p99 ms | "
+             "of it Chaos p99 ms | stall max ms | step excess p50 ms | step excess p99 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+             f"| (no change) | {len(base.stalls)} | {len(base.stalls)} | {b['p50_ms']} | "
+             f"{b['framework']['p50_ms']} | {b['p99_ms']} | {b['framework']['p99_ms']} | "
              f"{b['max_ms']} | - | - |"]
-    samples: dict[str, list[float]] = {"baseline": base}
+    samples: dict[str, list[float]] = {"baseline": base.stalls}
     per_event: list[dict[str, Any]] = []
     for kind in KINDS:
         evs = [e for e in events if e.get("kind") == kind and not e.get("bootstrap")]
-        costs = [c for e in evs if (c := event_cost(e, rows, typical)) is not None]
+        costs = [c for e in evs if (c := event_cost(e, rows, base.typical)) is not None]
         if not costs:
             continue
         per_event += [{"seq": e.get("seq"), "kind": kind, "node": e.get("node"),
                        "peer": e.get("peer"), "policy_version": e.get("policy_version"),
                        "stall_ms": None if c is None else round(c[0], 3),
-                       "step_excess_ms": None if c is None else round(c[1], 3)}
-                      for e in evs for c in [event_cost(e, rows, typical)]]
-        stalls, excess = [c[0] for c in costs], [c[1] for c in costs]
+                       "step_excess_ms": None if c is None else round(c[1], 3),
+                       "framework_ms": None if c is None else round(c[2], 3)}
+                      for e in evs for c in [event_cost(e, rows, base.typical)]]
+        stalls = [c[0] for c in costs]
         samples[kind] = stalls
-        k: dict[str, Any] = {"events": len(evs), "measured": len(costs), "stall": summarize(stalls),
-             "step_excess": summarize(excess)}
+        k: dict[str, Any] = {"events": len(evs), "measured": len(costs),
+                             "stall": summarize(stalls),
+                             "step_excess": summarize([c[1] for c in costs]),
+                             "framework": summarize([c[2] for c in costs])}
         result["kinds"][kind] = k
         lines.append(f"| {kind} | {len(evs)} | {len(costs)} | {k['stall']['p50_ms']} | "
-                     f"{k['stall']['p99_ms']} | {k['stall']['max_ms']} | "
+                     f"{k['framework']['p50_ms']} | {k['stall']['p99_ms']} | "
+                     f"{k['framework']['p99_ms']} | {k['stall']['max_ms']} | "
                      f"{k['step_excess']['p50_ms']} | {k['step_excess']['p99_ms']} |")
     table = "\n".join(lines)
+    opt = result["optimizer_ms"]
+    if opt is not None:
+        name = (model or {}).get("name", "the model")
+        table += (f"\n\n{name}: the optimizer step (part of every stall above) took "
+                  f"{opt['p50_ms']} ms at p50 and {opt['p99_ms']} ms at p99 per node.")
     if out is not None:
         output = Output(out, say)
         output.json("stall.json", {**result, "events": per_event, "samples": samples})
@@ -212,7 +257,7 @@ def draw(plt: Any, samples: dict[str, list[float]]) -> Any:
 
 
 def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None,
-        source: Path | None, say: Say, digest_every: int | None = None
+        source: Path | None, say: Say, digest_every: int | None = None, model: str = "mlp"
         ) -> tuple[dict[str, Any], str]:
     """Run the cluster (or read what a ``keep`` run left in ``source``) and report.
 
@@ -226,12 +271,17 @@ def run(nodes: int, events: int, gap: float, out: Path | None, keep: Path | None
                                 "wrote")
         log = json.loads((source / "events.json").read_text())
         rows = {p.stem: records(p) for p in sorted(source.glob("*.jsonl"))}
+        kept = source / "model.json"  # runs kept before there was a choice trained the mlp
+        desc = json.loads(kept.read_text()) if kept.exists() else {"name": "mlp"}
     else:
+        desc = describe(model)
+        say(f"model {model}: {desc['parameters']:,} parameters, {desc['state_mb']} MB of state")
         with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "model.json").write_text(json.dumps(desc))
             try:
-                log, rows = run_cluster(nodes, events, gap, Path(tmp), say, digest_every)
+                log, rows = run_cluster(nodes, events, gap, Path(tmp), say, digest_every, model)
                 (Path(tmp) / "events.json").write_text(json.dumps(log))
             finally:  # the logs matter most when the run failed
                 if keep is not None:
                     keep_copy(Path(tmp), keep, say, "the records")
-    return report(log, rows, out, say)
+    return report(log, rows, out, say, desc)

@@ -159,10 +159,10 @@ class Trainer:
             raise ValueError("digest_every must be >= 0 and global_batch >= 1")
         # Validated before attaching: a bad object fails here, not at the first join.
         self._objects = Registry(state, scaler)
+        self._clock = clock or SystemClock()
         self._stepper = Stepper(model, optimizer, buffers=buffers, scaler=scaler,
                                 clip_grad_norm=clip_grad_norm, grad_transform=grad_transform,
-                                speeds=global_batch is not None)  # fmt: skip
-        self._clock = clock or SystemClock()
+                                speeds=global_batch is not None, clock=self._clock)  # fmt: skip
         self.model, self.optimizer = model, optimizer
         self.digest_every, self.timeout, self.join_timeout = digest_every, timeout, join_timeout
         self._replica = Replica(model, optimizer, self._objects, self._stepper)
@@ -285,7 +285,8 @@ class Trainer:
         pub = self._membership.policy(alarm)
         # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
         if self._replica.inner_step(pub, n if self._membership.joins == joins else 0):
-            self._meter.account(t0, 0.0, 0, "", step=self.step, version=self._version)
+            self._meter.account(t0, 0.0, 0, "", step=self.step, version=self._version,
+                                optimizer_s=self._stepper.take_step_s())
             self._shares.ended(self._clock.monotonic())
             return
         while True:
@@ -333,7 +334,8 @@ class Trainer:
         self._source.withdraw(pub.members)
         if self._snapshots is not None:
             self._snapshots.committed()
-        self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version)
+        self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version,
+                            optimizer_s=self._stepper.take_step_s())
         self._shares.ended(self._clock.monotonic())
 
     def check_state_replication(self) -> None:

@@ -39,6 +39,7 @@ import torch
 
 from chaos_edge.dataplane.tensors import flatten_grads, unflatten_into
 from chaos_edge.trainer.shares import SLOTS
+from daemon.contracts.clock import Clock, SystemClock
 
 BufferMode = Literal["average", "local"]
 GradTransform = Callable[[Sequence[torch.nn.Parameter]], None]
@@ -55,19 +56,23 @@ class Stepper:
         clip_grad_norm: Max global L2 norm of the averaged gradient, or None.
         grad_transform: Called with the parameters after unscaling, before clipping.
         speeds: Whether the vector carries the speed slots (consistent mode).
+        clock: What :meth:`step` is timed with (the stall bench reports the framework's
+            own overhead apart from the optimizer's).
     """
 
     def __init__(
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
         buffers: BufferMode = "average", scaler: Any = None,
         clip_grad_norm: float | None = None, grad_transform: GradTransform | None = None,
-        speeds: bool = False,
+        speeds: bool = False, clock: Clock | None = None,
     ) -> None:  # fmt: skip
         if buffers not in ("average", "local"):
             raise ValueError(f"buffers must be 'average' or 'local', not {buffers!r}")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"clip_grad_norm must be > 0, not {clip_grad_norm!r}")
         self.model, self.optimizer = model, optimizer
+        self._clock = clock or SystemClock()
+        self._step_s = 0.0  # time in step() since take_step_s() last read it
         self.mode, self.scaler = buffers, scaler
         self.clip, self.transform = clip_grad_norm, grad_transform
         self.params = list(model.parameters())
@@ -148,6 +153,7 @@ class Stepper:
     def step(self) -> None:
         """The optimizer step on the gradients the parameters hold: unscale, transform,
         clip, step (through the scaler), zero the gradients."""
+        t0 = self._clock.monotonic()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if self.transform is not None:
@@ -160,6 +166,12 @@ class Stepper:
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._step_s += self._clock.monotonic() - t0
+
+    def take_step_s(self) -> float:
+        """Seconds spent in :meth:`step` since the last call (one ``update()``'s worth)."""
+        spent, self._step_s = self._step_s, 0.0
+        return spent
 
     def model_state(self) -> dict[str, torch.Tensor]:
         """The model's state dict as agreed at the last step: averaged buffers come from the

@@ -25,6 +25,9 @@ class StepTiming(NamedTuple):
         reruns: Rounds aborted and rerun before it committed.
         total_ms: The whole call.
         sync_ms: Time in the collectives (agreement and all-reduce), waits for peers included.
+        optimizer_ms: The part of ``stall_ms`` in the optimizer step (unscale, the script's
+            ``grad_transform``, clipping, ``optimizer.step()``, zeroing the gradients): what
+            any training loop pays. ``stall_ms - optimizer_ms`` is the framework's own cost.
     """
 
     step: int
@@ -32,6 +35,7 @@ class StepTiming(NamedTuple):
     reruns: int
     total_ms: float
     sync_ms: float
+    optimizer_ms: float = 0.0
 
 
 class StepLog(Sequence[StepTiming]):
@@ -60,7 +64,8 @@ class StepLog(Sequence[StepTiming]):
         if not -len(self) <= i < len(self):
             raise IndexError("step log index out of range")
         row = self._ring[(self._n - len(self) + i % len(self)) % len(self._ring)]
-        return StepTiming(int(row[0]), float(row[1]), int(row[2]), float(row[3]), float(row[4]))
+        return StepTiming(int(row[0]), float(row[1]), int(row[2]), float(row[3]), float(row[4]),
+                          float(row[5]))
 
 
 class StallMeter:
@@ -78,13 +83,14 @@ class StallMeter:
         self._timed_version = 0  # policy version of the step accounted last
 
     def account(self, t0: float, spent: float, reruns: int, reason: str, *, step: int,
-                version: int) -> None:  # fmt: skip
-        """One ``update()`` that began at ``t0``, spent ``spent`` seconds in collectives and
-        committed ``step`` under policy ``version`` after ``reruns`` reruns (the last one
-        for ``reason``)."""
+                version: int, optimizer_s: float = 0.0) -> None:  # fmt: skip
+        """One ``update()`` that began at ``t0``, spent ``spent`` seconds in collectives
+        (``optimizer_s`` in the optimizer step) and committed ``step`` under policy
+        ``version`` after ``reruns`` reruns (the last one for ``reason``)."""
         total_ms = (self._clock.monotonic() - t0) * 1e3
         stall_ms = max(0.0, total_ms - spent * 1e3)
-        self.stalls.append(StepTiming(step, stall_ms, reruns, total_ms, spent * 1e3))
+        self.stalls.append(StepTiming(step, stall_ms, reruns, total_ms, spent * 1e3,
+                                      min(stall_ms, optimizer_s * 1e3)))
         self._s.poller.record_sync(spent * 1e3)
         # The scheduler adds a stall to the event that made its policy, so only the first
         # step under a new policy (or a rerun) says something. Reporting every slow step

@@ -50,6 +50,8 @@ def test_group_lists_every_command() -> None:
         (["loopback", "--bw-scale", "0"], "--bw-scale"),
         (["stall", "--nodes", "2"], "--nodes"),
         (["stall", "--from", "/nonexistent/kept"], "events.json is missing"),
+        (["stall", "--model", "resnet"], "not one of mlp, cnn, chartf, dense-25m"),
+        (["stall", "--model", "cnn,chartf"], "one model a run"),
         (["duty-cycle", "--rates", "fast"], "--rates"),
         (["duty-cycle", "--probes", "0"], "--probes"),
         (["convergence", "--at", "20"], "must be below the epochs"),

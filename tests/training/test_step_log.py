@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(30)
 
 
 def _t(i: int) -> StepTiming:
-    return StepTiming(i, i + 0.25, i % 3, i + 1.5, i + 0.75)
+    return StepTiming(i, i + 0.25, i % 3, i + 1.5, i + 0.75, i + 0.125)
 
 
 def test_it_reads_like_the_list_it_replaced() -> None:

@@ -14,6 +14,7 @@ import torch
 
 from chaos_edge.trainer.shares import SLOTS, Shares, shard_of, split
 from chaos_edge.trainer.stepper import Stepper
+from daemon.contracts.clock import FakeClock
 from daemon.contracts.policy import SyncPolicy
 
 
@@ -212,3 +213,18 @@ def test_shares_follow_the_speeds_of_the_policy_they_were_measured_under() -> No
     shares.ended(11.0)
     shares.began(13.0, 4)  # 4 samples in 2 s
     assert shares.speed == 2.0
+
+
+def test_the_optimizer_step_is_timed_apart_for_the_stall_account() -> None:
+    """``take_step_s`` returns the time spent in ``step()`` since it was last read, so one
+    ``update()`` can report the framework's cost apart from the optimizer's."""
+    clock = FakeClock()
+    m = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    st = Stepper(m, opt, clock=clock, grad_transform=lambda ps: clock.advance(0.25))
+    assert st.take_step_s() == 0.0
+    for _ in range(2):
+        m(torch.randn(3, 4)).sum().backward()
+        st.apply(st.gather(samples=1).clone())
+    clock.advance(5.0)  # time outside step() is not the optimizer's
+    assert st.take_step_s() == pytest.approx(0.5) and st.take_step_s() == 0.0
