@@ -7,8 +7,12 @@ Every figure comes from the JSON lines the workers wrote (see
 - per epoch (``epoch_samples`` global samples): the mean of those losses over the steps that
   started in it, and the validation loss and accuracy at its end;
 - the mean absolute difference of the per-epoch training loss (and of the validation loss) to
-  the static run with the same starting node count, mode and wire format, over the epochs
-  after ``--at``;
+  the static run with the same starting node count, mode, wire format and seed, over the
+  epochs after ``--at``;
+- the *band* of each static configuration over its repeats (seeds): per epoch the mean, the
+  least and the largest training loss, and the same of the validation loss at each epoch's
+  end; and for each change run, how many of its epochs after ``--at`` lie inside the band of
+  the static runs with its starting node count, and how far it is from the band's mean;
 - for a run in a compressed wire format: its final loss and accuracy minus those of the same
   run in fp32, and the mean absolute difference of their per-epoch training losses;
 - checks: every step ``1..N`` committed, each once by each member; while training, the
@@ -171,6 +175,55 @@ def compare(mdoc: dict[str, Any], at: int) -> None:
                         "val_loss": _mean([abs(a - b) for a, b in val])}
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values)}
+
+
+def bands(mdoc: dict[str, Any], at: int) -> None:
+    """Add the band of every static configuration with two or more repeats
+    (``mdoc["bands"]``), and each change run's place in its band (``res["band"]``)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for res in mdoc["runs"].values():
+        if res["start"] == res["end"]:
+            groups.setdefault(f"static-{res['start']}/{res['mode']}{_suffix(res)}", []).append(res)
+    mdoc["bands"] = {}
+    for key, runs in groups.items():
+        if len(runs) < 2:
+            continue
+        train = [[e["train_loss"] for e in r["epochs"]] for r in runs]
+        val: dict[int, list[float]] = {}
+        for r in runs:
+            for e in r["evals"]:
+                val.setdefault(round(e["epoch"]), []).append(e["val_loss"])
+        mdoc["bands"][key] = {
+            "repeats": len(runs), "seeds": sorted(r.get("seed", 0) for r in runs),
+            "train_loss": [None if None in col else _spread(list(col))
+                           for col in zip(*train, strict=True)],
+            "val_loss": {k: _spread(v) for k, v in sorted(val.items()) if len(v) == len(runs)},
+            "final": {k: _spread([r["final"][k] for r in runs])
+                      for k in ("train_loss", "val_loss", "val_acc")
+                      if None not in [r["final"][k] for r in runs]}}
+    for res in mdoc["runs"].values():
+        band = mdoc["bands"].get(f"static-{res['start']}/{res['mode']}{_suffix(res)}")
+        res["band"] = None if res["start"] == res["end"] or band is None else {
+            "baseline": f"static-{res['start']}/{res['mode']}", "repeats": band["repeats"],
+            "train_loss": _placed([(e["train_loss"], b) for e, b in
+                                   zip(res["epochs"], band["train_loss"], strict=True)
+                                   if e["epoch"] > at and b is not None
+                                   and e["train_loss"] is not None]),
+            "val_loss": _placed([(e["val_loss"], band["val_loss"][round(e["epoch"])])
+                                 for e in res["evals"] if round(e["epoch"]) > at
+                                 and round(e["epoch"]) in band["val_loss"]])}
+
+
+def _placed(pairs: list[tuple[float, dict[str, float]]]) -> dict[str, Any]:
+    """Where a run's values sit in a band: how many inside it, their mean distance from its
+    mean, and its mean half-width (the noise they are measured against)."""
+    return {"inside": sum(b["min"] <= v <= b["max"] for v, b in pairs), "epochs": len(pairs),
+            "mean_abs_from_mean": _mean([abs(v - b["mean"]) for v, b in pairs]),
+            "mean_half_width": _mean([(b["max"] - b["min"]) / 2 for _, b in pairs])}
+
+
 def _vs_fp32(res: dict[str, Any], fp32: dict[str, Any] | None) -> dict[str, Any] | None:
     """Final figures minus the fp32 run's, and the mean |per-epoch loss difference|."""
     if fp32 is None or fp32 is res:
@@ -206,7 +259,7 @@ def table(doc: dict[str, Any]) -> Table:
     t.add_column("model")
     t.add_column("run")
     t.add_column("wire")
-    whats = ["final loss", "final acc", "mean |loss - static|"]
+    whats = ["final loss", "final acc", "mean |loss - static|", "in band train, val"]
     if wires != ["fp32"]:
         whats += ["loss - fp32", "acc - fp32"]
     for what in whats:
@@ -224,12 +277,20 @@ def table(doc: dict[str, Any]) -> Table:
                 cells += [_fmt(r["final"]["val_acc"], 3) if r else "" for r in got]
                 cells += [_fmt(r["delta"]["train_loss"]) if r and r["delta"] else "-"
                           for r in got]
+                cells += [_inside(r.get("band")) if r else "" for r in got]
                 if wires != ["fp32"]:
                     vs = [r.get("vs_fp32") if r else None for r in got]
                     cells += [_signed(v["final"]["train_loss"]) if v else "-" for v in vs]
                     cells += [_signed(v["final"]["val_acc"], 3) if v else "-" for v in vs]
                 t.add_row(model, name, wire, *cells)
     return t
+
+
+def _inside(band: dict[str, Any] | None) -> str:
+    """``k/n, k/n``: epochs after the change inside the static band (training, validation)."""
+    if not band:
+        return "-"
+    return ", ".join(f"{band[k]['inside']}/{band[k]['epochs']}" for k in ("train_loss", "val_loss"))
 
 
 def _signed(value: float | None, digits: int = 4) -> str:
@@ -252,6 +313,13 @@ def draw(plt: Any, model: str, mdoc: dict[str, Any]) -> Any:
         ep = [e for e in res["epochs"] if e["train_loss"] is not None]
         loss_ax.plot([e["epoch"] - 0.5 for e in ep], [e["train_loss"] for e in ep], style,
                      color=colour, label=label)
+    for key, band in mdoc.get("bands", {}).items():
+        name, mode = key.split("/")[:2]
+        colour = colours.get(name, "grey")
+        pts = [(i + 0.5, b) for i, b in enumerate(band["train_loss"]) if b is not None]
+        loss_ax.fill_between([x for x, _ in pts], [b["min"] for _, b in pts],
+                             [b["max"] for _, b in pts], color=colour, alpha=0.15,
+                             label=f"{name} {mode}: {band['repeats']} seeds")
     for ax, what in ((acc_ax, "validation accuracy"), (loss_ax, "training loss")):
         ax.axvline(mdoc["plan"]["at"], color="grey", linestyle=":")
         ax.set_xlabel("epoch")

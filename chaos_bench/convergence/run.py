@@ -6,8 +6,10 @@ Trains real models on data that ships offline, on a real local cluster (a broker
 workers started through chaosd's ``join``, as ``chaosctl join`` does), once per run and
 mode, all from the same seed:
 
-- ``static-N`` and ``static-N+1``: the same nodes from the first sample to the last, and
-  ``static-N again`` (not with ``--short``): how far two runs of the same thing differ;
+- ``static-N`` and ``static-N+1``: the same nodes from the first sample to the last, each
+  ``--repeats`` times (3 by default, 1 with ``--short``): repeat ``rK`` seeds the model and the
+  data order with ``seed + K - 1``, so the repeats give the band within which a run's loss
+  moves for reasons that have nothing to do with scaling;
 - ``N->N+1``: a node joins (scale-out) at epoch ``--at``; ``N+1->N``: one leaves (scale-in,
   ``chaosctl leave``) there;
 - each in ``plain`` mode (every member takes a fixed local batch, so the global batch follows
@@ -22,7 +24,8 @@ Python's help texts), trained by :mod:`chaos_bench.convergence.worker`. An *epoc
 fixed number of global samples. The workers' records (one JSON line per committed step, and
 the evaluations at epoch boundaries) are all the report uses
 (:mod:`chaos_bench.convergence.report`): the loss and accuracy per epoch, the mean
-absolute difference of the loss to the static run with the starting node count, and checks
+absolute difference of the loss to the static run with the starting node count and the same
+seed, whether each epoch after the change lies inside the static runs' band, and checks
 (identical digests at every common step, exact step accounting, a falling loss).
 Writes ``convergence.json`` and, with matplotlib, one PNG per model under ``--out``.
 """
@@ -89,37 +92,38 @@ def plan_of(model: str, nodes: int, short: bool, at: int | None, epochs: int | N
 
 @dataclass(frozen=True)
 class Run:
-    """One training run: ``start`` nodes, then ``end`` from epoch ``at`` on. A ``repeat`` of
-    the static run measures how far two runs of the same thing differ."""
+    """One training run: ``start`` nodes, then ``end`` from epoch ``at`` on. ``repeat`` K > 0
+    runs a static configuration again with the seed moved on by K: the spread of those runs
+    is the noise a change must be told apart from."""
 
     model: str
     mode: str
     start: int
     end: int
-    repeat: bool = False
+    repeat: int = 0
     wire: str = "fp32"
 
     @property
     def name(self) -> str:
         if self.end != self.start:
             return f"{self.start}->{self.end}"
-        return f"static-{self.start}" + (" again" if self.repeat else "")
+        return f"static-{self.start}" + (f" r{self.repeat + 1}" if self.repeat else "")
 
     @property
     def key(self) -> str:
         return f"{self.name}/{self.mode}" + ("" if self.wire == "fp32" else f"/{self.wire}")
 
 
-def runs_of(model: str, nodes: int, modes: list[str], repeat: bool,
+def runs_of(model: str, nodes: int, modes: list[str], repeats: int = 1,
             wires: tuple[str, ...] = ("fp32",), static_only: bool = False) -> list[Run]:
-    """Static N (and again), static N+1, then (unless ``static_only``) scale-out and
-    scale-in; each mode in turn, each in every wire format."""
+    """Static N, static N+1, then (unless ``static_only``) scale-out and scale-in; each mode
+    in turn, each in every wire format; then the static runs' ``repeats - 1`` repeats."""
     shapes = [(nodes, nodes), (nodes + 1, nodes + 1)]
     if not static_only:
         shapes += [(nodes, nodes + 1), (nodes + 1, nodes)]
     runs = [Run(model, mode, a, b, wire=w) for w in wires for a, b in shapes for mode in modes]
-    return runs + ([Run(model, mode, nodes, nodes, True, w) for w in wires for mode in modes]
-                   if repeat else [])
+    return runs + [Run(model, mode, a, a, k, w) for k in range(1, repeats) for w in wires
+                   for a in (nodes, nodes + 1) for mode in modes]
 
 
 def worker_argv(run: Run, plan: Plan, nodes: int, work: Path, node: str,
@@ -138,7 +142,7 @@ def worker_argv(run: Run, plan: Plan, nodes: int, work: Path, node: str,
 
 def dirname(run: Run) -> str:
     """A run's directory name under ``--keep`` (after the model's): ``4-5-plain``,
-    ``static-4-again-consistent``."""
+    ``static-4-r2-consistent``."""
     return f"{run.name.replace('->', '-').replace(' ', '-')}-{run.mode}" + (
         "" if run.wire == "fp32" else f"-{run.wire}")
 
@@ -172,7 +176,7 @@ def run_cluster(run: Run, plan: Plan, nodes: int, work: Path, seed: int, broker:
 
         def join(node: str, neighbors: list[str]) -> None:
             call_once(c.socket_of(node), "join", {"neighbors": neighbors, "command": worker_argv(
-                run, plan, nodes, work, node, seed)}, timeout=10)
+                run, plan, nodes, work, node, seed + run.repeat)}, timeout=10)
 
         def state(node: str) -> str:
             rows = c.query(ids[0], "nodes") or []
@@ -240,8 +244,8 @@ def prepare(models: list[str], tmp: Path, short: bool) -> dict[str, dict[str, An
 
 def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | None,
         epochs: int | None, seed: int, out: Path, keep: Path | None,
-        say: Say, wires: tuple[str, ...] = ("fp32",), static_only: bool = False
-        ) -> dict[str, Any]:
+        say: Say, wires: tuple[str, ...] = ("fp32",), static_only: bool = False,
+        repeats: int = 1) -> dict[str, Any]:
     """Every run of every model; writes ``convergence.json`` (and PNGs) under ``out``.
 
     Raises:
@@ -250,7 +254,8 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
     broker = "mosquitto" if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists() \
         else "embedded"
     doc: dict[str, Any] = {"bench": "convergence", "short": short, "nodes": nodes,
-                           "modes": modes, "wires": list(wires), "seed": seed, "broker": broker,
+                           "modes": modes, "wires": list(wires), "seed": seed,
+                           "repeats": repeats, "broker": broker,
                            "python": platform.python_version(), "models": {}}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -260,7 +265,7 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
                 plan = plan_of(model, nodes, short, at, epochs)
                 runs: dict[str, Any] = {}
                 doc["models"][model] = {"plan": asdict(plan), "data": data[model], "runs": runs}
-                for r in runs_of(model, nodes, modes, not short, wires, static_only):
+                for r in runs_of(model, nodes, modes, repeats, wires, static_only):
                     say(f"{model} {r.key}: training on {max(r.start, r.end)} chaosd "
                         f"({broker})...")
                     t0 = time.monotonic()
@@ -269,7 +274,7 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
                                        0.0 if short else HOLD_S)
                     res = report.analyse(recs, plan.epoch_samples, plan.epochs)
                     res.update(name=r.name, mode=r.mode, wire=r.wire, start=r.start, end=r.end,
-                               repeat=r.repeat,
+                               repeat=r.repeat, seed=seed + r.repeat,
                                wall_s=round(time.monotonic() - t0, 1),
                                stale_shard_steps=report.stale_shards(recs),
                                problems=report.check(recs, r.start, r.end, plan.epochs
@@ -277,6 +282,7 @@ def run(models: list[str], nodes: int, modes: list[str], short: bool, at: int | 
                     runs[r.key] = res
                     say(f"{model} {r.key}: {report.summary(res)}")
                 report.compare(doc["models"][model], plan.at)
+                report.bands(doc["models"][model], plan.at)
         finally:  # the records matter most when a run failed
             if keep is not None:
                 keep_copy(tmp, keep, say, "the records and logs", "*.npz")
