@@ -21,6 +21,10 @@ the water-filling bound):
 - ``allreduce`` (timing): Chaos's all-reduce over the best gloo on loopback (4 processes,
   100 MB, the centre tree, fp32, auto chunks), 5 repeats against the median of the committed
   fair runs. It takes about a minute and depends on the box, so CI does not run it.
+- ``scaleout`` (timing, root): the committed star (200/400/800 Mbit/s, tbf in network
+  namespaces) built again, and one repeat of every strategy pulling ResNet101 (where Chaos is
+  furthest from the bound) and GPT-2; Chaos's delay over the water-filling bound, against the
+  committed medians plus the tolerance. About two minutes.
 
 Prints a table and writes ``check.json`` under ``--out`` (and the all-reduce rerun's own JSON
 under ``--out``/allreduce); exits 1 when a figure regressed.
@@ -42,7 +46,8 @@ from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaosctl.client import CtlError
 
-GUARDS = ("planner", "simulate", "allreduce")
+GUARDS = ("planner", "simulate", "allreduce", "scaleout")
+SCALEOUT_MODELS = ("resnet101", "gpt2")  # the star's worst ratio, and a typical one
 #: Those that are deterministic: the same code gives the same figure on any box (CI runs them).
 DETERMINISTIC = ("planner", "simulate")
 #: A proven limit is held to this much float noise, and a deterministic figure to this much.
@@ -172,8 +177,34 @@ def check_allreduce(results: Path, tolerance: float, out: Path, say: Say
                     note=f"median of {len(runs)} committed runs; 5 repeats now")]
 
 
+def check_scaleout(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
+    """Chaos over the water-filling bound on the committed star, one repeat now (the rerun's
+    own results under ``out/scaleout``)."""
+    from chaos_bench.scaleout import run as scaleout
+
+    source = "scaleout-star-bound/scaleout.json"
+    doc = _read(results, source)
+    try:
+        star = [float(r) for r in doc["meta"]["star_mbps"]]
+        rows = {r["model"]: r for r in doc["rows"]}
+        then = {m: float(rows[m]["chaos_over_lb_achievable"]) for m in SCALEOUT_MODELS}
+        repeats = int(doc["meta"]["repeats"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CtlError(f"{results / source}: not a star scale-out result ({exc!r})") from None
+    if not star:
+        raise CtlError(f"{results / source}: not a star scale-out result (no star rates)")
+    now_doc = scaleout.run([], list(SCALEOUT_MODELS), 1, (min(star), max(star)),
+                           out / "scaleout", say, star=star)
+    now = {r["model"]: float(r["chaos_over_lb_achievable"]) for r in now_doc["rows"]}
+    return [Verdict("scaleout", f"star, {m}: chaos / water-filling bound", source, then[m],
+                    now[m], then[m] * (1 + tolerance), higher_is_better=False,
+                    note=f"median of {repeats} committed repeats; 1 repeat now")
+            for m in SCALEOUT_MODELS]
+
+
 CHECKS: dict[str, Callable[[Path, float, Path, Say], list[Verdict]]] = {
-    "planner": check_planner, "simulate": check_simulate, "allreduce": check_allreduce}
+    "planner": check_planner, "simulate": check_simulate, "allreduce": check_allreduce,
+    "scaleout": check_scaleout}
 
 
 def run(only: list[str], results: Path, tolerance: float, out: Path, say: Say

@@ -10,7 +10,10 @@ trains :mod:`chaos_bench.stall.worker` on a chain ``node-1 - node-2 - ... - node
 - ``scale-in``: a graceful ``chaosctl leave`` of the chain's last node, which then rejoins
   (a ``scale-out``), ``--events`` times.
 
-Every worker writes, for each committed step, how long ``update()`` took and its *stall*:
+Each worker uses one torch thread (the nodes share this box's cores, and several thread pools
+spinning against each other would be a cost no separate box pays) and the Trainer's default
+all-reduce chunks. Every worker writes, for each
+committed step, how long ``update()`` took and its *stall*:
 the part outside the collectives (agreement and all-reduce, whose waits for the slowest peer
 the step pays anyway): polling chaosd, waiting for a policy, reruns, ``optimizer.step()``, a
 snapshot for a new node. An event touches the first step run under the policy it made and,
@@ -148,7 +151,8 @@ def run_cluster(nodes: int, events: int, gap: float, tmp: Path, say: Say,
 
         def join(node: str, nbrs: list[str]) -> None:
             argv = [sys.executable, "-m", WORKER_MODULE, "--steps", "1000000", "--sleep", "0.01",
-                    "--model", model, "--no-digest", "--out", str(tmp / f"{node}.jsonl")]
+                    "--model", model, "--no-digest", "--threads", "1", "--chunk", "0",
+                    "--out", str(tmp / f"{node}.jsonl")]
             if digest_every is not None:
                 argv += ["--digest-every", str(digest_every)]
             call_once(c.socket_of(node), "join", {"neighbors": nbrs, "command": argv},

@@ -90,9 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leave-at", type=int, default=-1)
     ap.add_argument("--model", choices=MODELS, default="mlp")
     ap.add_argument("--width", type=int, default=16, help="the mlp's hidden units")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch's intra-op threads (0: torch's default). The bench runs several "
+                         "workers on one box: one thread each keeps their thread pools from "
+                         "spinning against each other, as separate boxes would not")
     ap.add_argument("--digest", action=argparse.BooleanOptionalAction, default=True,
                     help="write the state's digest in every row (the tests' check)")
-    ap.add_argument("--chunk", type=int, default=256, help="all-reduce chunk bytes")
+    ap.add_argument("--chunk", type=int, default=256,
+                    help="all-reduce chunk bytes (0: the Trainer's default, sized by the vector)")
     ap.add_argument("--timeout", type=float, default=60.0, help="the Trainer's step timeout")
     ap.add_argument("--digest-every", type=int, default=None,
                     help="the divergence guard's period (default: the Trainer's)")
@@ -100,11 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand
     level = os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper()  # INFO when debugging
     logging.basicConfig(level=level, format="%(asctime)s %(name)s %(message)s")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model, draw, loss_fn = build(args.model, args.width)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     guard = {} if args.digest_every is None else {"digest_every": args.digest_every}
-    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk,
+    trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk or None,
                       timeout=args.timeout,
                       **guard)
     node = trainer.node_id

@@ -78,7 +78,8 @@ def test_a_figure_worse_than_committed_fails_the_command(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--only", "planner,nope"], "--only: nope is not one of planner, simulate, allreduce"),
+    (["--only", "planner,nope"],
+     "--only: nope is not one of planner, simulate, allreduce, scaleout"),
     (["--tolerance", "2"], "--tolerance"),
 ])
 def test_bad_options_get_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -95,5 +96,6 @@ def test_missing_committed_results_get_one_line(tmp_path: Path) -> None:
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "no committed results at" in lines[0], proc.stderr
     (tmp_path / "empty").mkdir()
-    proc = check(tmp_path / "empty", tmp_path / "out", "allreduce")
-    assert proc.returncode != 0 and "no committed result" in proc.stderr, proc.stderr
+    for guard in ("allreduce", "scaleout"):  # before either builds anything
+        proc = check(tmp_path / "empty", tmp_path / "out", guard)
+        assert proc.returncode != 0 and "no committed result" in proc.stderr, proc.stderr
