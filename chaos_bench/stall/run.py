@@ -13,19 +13,19 @@ then:
   (a ``scale-out``), ``--events`` times.
 
 Each worker uses one torch thread (the nodes share this box's cores, and several thread pools
-spinning against each other would be a cost no separate box pays) and the Trainer's default all-
-reduce chunks. Every worker writes, for each committed step, how long ``update()`` took and its
-*stall*: the part outside the collectives (agreement and all-reduce, whose waits for the slowest
-peer the step pays anyway): polling chaosd, waiting for a policy, reruns, ``optimizer.step()``,
-a snapshot for a new node; and, inside the stall, the optimizer's step, so that the report gives
-Chaos's own cost (the stall less the optimizer step) apart. An event touches the first step run
-under the policy it made and, for a scale-out, the step at which the sources took their snapshot
-(the joining node's own first step is left out: it is not a stall of the nodes that were
-training). Per event we report the largest stall over the nodes at those steps, and the *step
-excess*: the largest amount by which such a step took longer than that node's median step. The
-baseline is the same largest stall over the nodes, at the steps at which no policy changed: what
-a step costs beyond its collectives anyway. ``--from DIR`` reports again on what a ``--keep
-DIR`` run left.
+spinning against each other would be a cost no separate box pays) and the Trainer's default
+all-reduce chunks. Every worker writes, for each committed step, how long ``update()`` took and
+its *stall*: the part outside the collectives (agreement and all-reduce, whose waits for the
+slowest peer the step pays anyway): polling chaosd, waiting for a policy, reruns,
+``optimizer.step()``, a snapshot for a new node; and, inside the stall, the optimizer's step, so
+that the report gives Chaos's own cost (the stall less the optimizer step) apart. An event
+touches the first step run under the policy it made and, for a scale-out, the step at which the
+sources took their snapshot (the joining node's own first step is left out: it is not a stall of
+the nodes that were training). Per event we report the largest stall over the nodes at those
+steps, and the *step excess*: the largest amount by which such a step took longer than that
+node's median step. The baseline is the same largest stall over the nodes, at the steps at which
+no policy changed: what a step costs beyond its collectives anyway. ``--from DIR`` reports again
+on what a ``--keep DIR`` run left.
 Prints a table, writes ``stall.json``, ``stall.md`` and (with matplotlib) ``stall.png``.
 """
 
