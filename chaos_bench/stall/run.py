@@ -214,7 +214,8 @@ def report(events: list[dict[str, Any]], rows: Rows, out: Path | None,
     per_event: list[dict[str, Any]] = []
     for kind in KINDS:
         evs = [e for e in events if e.get("kind") == kind and not e.get("bootstrap")]
-        costs = [c for e in evs if (c := event_cost(e, rows, base.typical)) is not None]
+        charged = [(e, event_cost(e, rows, base.typical)) for e in evs]
+        costs = [c for _, c in charged if c is not None]
         if not costs:
             continue
         per_event += [{"seq": e.get("seq"), "kind": kind, "node": e.get("node"),
@@ -222,7 +223,7 @@ def report(events: list[dict[str, Any]], rows: Rows, out: Path | None,
                        "stall_ms": None if c is None else round(c[0], 3),
                        "step_excess_ms": None if c is None else round(c[1], 3),
                        "framework_ms": None if c is None else round(c[2], 3)}
-                      for e in evs for c in [event_cost(e, rows, base.typical)]]
+                      for e, c in charged]
         stalls = [c[0] for c in costs]
         samples[kind] = stalls
         k: dict[str, Any] = {"events": len(evs), "measured": len(costs),
