@@ -3,7 +3,10 @@
 Each node gets its own control socket; all of them share one scheduler state that follows
 docs/training-protocol.md (bootstrap, scale-out with one source and a step margin, graceful
 leave, failure at once), with a chain topology over the sorted members. Tests drive failures
-(:meth:`FakeCluster.fail`) and read what workers reported.
+(:meth:`FakeCluster.fail`) and read what workers reported. As chaosd's supervisor does, the
+fake drops a member whose worker exits while attached (any exit code): a job's last round can
+leave one member uncertain whether it committed, and only the policy without the ones that
+finished lets it decide alone (a fake that kept them, as before, held it waiting forever).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ class FakeCluster:
         #: first copy, and the scheduler sent it again); 0: with the new node's.
         self.source_late_s = 0.0
         self._timers: list[threading.Timer] = []
+        self.attached: set[str] = set()  # attached and not detached: an exit is a failure
+        self._closed = threading.Event()
 
     def socket_for(self, node: str) -> str:
         """Start (once) the control socket of ``node`` and return its path."""
@@ -71,7 +76,22 @@ class FakeCluster:
         self.servers.append(srv)
         return path
 
+    def watch(self, node: str, proc: subprocess.Popen[bytes]) -> None:
+        """Play chaosd's supervisor for ``node``'s worker: its exit while attached drops it
+        (a ``worker-exit``, which the scheduler answers with a policy without it)."""
+        def wait() -> None:
+            while proc.poll() is None:
+                if self._closed.wait(0.05):
+                    return
+            with self.lock:
+                attached = node in self.attached
+                self.attached.discard(node)
+            if attached:
+                self.fail(node)
+        threading.Thread(target=wait, daemon=True).start()
+
     def close(self) -> None:
+        self._closed.set()
         for t in self._timers:
             t.cancel()
         for srv in self.servers:
@@ -100,10 +120,12 @@ class FakeCluster:
     def op(self, node: str, op: str, args: dict[str, Any]) -> Any:
         with self.lock:
             if op == "worker.attach" and node in self.members:
+                self.attached.add(node)
                 # A new node asking again (its pulls were refused): its own command again.
                 self.commands.setdefault(node, []).extend(self.sent.get(node, []))
                 return {"node": node, "cluster": "fake", "secret": SECRET, "incarnation": "x"}
             if op == "worker.attach":
+                self.attached.add(node)
                 self.addrs[node] = f"127.0.0.1:{args['port']}"
                 self.steps[node] = 0
                 if not self.members:
@@ -143,6 +165,7 @@ class FakeCluster:
                 self.reports.append((node, dict(args)))
                 return {}
             if op == "worker.detach":
+                self.attached.discard(node)
                 return {}
             if op == "worker.leave":
                 if node in self.members:
@@ -156,7 +179,8 @@ class FakeCluster:
         with self.lock:
             if node in self.members:
                 self.members.remove(node)
-                self._publish(0)
+                if self.members:  # the last one gone: no policy to publish, as from chaosd
+                    self._publish(0)
 
     def member_count(self) -> int:
         with self.lock:
@@ -178,9 +202,11 @@ def spawn_worker(argv: list[str], fake: FakeCluster, node: str, log: IO[bytes]
     """A worker attached to the fake, started as chaosd starts one: in a session of its own,
     at ``[worker] nice``'s default below this process (the fake daemon)."""
     nice = WorkerConfig().nice
-    return subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node), stdout=log,
+    proc = subprocess.Popen(argv, env=worker_env(fake.socket_for(node), node), stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=lambda: _nicer(nice))
+    fake.watch(node, proc)
+    return proc
 
 
 class FakeRun:
