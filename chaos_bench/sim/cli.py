@@ -39,6 +39,11 @@ def simulate(
     = "resnet101,alexnet,vgg11",
     testbed: Annotated[Path, typer.Option(help="`bench scaleout` results to validate against.")]
     = Path("bench/results/scaleout-testbed-stop3/scaleout.json"),  # validate.DEFAULT_TESTBED
+    holdout: Annotated[Path | None, typer.Option(help="Fresh `bench scaleout` results "
+                                                 "(other seeds, sizes, rates) to predict out "
+                                                 "of sample: every constant fitted on "
+                                                 "--testbed, only their configured rates "
+                                                 "used.")] = None,
     validate: Annotated[bool, typer.Option(help="Replay the testbed first (and take the "
                                            "non-network costs from it).")] = True,
     measure_broker: Annotated[bool, typer.Option(help="Measure mosquitto's cost per delivery "
@@ -61,6 +66,8 @@ def simulate(
     if not names or bad:
         raise CtlUsageError(f"--models: {', '.join(bad) or 'nothing given'} is not one of "
                             f"{', '.join(model_names())}")
+    if holdout is not None and not validate:
+        raise CtlUsageError("--holdout is predicted from the --testbed fit: drop --no-validate")
     if measure_broker and broker_rate is not None:
         raise CtlUsageError("give --measure-broker or --broker-rate, not both")
     model = None
@@ -68,8 +75,8 @@ def simulate(
         model = rate.measure(say)
     elif broker_rate is not None:
         model = rate.scaled(broker_rate)
-    doc = run(Options(sizes, seed, repeats, names, testbed if validate else None, model,
-                      measure_broker), say)
+    doc = run(Options(sizes, seed, repeats, names, testbed if validate else None, holdout,
+                      model, measure_broker), say)
     try:
         report.write(Output(out, say), doc)
     except OSError as exc:

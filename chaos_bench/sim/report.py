@@ -41,6 +41,36 @@ def validation_lines(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def holdout_lines(doc: dict[str, Any]) -> list[str]:
+    """Markdown: the out-of-sample prediction, unique points only, predicted and fitted apart."""
+    ho = doc.get("holdout")
+    if not ho:
+        return ["No out-of-sample check: no --holdout results were given."]
+    fit = ho["fitted_on"]
+    lines = [f"Fitted on {doc['meta'].get('testbed')}: goodput {fit['efficiency']:.3f} x the "
+             f"tbf rate, {fit['together_ratio']:.3f} x that while other neighbour links are "
+             f"busy, restart {fit['costs']['restart_s']:.2f} s. Predicted: {ho['instances']} "
+             f"instances of {doc['meta'].get('holdout')} (N = "
+             f"{', '.join(str(n) for n in ho['sizes'])}) from their configured rates alone.", "",
+             "| strategies | unique points | median abs error | max abs error | within 15% |",
+             "|---|---:|---:|---:|---:|"]
+    for g in ho["groups"]:
+        lines.append(f"| {g['group']}: {', '.join(g['strategies'])} | {g['points']} | "
+                     f"{_pct(g['median_abs_err'])} | {_pct(g['max_abs_err'])} | "
+                     f"{g['within']}/{g['points']} |")
+    lines += ["", "| strategy | metric | points | median abs error | max abs error | within 15% |",
+              "|---|---|---:|---:|---:|---:|"]
+    for r in ho["unique"]:
+        lines.append(f"| {r['strategy']} | {r['metric']} | {r['points']} | "
+                     f"{_pct(r['median_abs_err'])} | {_pct(r['max_abs_err'])} | "
+                     f"{r['within']}/{r['points']} |")
+    return lines
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def sweep_lines(doc: dict[str, Any]) -> list[str]:
     cols = " | ".join(f"{SHORT[s]} s" for s in STRATEGIES)
     idle = " | ".join(f"idle {SHORT[s]}" for s in STRATEGIES)
@@ -106,8 +136,10 @@ def churn_lines(doc: dict[str, Any]) -> list[str]:
 
 
 def markdown(doc: dict[str, Any]) -> str:
-    parts = ["# chaosctl bench simulate", "", "## Validation against the netns testbed", "",
-             *validation_lines(doc), "", "## Scale-out against N (medians; s, idle node-s)", "",
+    parts = ["# chaosctl bench simulate", "",
+             "## In-sample replay of the netns testbed (a regression check)", "",
+             *validation_lines(doc), "", "## Out of sample: a fresh testbed run predicted", "",
+             *holdout_lines(doc), "", "## Scale-out against N (medians; s, idle node-s)", "",
              *sweep_lines(doc), "", "## Broker load", "", *broker_lines(doc), "",
              "## Failover", "", *failover_lines(doc), "",
              "## Poisson churn through the real scheduler", "", *churn_lines(doc), "",
@@ -157,13 +189,25 @@ def tables(doc: dict[str, Any]) -> list[Table]:
     """Rich tables: validation summary, the sweep, broker saturation."""
     out = []
     if doc.get("validation"):
-        t = Table(title="Validation: simulation against the netns testbed")
+        t = Table(title="In sample (a regression check): the testbed replayed")
         for c in ("strategy", "metric", "points", "median |err|", "max |err|", "within 15%"):
             t.add_column(c, justify="left" if c in ("strategy", "metric") else "right")
         for r in doc["validation"]["summary"]:
             t.add_row(r["strategy"], r["metric"], str(r["points"]),
                       f"{r['median_abs_err']:.1%}", f"{r['max_abs_err']:.1%}",
                       f"{r['within']}/{r['points']}")
+        out.append(t)
+    if doc.get("holdout"):
+        t = Table(title="Out of sample: a fresh testbed run predicted from configured rates "
+                        "(unique points)")
+        for c in ("strategy", "metric", "points", "median |err|", "max |err|", "within 15%"):
+            t.add_column(c, justify="left" if c in ("strategy", "metric") else "right")
+        for r in doc["holdout"]["unique"]:
+            t.add_row(r["strategy"], r["metric"], str(r["points"]), _pct(r["median_abs_err"]),
+                      _pct(r["max_abs_err"]), f"{r['within']}/{r['points']}")
+        for g in doc["holdout"]["groups"]:
+            t.add_row(f"all {g['group']}", "", str(g["points"]), _pct(g["median_abs_err"]),
+                      _pct(g["max_abs_err"]), f"{g['within']}/{g['points']}")
         out.append(t)
     t = Table(title="Scale-out against N (medians; delay s, idle node-s)")
     t.add_column("N", justify="right")

@@ -38,6 +38,7 @@ class Options:
     repeats: int = 4
     models: tuple[str, ...] = MODELS
     testbed: Path | None = validate.DEFAULT_TESTBED
+    holdout: Path | None = None  # fresh testbed results, predicted from the ``testbed`` fit
     broker_model: BrokerModel | None = None
     broker_measured: bool = False
     churn_seconds: float = 600.0
@@ -85,6 +86,12 @@ def run(opts: Options, say: Say) -> dict[str, Any]:
         say(f"validation: replaying {len(tb['instances'])} testbed instances of {opts.testbed}")
         doc["validation"] = validate.replay(tb, costs)
         doc["meta"]["testbed"] = str(opts.testbed)
+        if opts.holdout is not None:
+            fresh = validate.load(opts.holdout)
+            say(f"out of sample: predicting {len(fresh['instances'])} instances of "
+                f"{opts.holdout} from their configured rates")
+            doc["holdout"] = validate.holdout(tb, fresh)
+            doc["meta"]["holdout"] = str(opts.holdout)
     doc["meta"]["costs"] = dataclasses.asdict(costs)
     doc["sweep"] = sweep.run(opts.nodes, opts.models, opts.repeats, opts.seed, costs, say)
     model = opts.broker_model or _default_model()

@@ -107,6 +107,31 @@ def test_validation_at_6_and_7_nodes_within_15_percent() -> None:
         + nbytes / costs.verify_bps)
 
 
+def test_holdout_fits_on_one_run_and_predicts_another_from_configured_rates() -> None:
+    doc = validate.load(TESTBED)
+    fit = {**doc, "instances": [i for i in doc["instances"] if i["size"] == 6]}
+    check = {**doc, "instances": [i for i in doc["instances"] if i["size"] == 7]}
+    res = validate.holdout(fit, check)
+    assert res["sizes"] == [7] and res["fitted_on"]["costs"] == validate.calibrate(fit).__dict__
+    # Nothing measured on the checked run reaches the prediction: change it all, same result.
+    blind = json.loads(json.dumps(check))
+    for inst in blind["instances"]:
+        inst["measured_mbps"] = dict.fromkeys(inst["measured_mbps"], 1.0)
+        inst["concurrent_mbps"] = dict.fromkeys(inst["concurrent_mbps"], 1.0)
+    again = validate.holdout(fit, blind)
+    assert [p["delay_sim_s"] for p in again["points"]] == [p["delay_sim_s"] for p in
+                                                           res["points"]]
+    # Unique points: 6 per model (single's idle and stop-resume's delay are not their own),
+    # the predicted strategies apart from the fitted one.
+    groups = {g["group"]: g for g in res["groups"]}
+    assert groups["predicted"]["points"] == 3 * 5 and groups["fitted"]["points"] == 3
+    assert sum(u["points"] for u in res["unique"]) == 3 * 6
+    inst = validate.instance(check["instances"][0], 0.9, together=0.5)
+    n = check["instances"][0]["neighbours"][0]
+    cfg = check["instances"][0]["configured_mbps"][validate._link(n, inst.new)]
+    assert inst.together[n] == pytest.approx(cfg * MBIT * 0.9 * 0.5) == inst.probed[n]
+
+
 def test_chaos_never_slower_than_single_and_idles_only_its_neighbours() -> None:
     import random
 
@@ -210,6 +235,7 @@ def test_command_writes_results(tmp_path: Path) -> None:
     (["--models", "resnet9000"], 2, "resnet9000"),
     (["--measure-broker", "--broker-rate", "1000"], 2, "not both"),
     (["--testbed", "/nonexistent/scaleout.json"], 1, "no testbed results"),
+    (["--holdout", "x.json", "--no-validate"], 2, "drop --no-validate"),
     (["--out", "/proc/no-such-dir"], 2, "--out /proc/no-such-dir"),
 ])
 def test_bad_input_is_one_line(args: list[str], code: int, needle: str, tmp_path: Path) -> None:
