@@ -497,6 +497,18 @@ def soak(
 bench_app.command("simulate")(sim_simulate)
 
 
+def _floats(text: str, option: str, lo: float, hi: float) -> tuple[float, ...]:
+    """A comma-separated list of numbers in ``[lo, hi]``."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CtlUsageError(f"{option} must be numbers separated by commas, not {text!r}"
+                            ) from None
+    if not values or any(not lo <= v <= hi for v in values):
+        raise CtlUsageError(f"{option}: each value must be between {lo:g} and {hi:g}")
+    return values
+
+
 @bench_app.command("slowlinks")
 def slowlinks(
     rates: Annotated[str, typer.Option(help="Link rates in Mbit/s, comma-separated.")]
@@ -506,37 +518,56 @@ def slowlinks(
     steps: Annotated[int, typer.Option(min=10, max=100_000, help="Training steps per run (a "
                                        "multiple of every H).")] = 300,
     nodes: Annotated[int, typer.Option(min=2, max=8, help="Nodes in the testbed.")] = 3,
+    seeds: Annotated[str, typer.Option(help="Seeds (initial weights, batch orders) of the "
+                                       "reported runs, comma-separated.")] = "0,1,2",
     target_acc: Annotated[float, typer.Option(min=0.0, max=1.0, help="Test accuracy whose "
                                               "wall time is reported.")] = 0.95,
-    outer_lr: Annotated[float, typer.Option(min=0.0, max=10.0, help="DiLoCo's outer "
-                                            "learning rate.")] = 0.7,
-    outer_momentum: Annotated[float, typer.Option(min=0.0, max=0.999, help="Its Nesterov "
-                                                  "momentum.")] = 0.9,
+    outer_lr: Annotated[str, typer.Option(help="DiLoCo's outer learning rate; several, "
+                                          "comma-separated: a grid chosen from on the "
+                                          "validation split.")] = "0.3,0.5,0.7,1.0",
+    outer_momentum: Annotated[str, typer.Option(help="Its Nesterov momentum; several: a "
+                                                "grid, as --outer-lr.")] = "0,0.5,0.9",
+    chunks: Annotated[str, typer.Option(help="Every-step's all-reduce chunk bytes (0: the "
+                                        "Trainer's default); several: each timed first, "
+                                        "the fastest used.")] = "0,32768,131072",
+    wires: Annotated[str, typer.Option(help="Every-step's wire formats, one row each.")]
+    = "fp32,int8",
+    tune_steps: Annotated[int, typer.Option(min=10, max=10_000, help="Steps of each chunk "
+                                            "trial.")] = 60,
     out: Annotated[Path, typer.Option(help="Where slowlinks.json and slowlinks.png go.")]
     = Path("slowlinks"),
 ) -> None:
-    """Every-step sync against DiLoCo on links shaped to each rate (netns testbed, root):
-    wall time, time to a target accuracy, bytes per node, final quality."""
+    """Every-step sync (its fastest chunking, each wire format) against DiLoCo (its outer
+    optimizer chosen on a validation split) on links shaped to each rate (netns testbed,
+    root): wall time, time to a target accuracy, bytes per node, test accuracy and loss."""
     import importlib.util
 
     from chaos_bench.slowlinks import report as slowlinks_report
     from chaos_bench.slowlinks import run as bench_slow
     from chaosctl.cluster import ClusterError
+    from daemon.contracts.policy import WIRE_FORMATS
 
-    try:
-        mbps = tuple(float(x) for x in rates.split(",") if x.strip())
-    except ValueError:
-        raise CtlUsageError(f"--rates must be numbers separated by commas, not {rates!r}") from None
-    if not mbps or any(not 0.1 <= r <= 10_000 for r in mbps):
-        raise CtlUsageError("--rates must be Mbit/s values in 0.1..10000")
+    mbps = _floats(rates, "--rates", 0.1, 10_000)
     hs = tuple(_ints(inner_steps, "--inner-steps", 2, 10_000))
     if any(steps % h for h in hs):
         raise CtlUsageError(f"--steps ({steps}) must be a multiple of every H in --inner-steps")
+    formats = tuple(_choices(wires, "--wires", list(WIRE_FORMATS)))
+    if formats[0] != "fp32":
+        raise CtlUsageError("--wires must begin with fp32: the exact every-step run is the "
+                            "baseline every ratio is against")
+    sizes = tuple(_ints(chunks, "--chunks", 0, 16 << 20))
+    if any(c % 4 for c in sizes):
+        raise CtlUsageError("--chunks: each size must be a multiple of 4 bytes (0: default)")
+    opts = bench_slow.Options(
+        mbps, hs, steps, nodes, target_acc=target_acc,
+        outer_lrs=_floats(outer_lr, "--outer-lr", 0.0, 10.0),
+        outer_momenta=_floats(outer_momentum, "--outer-momentum", 0.0, 0.999),
+        seeds=tuple(_ints(seeds, "--seeds", 0, 99)),
+        chunks=sizes, wires=formats,
+        tune_steps=tune_steps)
     if importlib.util.find_spec("sklearn") is None:
         raise ClusterError("the slow-links task needs scikit-learn: pip install "
                            "'chaos-edge[examples]'")
-    opts = bench_slow.Options(mbps, hs, steps, nodes, target_acc=target_acc,
-                              outer_lr=outer_lr, outer_momentum=outer_momentum)
     writable(out)
     try:
         doc = bench_slow.run(opts, out, say)

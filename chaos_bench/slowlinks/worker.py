@@ -1,15 +1,17 @@
 """The training worker of ``chaosctl bench slowlinks``: one script for every sync mode.
 
 An MLP (64-512-256-10, 167k parameters, 0.67 MB of float32 gradients) learns scikit-learn's
-digits with Adam; the cluster's ``[training] sync`` decides whether ``update()`` all-reduces
-every step or runs DiLoCo. The script does not know which.
+digits with Adam (:mod:`.task`: the splits, the model, the batch orders of ``--seed``); the
+cluster's ``[training] sync`` and ``wire`` decide whether ``update()`` all-reduces every step
+or runs DiLoCo, and in which format. The script does not know which. ``--chunk`` is the
+all-reduce's pipeline chunk (0: the Trainer's default, one chunk for a vector this small).
 
 The run is the same task in every mode: until the global step ``START`` (read from
 ``<dir>/start`` once the bench has seen every node join) the worker trains on no samples
 (``update(samples=0)``: the parameters do not move), so the nodes that joined first do not
 train alone, and at ``START`` it clears Adam's state (warm-up rounds stepped it on zeros);
 from ``START`` to ``START + --steps`` every member takes ``--batch`` samples of its own per
-step. The worker of ``--eval-node`` evaluates the model on the held-out split
+step. The worker of ``--eval-node`` evaluates the model on the validation and test splits
 every ``--eval-every`` steps and at the end (at the steps where every member holds the same
 parameters: every step, or the outer steps). Each worker writes ``<dir>/<node>.json`` at the
 end: its evaluations with the wall time since ``START`` (evaluation time excluded) and the
@@ -46,35 +48,32 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--eval-node", default="n1")
+    ap.add_argument("--seed", type=int, default=0, help="initial weights and batch orders")
+    ap.add_argument("--chunk", type=int, default=0, help="all-reduce chunk bytes (0: default)")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
-    from sklearn.datasets import load_digits
 
+    from chaos_bench.slowlinks.task import Digits, batch_generator
+    from chaos_bench.slowlinks.task import model as make_model
     from chaos_edge import ChaosError, Trainer
 
     torch.set_num_threads(1)  # three workers and their daemons share a small box
-    torch.manual_seed(0)
-    d = load_digits()
-    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(d.target, dtype=torch.long)
-    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-    test, train = order[:360], order[360:]
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 256), torch.nn.ReLU(),
-                                torch.nn.Linear(256, 10))
+    data = Digits.load()
+    model = make_model(args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     run = Path(args.dir)
     try:
-        trainer = Trainer(model, opt, samples_per_step=args.batch, timeout=300.0)
+        trainer = Trainer(model, opt, samples_per_step=args.batch, timeout=300.0,
+                          chunk_bytes=args.chunk or None)
     except ChaosError as exc:
         print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     me = trainer.node_id
-    gen = torch.Generator().manual_seed(1000 + int(me.lstrip("n") or 0))
+    gen = batch_generator(args.seed, int(me.lstrip("n") or 0))
     evals: list[dict[str, Any]] = []
     start = end = -1
     t0 = spent_eval = 0.0
@@ -84,12 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     def evaluate() -> None:
         nonlocal spent_eval
         t = time.monotonic()
-        with torch.no_grad():
-            out = model(x[test])
-            loss = float(torch.nn.functional.cross_entropy(out, y[test]))
-            acc = float((out.argmax(1) == y[test]).float().mean())
+        loss, acc = data.evaluate(model, "test")
+        val_loss, val_acc = data.evaluate(model, "val")
         evals.append({"step": trainer.step - start, "t": round(t - t0 - spent_eval, 4),
-                      "tx": data_tx_bytes() - tx0, "loss": loss, "acc": acc})
+                      "tx": data_tx_bytes() - tx0, "loss": loss, "acc": acc,
+                      "val_loss": val_loss, "val_acc": val_acc})
         spent_eval += time.monotonic() - t
 
     outer, started = 1, False
@@ -113,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             trainer.check_state_replication()
             time.sleep(WARMUP_SLEEP_S)
             continue
-        idx = train[torch.randint(len(train), (args.batch,), generator=gen)]
-        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+        xb, yb = data.batch(gen, args.batch)
+        loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         trainer.update()
         trainer.check_state_replication()
@@ -126,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                 or trainer.step == end):
             evaluate()
     wall = time.monotonic() - t0 - spent_eval
-    doc = {"node": me, "start": start, "began": began, "steps": args.steps, "inner_steps": outer,
+    doc = {"node": me, "seed": args.seed, "chunk": args.chunk, "start": start, "began": began,
+           "steps": args.steps, "inner_steps": outer,
            "wall_s": round(wall, 4), "tx_bytes": data_tx_bytes() - tx0, "evals": evals}
     tmp = run / f".{me}.json"
     tmp.write_text(json.dumps(doc))
