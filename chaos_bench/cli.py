@@ -638,7 +638,9 @@ def check(
     only: Annotated[str, typer.Option(help="Guards, comma-separated: planner, simulate "
                                       "(deterministic: CI runs these), allreduce (timing, "
                                       "about a minute), scaleout (timing, as root, about two "
-                                      "minutes).")] = "planner,simulate,allreduce,scaleout",
+                                      "minutes), stall (timing, about a minute), slowlinks "
+                                      "(no network, about 20 s).")]
+    = "planner,simulate,allreduce,scaleout,stall,slowlinks",
     results: Annotated[Path, typer.Option(help="The committed results: a checkout's "
                                           "bench/results.")] = Path("bench/results"),
     tolerance: Annotated[float, typer.Option(min=0.0, max=0.9, help="How much worse a timing "

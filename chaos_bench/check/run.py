@@ -26,6 +26,14 @@ the water-filling bound):
   furthest from the bound) and GPT-2; Chaos's delay over the water-filling bound, against the
   committed medians plus the tolerance. About two minutes.
 
+- ``stall`` (timing): Chaos's own share of an unchanged training step of the CNN (the stall
+  less the optimizer's step), p50, on a chain of 4 real chaosd and workers with 10 events of
+  each kind; about a minute.
+- ``slowlinks`` (no network, held to the tolerance): DiLoCo's validation loss at each
+  committed H with the outer learning rate and momentum the bench chose, rerun in one
+  process on the tuning seeds (about 20 s). Float kernels differ between CPUs, so it is not
+  held exactly.
+
 Prints a table and writes ``check.json`` under ``--out`` (and the all-reduce rerun's own JSON
 under ``--out``/allreduce); exits 1 when a figure regressed.
 """
@@ -46,7 +54,8 @@ from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaosctl.client import CtlError
 
-GUARDS = ("planner", "simulate", "allreduce", "scaleout")
+GUARDS = ("planner", "simulate", "allreduce", "scaleout", "stall", "slowlinks")
+STALL_EVENTS = 10  # of each kind: about a minute
 SCALEOUT_MODELS = ("resnet101", "gpt2")  # the star's worst ratio, and a typical one
 #: Those that are deterministic: the same code gives the same figure on any box (CI runs them).
 DETERMINISTIC = ("planner", "simulate")
@@ -202,9 +211,64 @@ def check_scaleout(results: Path, tolerance: float, out: Path, say: Say) -> list
             for m in SCALEOUT_MODELS]
 
 
+def check_stall(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
+    """Chaos's own share of an unchanged step of the CNN (the stall less the optimizer's
+    step), p50, against the committed run; 10 events of each kind now (its own JSON under
+    ``out/stall``)."""
+    from chaos_bench.stall import run as stall
+
+    source = "stall-cnn/stall.json"
+    doc = _read(results, source)
+    try:
+        then = float(doc["baseline"]["framework"]["p50_ms"])
+        steps = int(doc["baseline"]["steps"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CtlError(f"{results / source}: not a stall bench result ({exc!r})") from None
+    now_doc, _ = stall.run(4, STALL_EVENTS, 0.3, out / "stall", None, None, say, model="cnn")
+    now = float(now_doc["baseline"]["framework"]["p50_ms"])
+    return [Verdict("stall", "cnn: Chaos's own ms of an unchanged step, p50", source, then,
+                    now, then * (1 + tolerance), higher_is_better=False,
+                    note=f"p50 of {steps} committed steps; {now_doc['baseline']['steps']} now")]
+
+
+def check_slowlinks(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
+    """DiLoCo's validation loss at each committed H with its chosen outer optimizer, rerun in
+    one process on the tuning seeds (no network: the same figure on any box, up to the float
+    rounding of the CPU's kernels, so it is held to the tolerance, not exactly)."""
+    from chaos_bench.slowlinks import tune
+    from chaos_bench.slowlinks.task import Digits
+
+    source = "slowlinks/slowlinks.json"
+    doc = _read(results, source)
+    try:
+        opts = doc["options"]
+        chosen = doc["tuning"]["outer"]["chosen"]
+        points = {(p["inner_steps"], p["outer_lr"], p["outer_momentum"]): p
+                  for p in doc["tuning"]["outer"]["points"]}
+        then = {int(h): points[(int(h), c["outer_lr"], c["outer_momentum"])]
+                for h, c in chosen.items()}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CtlError(f"{results / source}: not a tuned slow-links result ({exc!r})") from None
+    say(f"slowlinks: DiLoCo at H={', '.join(str(h) for h in then)} on the validation split")
+    data = Digits.load()
+    verdicts = []
+    for h, p in then.items():
+        losses = [tune.simulate(h, p["outer_lr"], p["outer_momentum"], seed,
+                                steps=int(opts["steps"]), nodes=int(opts["nodes"]),
+                                batch=int(opts["batch"]), lr=float(opts["lr"]), data=data)[0]
+                  for seed in tune.TUNE_SEEDS]
+        now = statistics.fmean(losses)
+        verdicts.append(Verdict(
+            "slowlinks", f"diloco H={h}: validation loss (outer lr {p['outer_lr']:g}, "
+            f"momentum {p['outer_momentum']:g})", source, float(p["mean_loss"]), now,
+            float(p["mean_loss"]) * (1 + tolerance), higher_is_better=False,
+            note=f"mean of {len(losses)} tuning seeds, in one process"))
+    return verdicts
+
+
 CHECKS: dict[str, Callable[[Path, float, Path, Say], list[Verdict]]] = {
     "planner": check_planner, "simulate": check_simulate, "allreduce": check_allreduce,
-    "scaleout": check_scaleout}
+    "scaleout": check_scaleout, "stall": check_stall, "slowlinks": check_slowlinks}
 
 
 def run(only: list[str], results: Path, tolerance: float, out: Path, say: Say
