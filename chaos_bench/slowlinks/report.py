@@ -129,17 +129,19 @@ def _med(s: dict[str, Any], key: str, spec: str, spread: bool = True) -> str:
 
 def table(doc: dict[str, Any]) -> str:
     """The summary as a fixed-width table: medians over the seeds, (least..largest)."""
-    head = (f"{'Mbit/s':>6}  {'mode':<16} {'seeds':>5}  {'wall s':<18} {'MB/node':>8} "
+    head = (f"{'Mbit/s':>6}  {'mode':<16} {'seeds':>5}  {'wall s':<18} "
+            f"{'s to ' + format(doc['target_acc'], 'g'):<18} {'MB/node':>8} "
             f"{'bytes x':>7}  {'time x (vs fastest)':<22} {'test acc %':<19} "
             f"{'test loss':<21} {'val loss':>8}")
     lines = [head, "-" * len(head)]
     for s in doc["summary"]:
         acc = s["acc"]
-        acc_text = "-" if acc is None else (
-            f"{100 * acc['median']:.1f} ({100 * acc['min']:.1f}..{100 * acc['max']:.1f})")
+        acc_text = "-" if acc is None else f"{100 * acc['median']:.1f}" + (
+            f" ({100 * acc['min']:.1f}..{100 * acc['max']:.1f})" if acc["n"] > 1 else "")
         lines.append(
             f"{s['rate_mbps']:>6g}  {s['mode']:<16} {len(s['seeds']):>5}  "
-            f"{_med(s, 'wall_s', '.1f'):<18} {_med(s, 'mb_per_node', '.1f', False):>8} "
+            f"{_med(s, 'wall_s', '.1f'):<18} {_med(s, 'to_target_s', '.1f'):<18} "
+            f"{_med(s, 'mb_per_node', '.1f', False):>8} "
             f"{_med(s, 'bytes_x_fewer', '.1f', False):>7}  "
             f"{_med(s, 'time_x_faster', '.2f', False):>6} ({_med(s, 'time_x_best', '.2f')})"
             f"{'':<1} {acc_text:<19} {_med(s, 'loss', '.3f'):<21} "
