@@ -238,7 +238,7 @@ def check_slowlinks(results: Path, tolerance: float, out: Path, say: Say) -> lis
     from chaos_bench.slowlinks import tune
     from chaos_bench.slowlinks.task import Digits
 
-    source = "slowlinks/slowlinks.json"
+    source = "slowlinks-fair/slowlinks.json"
     doc = _read(results, source)
     try:
         opts = doc["options"]
