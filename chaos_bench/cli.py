@@ -638,7 +638,7 @@ def check(
     only: Annotated[str, typer.Option(help="Guards, comma-separated: planner, simulate "
                                       "(deterministic: CI runs these), allreduce (timing, "
                                       "about a minute), scaleout (timing, as root, about two "
-                                      "minutes), stall (timing, about a minute), slowlinks "
+                                      "minutes), stall (timing, about 90 s), slowlinks "
                                       "(no network, about 20 s).")]
     = "planner,simulate,allreduce,scaleout,stall,slowlinks",
     results: Annotated[Path, typer.Option(help="The committed results: a checkout's "
