@@ -1,6 +1,8 @@
-"""``chaosctl bench soak`` in its CI size: two minutes of Poisson chaos on a real testbed (real
-chaosd, mosquitto and training workers), every invariant held and nothing left behind; and the
-invariant checks themselves on made-up records."""
+"""``chaosctl bench soak`` in its CI size: a minute and a quarter of Poisson chaos on a real
+testbed (real chaosd, mosquitto and training workers), a power cut of every box among it,
+every invariant held and nothing left behind; and the invariant checks themselves on made-up
+records. (It ran two minutes until the suite outgrew its 15-minute budget; the long soaks
+are the bench's, BENCHMARKS.md.)"""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.xdist_group("bench")  # CPU-bound: never beside another
 
 @pytest.mark.netns
 @pytest.mark.timeout(480)
-def test_two_minute_soak_keeps_every_invariant(tmp_path: Path) -> None:
+def test_a_short_soak_keeps_every_invariant(tmp_path: Path) -> None:
     need_root()
     out, work = tmp_path / "out", tmp_path / "work"
     work.mkdir()
@@ -27,9 +29,9 @@ def test_two_minute_soak_keeps_every_invariant(tmp_path: Path) -> None:
     # Every kind of chaos, broker restarts included: a scheduler killed while the broker is
     # down once came back as a second cluster (BENCHMARKS.md, Soak; tests/integration/
     # test_split_brain.py pins the fix).
-    # and a power cut of every box at minute 1: the cluster resumes from its snapshots.
-    opts = soak.Options(minutes=2.0, nodes=4, rate=8.0, sample_s=3.0, seed=3,
-                        power_cut_every_s=60.0)
+    # and a power cut of every box at 40 s: the cluster resumes from its snapshots.
+    opts = soak.Options(minutes=1.25, nodes=4, rate=10.0, sample_s=3.0, seed=3,
+                        power_cut_every_s=40.0)
     doc = soak.run(opts, out, lines.append, workdir=work, run_id=run_id())
 
     # Only what holds on any box: a stall or a slow resume on a loaded CI box is timing.
