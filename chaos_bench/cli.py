@@ -639,8 +639,9 @@ def check(
                                       "(deterministic: CI runs these), allreduce (timing, "
                                       "about a minute), scaleout (timing, as root, about two "
                                       "minutes), stall (timing, about 90 s), slowlinks "
-                                      "(no network, about 20 s).")]
-    = "planner,simulate,allreduce,scaleout,stall,slowlinks",
+                                      "(no network, about 20 s), convergence (training, "
+                                      "about 50 s).")]
+    = "planner,simulate,allreduce,scaleout,stall,slowlinks,convergence",
     results: Annotated[Path, typer.Option(help="The committed results: a checkout's "
                                           "bench/results.")] = Path("bench/results"),
     tolerance: Annotated[float, typer.Option(min=0.0, max=0.9, help="How much worse a timing "
