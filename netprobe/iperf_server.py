@@ -122,7 +122,9 @@ class IperfServer:
             await asyncio.wait_for(self._wait_ready(proc.stdout), timeout=self.ready_timeout_s)
         except (asyncio.TimeoutError, EOFError):
             await self._kill(proc)
-            detail = self._tail[-1] if self._tail else "no output"
+            # The reason comes before iperf3's closing "iperf3: exiting".
+            said = [t for t in self._tail if t and t != "iperf3: exiting"]
+            detail = said[-1] if said else (self._tail[-1] if self._tail else "no output")
             raise IperfError(
                 f"iperf3 server on port {self.port} did not start: {detail}; "
                 "pick another port or stop whatever holds it"

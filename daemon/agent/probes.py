@@ -22,6 +22,8 @@ from daemon.contracts.config import ProbeConfig
 from daemon.contracts.protocol import LinkFailed, LinkMetrics, LinkRecovered
 from netprobe import (
     BandwidthProber,
+    IperfError,
+    IperfMissing,
     NetprobeError,
     PeriodicBandwidthProbe,
     RttProber,
@@ -41,6 +43,11 @@ class PeerEndpoint:
     probe_port: int
     bw_port: int
     bw_kind: str
+
+
+#: Free ports tried for the iperf3 server when ``bw_port`` is 0: the port is free when picked
+#: and taken again only when iperf3 binds it, so another process can take it in between.
+PORT_TRIES = 5
 
 
 def _free_tcp_port(host: str) -> int:
@@ -87,8 +94,20 @@ class LinkMonitor:
 
     async def start(self) -> None:
         await self.responder.start()
-        server = self.bandwidth.make_server(self.host, self.bw_port)
-        await server.start()
+        for attempt in range(1, PORT_TRIES + 1):
+            server = self.bandwidth.make_server(self.host, self.bw_port)
+            try:
+                await server.start()
+                break
+            except IperfMissing:
+                raise
+            except IperfError as exc:
+                # A chosen port is the operator's: its failure is theirs to see. One we picked
+                # was taken between picking and binding (a suite's chaosd, say): pick again.
+                if self.cfg.bw_port or attempt == PORT_TRIES:
+                    raise
+                log.warning("%s; trying another free port", exc)
+                self.bw_port = _free_tcp_port(self.host)
         self._bw_server = server
         if not self.bw_port:
             self.bw_port = int(getattr(server, "port", 0))
