@@ -197,8 +197,8 @@ def tune_outer(opts: Options, say: Say) -> tuple[dict[int, tuple[float, float]],
         return {}, {}
     grid = tune.sweep(opts.inner_steps, opts.outer_lrs, opts.outer_momenta, steps=opts.steps,
                       nodes=opts.nodes, batch=opts.batch, lr=opts.lr, say=say)
-    chosen = {h: (tune.choose(pts).outer_lr, tune.choose(pts).outer_momentum)
-              for h, pts in grid.items()}
+    best = {h: tune.choose(pts) for h, pts in grid.items()}
+    chosen = {h: (b.outer_lr, b.outer_momentum) for h, b in best.items()}
     doc = {"seeds": list(tune.TUNE_SEEDS), "criterion": "mean final validation loss",
            "points": [{**asdict(p), "mean_loss": p.mean_loss}
                       for pts in grid.values() for p in pts],
