@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
@@ -121,6 +122,11 @@ class Testbed:
         if problems:
             raise TestbedError("cannot build a testbed: " + "; ".join(problems))
         clean_dir(self.dir)
+        # A new testbed has new nodes: the data dirs a testbed before it left in this
+        # directory (its scheduler's term, its job) made every chaosd wait out its orphan
+        # delay (20 s) for a cluster that was gone before it stood for election.
+        for rec in self.state.nodes.values():
+            shutil.rmtree(rec.data_dir, ignore_errors=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.state.save()  # before anything exists, so a crash from here on is recoverable
         try:

@@ -85,12 +85,17 @@ def test_crash_of_the_holder_then_down_and_up_again(tmp_path: Path) -> None:
     alive = [r for r in state.procs if psutil.pid_exists(r.pid)]
     assert len(alive) == 5  # the testbed outlived its holder
 
-    # The next `up` in the same directory removes the crashed one first.
+    # The next `up` in the same directory removes the crashed one first, and its nodes'
+    # data: a term remembered from a cluster that is gone kept every new chaosd out of the
+    # election for its orphan delay.
+    marker = Path(state.nodes["n1"].data_dir) / "left-by-the-crashed-testbed"
+    marker.write_text("old")
     try:
         up = run_ctl("testbed", "up", "--nodes", "2", "--topology", "line", "--dir",
                      str(directory), timeout=90)
         assert up.returncode == 0, up.stderr
         assert "removed a testbed left in" in up.stdout
+        assert not marker.exists()
         assert_gone(state, files=False)
         second = TestbedState.load(directory)
         assert second is not None and second.prefix != state.prefix
