@@ -70,15 +70,19 @@ def broker_url() -> str:
 def listening(pid: int, port: int) -> bool:
     """Whether process ``pid``'s network namespace has a TCP socket listening on ``port``.
 
-    Reads ``/proc/<pid>/net/tcp``, which shows the namespace of that process, so chaosctl can
-    check the hub's broker without entering the hub.
+    Reads ``/proc/<pid>/net/tcp`` and ``tcp6``, which show the namespace of that process, so
+    chaosctl can check the hub's broker without entering the hub. Both: iperf3 listens on
+    ``::`` (dual stack), which only ``tcp6`` lists, so each wait for it ran out its 5 s.
     """
-    try:
-        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
-    except OSError:
-        return False
     want = f":{port:04X}"
-    return any(f[1].endswith(want) and f[3] == "0A" for f in (ln.split() for ln in lines))
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        if any(f[1].endswith(want) and f[3] == "0A" for f in (ln.split() for ln in lines)):
+            return True
+    return False
 
 
 def wait_broker(proc: subprocess.Popen[bytes], log: Path, timeout: float = 15.0) -> None:
