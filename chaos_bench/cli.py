@@ -637,11 +637,12 @@ def dst(
 def check(
     only: Annotated[str, typer.Option(help="Guards, comma-separated: planner, simulate "
                                       "(deterministic: CI runs these), allreduce (timing, "
-                                      "about a minute), scaleout (timing, as root, about two "
+                                      "about a minute), mesh (timing, as root, about two "
+                                      "minutes), scaleout (timing, as root, about two "
                                       "minutes), stall (timing, about 90 s), slowlinks "
                                       "(no network, about 20 s), convergence (training, "
                                       "about 50 s).")]
-    = "planner,simulate,allreduce,scaleout,stall,slowlinks,convergence",
+    = "planner,simulate,allreduce,mesh,scaleout,stall,slowlinks,convergence",
     results: Annotated[Path, typer.Option(help="The committed results: a checkout's "
                                           "bench/results.")] = Path("bench/results"),
     tolerance: Annotated[float, typer.Option(min=0.0, max=0.9, help="How much worse a timing "

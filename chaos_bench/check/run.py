@@ -21,6 +21,11 @@ the water-filling bound):
 - ``allreduce`` (timing): Chaos's all-reduce over the best gloo on loopback (4 processes,
   100 MB, the centre tree, fp32, auto chunks), 5 repeats against the median of the committed
   fair runs. It takes about a minute and depends on the box, so CI does not run it.
+- ``mesh`` (timing, root): the committed shaped mesh built again (4 network namespaces, tbf on
+  every veth), star and uniform, 20 MB, 3 repeats of each kind; Chaos's spanning tree over the
+  best gloo, and over its own link bound, against the committed runs' medians (the star's
+  12x is the feature, the uniform mesh's 1.2x the case without a fast hub). About two
+  minutes.
 - ``scaleout`` (timing, root): the committed star (200/400/800 Mbit/s, tbf in network
   namespaces) built again, and one repeat of every strategy pulling ResNet101 (where Chaos is
   furthest from the bound) and GPT-2; Chaos's delay over the water-filling bound, against the
@@ -34,9 +39,10 @@ the water-filling bound):
   process on the tuning seeds (about 20 s). Float kernels differ between CPUs, so it is not
   held exactly.
 
-- ``convergence`` (training): the short convergence run again (the CNN on 2 and 3 chaosd,
-  static and through a scale-out and a scale-in); each run's final validation loss against
-  the committed short run's, held to 30% (``CONVERGENCE_SLACK``: the short run moves by up to
+- ``convergence`` (training): the short convergence run again (each model of the committed
+  run, the CNN and the char transformer, on 2 and 3 chaosd, static and through a scale-out
+  and a scale-in); each run's final validation loss against the committed short run's, held
+  to 30% (``CONVERGENCE_SLACK``: the short run moves by up to
   23% between runs, so this catches a broken average, not a small drift), and the step
   accounting exactly (no step lost or doubled, every member equal). About 50 s.
 
@@ -60,7 +66,10 @@ from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaosctl.client import CtlError
 
-GUARDS = ("planner", "simulate", "allreduce", "scaleout", "stall", "slowlinks", "convergence")
+GUARDS = ("planner", "simulate", "allreduce", "mesh", "scaleout", "stall", "slowlinks",
+          "convergence")
+MESH_REPEATS = 3  # of each kind, per shape: about a minute each
+MESH_TREE = "chaos/spanning"  # the rate-aware tree; the chain is the rate-blind control
 STALL_EVENTS = 10  # of each kind: about a minute
 #: The short convergence run's final loss moves this much between runs on one quiet box
 #: (static-2's validation loss: 0.66, 0.72 and 0.81 in three runs; consistent mode splits each
@@ -197,6 +206,57 @@ def check_allreduce(results: Path, tolerance: float, out: Path, say: Say
                     note=f"median of {len(runs)} committed runs; 5 repeats now")]
 
 
+def check_mesh(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
+    """On each committed mesh shape, Chaos's spanning tree over the best gloo and over its link
+    bound, against the committed runs' medians (the rerun's own JSON under ``out/mesh``)."""
+    from chaos_bench.allreduce import run as allreduce
+
+    runs = sorted((results / "allreduce-mesh-fair").glob("run-*/allreduce_bench.json"))
+    if not runs:
+        raise CtlError(f"no committed result {results / 'allreduce-mesh-fair'}/run-*: run "
+                       "from a checkout, or pass --results DIR")
+    source = "allreduce-mesh-fair/run-*/allreduce_bench.json"
+    docs = [_read(results, str(p.relative_to(results))) for p in runs]
+    try:
+        opts = dict(docs[0]["options"])
+        shapes = list(opts["mesh_shapes"])
+        then = {(shape, what): statistics.median(_mesh_figures(d, shape)[what] for d in docs)
+                for shape in shapes for what in ("ratio", "over_bound")}
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise CtlError(f"{results / source}: not a mesh all-reduce result ({exc!r})") from None
+    opts.update(networks=["mesh"], repeats=MESH_REPEATS)
+    say(f"mesh: {', '.join(shapes)}, {opts['mesh_mb']} MB, {MESH_REPEATS} repeats of each kind")
+    doc = allreduce.run(opts, out / "mesh", say)
+    verdicts = []
+    for shape in shapes:
+        now = _mesh_figures(doc, shape)
+        note = f"median of {len(docs)} committed runs; {MESH_REPEATS} repeats now"
+        verdicts += [
+            Verdict("mesh", f"{shape}: chaos spanning tree / best gloo, medians", source,
+                    then[shape, "ratio"], now["ratio"],
+                    then[shape, "ratio"] * (1 - tolerance), higher_is_better=True, note=note),
+            Verdict("mesh", f"{shape}: chaos spanning tree / its link bound", source,
+                    then[shape, "over_bound"], now["over_bound"],
+                    then[shape, "over_bound"] * (1 + tolerance), higher_is_better=False,
+                    note=note)]
+    return verdicts
+
+
+def _mesh_figures(doc: dict[str, Any], shape: str) -> dict[str, float]:
+    """The spanning tree's ratio to the best gloo, and its time over its link bound, on one
+    mesh shape of an all-reduce result.
+
+    Raises:
+        KeyError: The result has no such shape or row.
+    """
+    for res in doc["results"]:
+        if res["network"] == "mesh" and res["shape"] == shape:
+            row = next(r for r in res["rows"] if r["kind"] == MESH_TREE)
+            return {"ratio": float(res["ratios"][MESH_TREE]),
+                    "over_bound": float(row["over_bound"])}
+    raise KeyError(f"mesh shape {shape}")
+
+
 def check_scaleout(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
     """Chaos over the water-filling bound on the committed star, one repeat now (the rerun's
     own results under ``out/scaleout``)."""
@@ -279,31 +339,39 @@ def check_slowlinks(results: Path, tolerance: float, out: Path, say: Say) -> lis
 
 
 def check_convergence(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
-    """The short convergence run again (CNN, 2 <-> 3 chaosd, consistent mode): each run's
-    final validation loss against the committed short run's, and its step accounting (no
-    step lost or doubled, every member equal) exactly (the rerun's JSON under
+    """The short convergence run again (each committed model, 2 <-> 3 chaosd, consistent
+    mode): each run's final validation loss against the committed short run's, and its step
+    accounting (no step lost or doubled, every member equal) exactly (the rerun's JSON under
     ``out/convergence``)."""
     from chaos_bench.convergence import run as convergence
 
     source = "convergence-short/convergence.json"
     doc = _read(results, source)
     try:
-        then = {k: float(r["final"]["val_loss"]) for k, r in doc["models"]["cnn"]["runs"].items()}
+        then = {m: {k: float(r["final"]["val_loss"]) for k, r in d["runs"].items()}
+                for m, d in doc["models"].items()}
         seed, nodes = int(doc["seed"]), int(doc["nodes"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CtlError(f"{results / source}: not a short convergence result ({exc!r})") from None
-    now_doc = convergence.run(["cnn"], nodes, ["consistent"], True, None, None, seed,
+    unknown = sorted(set(then) - set(convergence.SHORT))
+    if not then or unknown:
+        raise CtlError(f"{results / source}: models {unknown or 'none'} are not ones the "
+                       "short bench runs")
+    models = list(then)
+    now_doc = convergence.run(models, nodes, ["consistent"], True, None, None, seed,
                               out / "convergence", None, say)
-    runs = now_doc["models"]["cnn"]["runs"]
-    verdicts, slack = [], max(tolerance, CONVERGENCE_SLACK)
-    for key, loss in then.items():
-        if key not in runs:
-            raise CtlError(f"{results / source}: run {key} is not one the short bench runs")
-        verdicts.append(Verdict("convergence", f"cnn {key}: final validation loss", source,
-                                loss, float(runs[key]["final"]["val_loss"]),
-                                loss * (1 + slack), higher_is_better=False,
-                                note=f"1 run each; held to {slack:.0%}"))
-    problems = sum(len(r["problems"]) for r in runs.values())
+    verdicts, slack, problems = [], max(tolerance, CONVERGENCE_SLACK), 0
+    for model in models:
+        runs = now_doc["models"][model]["runs"]
+        for key, loss in then[model].items():
+            if key not in runs:
+                raise CtlError(f"{results / source}: run {model} {key} is not one the short "
+                               "bench runs")
+            verdicts.append(Verdict("convergence", f"{model} {key}: final validation loss",
+                                    source, loss, float(runs[key]["final"]["val_loss"]),
+                                    loss * (1 + slack), higher_is_better=False,
+                                    note=f"1 run each; held to {slack:.0%}"))
+        problems += sum(len(r["problems"]) for r in runs.values())
     verdicts.append(Verdict("convergence", "step accounting: problems over every run", source,
                             0.0, float(problems), 0.0, higher_is_better=False,
                             note="exactly none: no step lost or doubled, members equal"))
@@ -312,8 +380,8 @@ def check_convergence(results: Path, tolerance: float, out: Path, say: Say) -> l
 
 CHECKS: dict[str, Callable[[Path, float, Path, Say], list[Verdict]]] = {
     "planner": check_planner, "simulate": check_simulate, "allreduce": check_allreduce,
-    "scaleout": check_scaleout, "stall": check_stall, "slowlinks": check_slowlinks,
-    "convergence": check_convergence}
+    "mesh": check_mesh, "scaleout": check_scaleout, "stall": check_stall,
+    "slowlinks": check_slowlinks, "convergence": check_convergence}
 
 
 def run(only: list[str], results: Path, tolerance: float, out: Path, say: Say

@@ -79,7 +79,7 @@ def test_a_figure_worse_than_committed_fails_the_command(tmp_path: Path) -> None
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--only", "planner,nope"],
-     "--only: nope is not one of planner, simulate, allreduce, scaleout"),
+     "--only: nope is not one of planner, simulate, allreduce, mesh, scaleout"),
     (["--tolerance", "2"], "--tolerance"),
 ])
 def test_bad_options_get_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -96,6 +96,6 @@ def test_missing_committed_results_get_one_line(tmp_path: Path) -> None:
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "no committed results at" in lines[0], proc.stderr
     (tmp_path / "empty").mkdir()
-    for guard in ("allreduce", "scaleout"):  # before either builds anything
+    for guard in ("allreduce", "mesh", "scaleout"):  # before any builds anything
         proc = check(tmp_path / "empty", tmp_path / "out", guard)
         assert proc.returncode != 0 and "no committed result" in proc.stderr, proc.stderr
