@@ -42,9 +42,10 @@ the water-filling bound):
 - ``convergence`` (training): the short convergence run again (each model of the committed
   run, the CNN and the char transformer, on 2 and 3 chaosd, static and through a scale-out
   and a scale-in); each run's final validation loss against the committed short run's, held
-  to 30% (``CONVERGENCE_SLACK``: the short run moves by up to
-  23% between runs, so this catches a broken average, not a small drift), and the step
-  accounting exactly (no step lost or doubled, every member equal). About 50 s.
+  to the slack of its model (``CONVERGENCE_SLACK``: the CNN's short run moves by up to 27%
+  between runs, so 30%, which catches a broken average, not a small drift; the char
+  transformer's by 0.1%, so the tolerance), and the step accounting exactly (no step lost
+  or doubled, every member equal). About 90 s.
 
 Prints a table and writes ``check.json`` under ``--out`` (and the all-reduce rerun's own JSON
 under ``--out``/allreduce); exits 1 when a figure regressed.
@@ -71,10 +72,12 @@ GUARDS = ("planner", "simulate", "allreduce", "mesh", "scaleout", "stall", "slow
 MESH_REPEATS = 3  # of each kind, per shape: about a minute each
 MESH_TREE = "chaos/spanning"  # the rate-aware tree; the chain is the rate-blind control
 STALL_EVENTS = 10  # of each kind: about a minute
-#: The short convergence run's final loss moves this much between runs on one quiet box
-#: (static-2's validation loss: 0.66, 0.72 and 0.81 in three runs; consistent mode splits each
-#: batch by measured speed), so it is held to this, or to --tolerance if that is larger.
-CONVERGENCE_SLACK = 0.3
+#: How far a model's short convergence run moves between runs on one quiet box, so what it
+#: is held to (or --tolerance, where that is larger). The CNN: static-2's validation loss read
+#: 0.66, 0.72, 0.81, 0.64 and 0.69 in five runs (consistent mode splits each batch by
+#: measured speed), so 30%. The char transformer: 3.060-3.064 in eight runs over two, so
+#: the tolerance.
+CONVERGENCE_SLACK = {"cnn": 0.3}
 STALL_GAP_S = 1.0  # between events, as committed (at 0.3 s one try read 0.94 ms, at 1 s 0.71)
 SCALEOUT_MODELS = ("resnet101", "gpt2")  # the star's worst ratio, and a typical one
 #: Those that are deterministic: the same code gives the same figure on any box (CI runs them).
@@ -360,9 +363,11 @@ def check_convergence(results: Path, tolerance: float, out: Path, say: Say) -> l
     models = list(then)
     now_doc = convergence.run(models, nodes, ["consistent"], True, None, None, seed,
                               out / "convergence", None, say)
-    verdicts, slack, problems = [], max(tolerance, CONVERGENCE_SLACK), 0
+    verdicts: list[Verdict] = []
+    problems = 0
     for model in models:
         runs = now_doc["models"][model]["runs"]
+        slack = max(tolerance, CONVERGENCE_SLACK.get(model, 0.0))
         for key, loss in then[model].items():
             if key not in runs:
                 raise CtlError(f"{results / source}: run {model} {key} is not one the short "
