@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.dst.coverage import EXPECTED, merge, missing
-from chaos_bench.dst.faults import make_plan
+from chaos_bench.dst.faults import FAST_PACE_S, make_plan
 from chaos_bench.dst.run import Result, replay, run_many, run_plan, shrink
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
@@ -82,6 +82,8 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
         "seeds_per_s": round(seeds / max(wall, 1e-9), 2),
         "simulated_s": round(seeds * duration),
         "events": sum(d.get("events", 0) for d in done),
+        "fast_pace_seeds": sum(make_plan(d["seed"], duration).pace == FAST_PACE_S
+                               for d in done),
         "failing_seeds": sorted({d["seed"] for d in done if d.get("violations")}),
         "violations_by_kind": {k: {"seeds": len(v), "first": v[:10]}
                                for k, v in sorted(by_kind.items())},
@@ -159,7 +161,8 @@ def table(doc: dict[str, Any]) -> str:
     rows = [title, "",
             f"{doc['seeds']} seeds of {doc['duration_s']:g} simulated s on {doc['jobs']} "
             f"processes: {doc['wall_s']:.0f} s wall, {doc['seeds_per_s']:.1f} seeds/s, "
-            f"{doc['cpu_s_per_seed'] * 1000:.0f} CPU-ms per seed, {doc['events']} events.", "",
+            f"{doc['cpu_s_per_seed'] * 1000:.0f} CPU-ms per seed, {doc['events']} events; "
+            f"{doc.get('fast_pace_seeds', 0)} seeds stepped at the fast pace.", "",
             "| violation | seeds | first seeds |", "| --- | --- | --- |"]
     if not doc["violations_by_kind"]:
         rows.append("| none | 0 | - |")

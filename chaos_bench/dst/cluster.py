@@ -154,7 +154,8 @@ class Box:
         self.wants_worker = True
         # A script that starts loads the newest snapshot on its box's disk, or a fresh model.
         held = self.disk[max(self.disk)] if self.disk else State(*fresh_state())
-        w = SimWorker(self.c.sim, self.agent, self.c.plane, held, self._exited, self.c.ref)
+        w = SimWorker(self.c.sim, self.agent, self.c.plane, held, self._exited, self.c.ref,
+                      self.c.plan.pace)
         w.misfit = misfit
         w.snapshot_to = self.write_snapshot
         w.pid = self.c.next_pid()

@@ -12,6 +12,13 @@ from dataclasses import dataclass, field, replace
 
 from chaos_bench.dst.broker import Net
 
+SLOW_PACE_S = 0.2  # a worker's poll (and at most one step) every 0.2 s: a lead of 2-3 steps
+#: One seed in FAST_P polls every 0.05 s: a cluster stepping 20 times a second plans its
+#: changes 10 steps ahead, so a join planned at the fast pace can take effect after one planned
+#: later at the minimum lead (soak fault 22, which the slow pace alone never reached).
+FAST_PACE_S = 0.05
+FAST_P = 0.25
+
 FAULT_KINDS = ("join", "leave", "kill-worker", "crash", "freeze", "freeze-worker",
                "broker-restart", "cut", "dataplane-split", "power", "leave-daemon", "misfit",
                "link-op")
@@ -44,6 +51,7 @@ class Plan:
     initial: tuple[str, ...]  # boxes that boot and train from the start
     net: Net
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+    pace: float = SLOW_PACE_S  # seconds between a worker's polls, and so between its steps
 
     def without(self, index: int) -> Plan:
         """This plan with one fault dropped (shrinking)."""
@@ -54,13 +62,15 @@ class Plan:
                 f"{len(set(self.sites.values()))} sites "
                 f"({', '.join(f'{n}@{s}' for n, s in sorted(self.sites.items()))}), "
                 f"{self.duration:.0f}s; net dup {self.net.dup_p}, delay {self.net.delay_p}, "
-                f"qos0 loss {self.net.qos0_loss_p}"]
+                f"qos0 loss {self.net.qos0_loss_p}; a step per {self.pace:g}s at most"]
         return head + [str(f) for f in self.faults]
 
 
 def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0) -> Plan:
-    """The plan of ``seed``: 3-6 boxes on 1-3 sites, 0-2 more that join later, and faults at
-    ``rate`` per second on average (Poisson), each of a kind drawn at random."""
+    """The plan of ``seed``: 3-6 boxes on 1-3 sites, 0-2 more that join later, faults at
+    ``rate`` per second on average (Poisson), each of a kind drawn at random, and the pace.
+    The pace has its own stream, so a seed's boxes and faults are what they were before the
+    pace was drawn."""
     rng = random.Random(f"plan-{seed}")
     n = rng.randint(3, 6)
     extra = rng.randint(0, 2)
@@ -97,4 +107,6 @@ def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0) -> Plan:
             a, b = rng.sample(site_names, 2)
             faults.append(Fault(t, kind, f"{a}|{b}", round(rng.uniform(2.0, 25.0), 2)))
         t += rng.expovariate(rate)
-    return Plan(seed, duration, sites, tuple(names[:n]), net, tuple(faults))
+    fast = random.Random(f"pace-{seed}").random() < FAST_P
+    return Plan(seed, duration, sites, tuple(names[:n]), net, tuple(faults),
+                FAST_PACE_S if fast else SLOW_PACE_S)

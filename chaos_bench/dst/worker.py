@@ -53,7 +53,6 @@ from daemon.contracts.protocol import (
 if TYPE_CHECKING:
     from daemon.agent.node import NodeAgent
 
-POLL_S = 0.2  # how often the simulated worker polls and steps (the real poller: 20 ms)
 STEP_TIMEOUT_S = 120.0  # the Trainer's default step timeout
 SNAPSHOT_EVERY = 20  # steps between snapshots ([snapshots] every_steps; every_s 0 here)
 SNAPSHOT_WRITE_S = 0.2  # how long a write takes: a crash inside it loses that one
@@ -72,11 +71,13 @@ class SimWorker:
         state: The state this process starts with (a fresh model, or what it held).
         exits: Called with (node, code, why) when the process ends.
         events: Counts what happened (coverage) and records findings for the referee.
+        pace: Seconds between two polls of chaosd, each followed by at most one step (the
+            real poller: 20 ms; the plan's pace, 0.2 or 0.05 s).
     """
 
     def __init__(self, sim: Sim, agent: NodeAgent, plane: DataPlane, state: State,
-                 exits: Callable[[str, int, str], None], events: Any) -> None:
-        self.sim, self.agent, self.plane = sim, agent, plane
+                 exits: Callable[[str, int, str], None], events: Any, pace: float) -> None:
+        self.sim, self.agent, self.plane, self.pace = sim, agent, plane, pace
         self.me = agent.me
         self.state = state
         self.exits, self.events = exits, events
@@ -106,12 +107,12 @@ class SimWorker:
         return self.alive and not self.frozen
 
     def start(self) -> None:
-        self.sim.at(0.05 + self.sim.rng.random() * POLL_S, self._attach)
+        self.sim.at(0.05 + self.sim.rng.random() * self.pace, self._attach)
 
     def _attach(self) -> None:
         if not self.runs():
             if self.alive:
-                self.sim.at(POLL_S, self._attach)
+                self.sim.at(self.pace, self._attach)
             return
         try:
             drive(ops.worker_attach(self.agent, {"pid": self.pid, "port": 7000,
@@ -122,7 +123,7 @@ class SimWorker:
             return
         self.events.count("op:worker.attach")
         self._begin_join()
-        self.sim.at(POLL_S, self._tick)
+        self.sim.at(self.pace, self._tick)
 
     def _begin_join(self) -> None:
         self.phase = "joining"
@@ -162,7 +163,7 @@ class SimWorker:
     def _tick(self) -> None:
         if not self.alive:
             return
-        self.sim.at(POLL_S, self._tick)
+        self.sim.at(self.pace, self._tick)
         if self.frozen:
             return
         if not self._poll():

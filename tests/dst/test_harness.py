@@ -13,7 +13,7 @@ from collections.abc import Generator
 import pytest
 
 from chaos_bench.dst.broker import Net, matches
-from chaos_bench.dst.faults import Fault, Plan, make_plan
+from chaos_bench.dst.faults import FAST_PACE_S, SLOW_PACE_S, Fault, Plan, make_plan
 from chaos_bench.dst.loop import HarnessError, drive
 from chaos_bench.dst.plane import DataPlane
 from chaos_bench.dst.run import replay, run_plan, run_seed
@@ -48,6 +48,25 @@ def test_a_cluster_left_alone_trains_and_breaks_nothing() -> None:
     assert res.ok, res.violations
     assert res.coverage["join:member"] == 4 and res.coverage["bootstrap"] == 1
     assert res.frontier > 50  # it trains
+
+
+def test_a_quarter_of_the_seeds_step_four_times_as_fast() -> None:
+    # Soak fault 22 needs a lead longer than the minimum, i.e. a cluster that steps fast
+    # (the lead is half a second of steps): the same quiet cluster with a join steps about
+    # four times as often at the fast pace, and keeps every invariant.
+    def frontier(pace: float) -> int:
+        plan = Plan(seed=5, duration=30.0, sites={f"n{i}": "s1" for i in range(1, 5)},
+                    initial=("n1", "n2", "n3"), net=Net(),
+                    faults=(Fault(20.0, "join", "n4"),), pace=pace)
+        res = run_plan(plan)
+        assert res.ok, res.violations
+        assert res.coverage["join:member"] == 4
+        return res.frontier
+
+    assert frontier(FAST_PACE_S) > 3 * frontier(SLOW_PACE_S)
+    # The pace has its own stream, so a seed's faults are those it had before it was drawn.
+    paces = [make_plan(seed, 20.0).pace for seed in range(400)]
+    assert 60 < paces.count(FAST_PACE_S) < 140 and set(paces) == {FAST_PACE_S, SLOW_PACE_S}
 
 
 def test_a_fault_shows_in_the_trace_and_the_cluster_recovers() -> None:
