@@ -25,6 +25,7 @@ from typing import IO, Any
 from chaos_edge.dataplane import spanning_tree
 from daemon.contracts.config import WorkerConfig
 from daemon.contracts.protocol import Bootstrap, Connect, Replicate, WorkerCommand
+from tests._jsonl import JsonLines
 
 SECRET = "ab" * 16
 MARGIN = 2
@@ -218,6 +219,7 @@ class FakeRun:
     def __init__(self, fake: FakeCluster, steps: int) -> None:
         self.fake, self.steps, self.dir = fake, steps, fake.workdir
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._lines = JsonLines()
 
     def start(self, node: str, *extra: str) -> None:
         """Start ``node``'s worker, paced at 0.05 s a step."""
@@ -226,11 +228,8 @@ class FakeRun:
         log = open(self.dir / f"{node}.log", "wb")  # noqa: SIM115 - closed with the process
         self.procs[node] = spawn_worker(argv, self.fake, node, log)
 
-    def records(self, node: str) -> list[dict[str, object]]:
-        path = self.dir / f"{node}.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    def records(self, node: str) -> list[dict[str, Any]]:
+        return self._lines.rows(self.dir / f"{node}.jsonl")
 
     def log(self, node: str) -> str:
         return (self.dir / f"{node}.log").read_text(errors="replace")

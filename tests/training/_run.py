@@ -8,7 +8,6 @@ same step hold bit-identical parameters and optimizer state at that step.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from typing import Any
 
 from chaosctl.client import call_once
 from chaosctl.cluster import LocalCluster
+from tests._jsonl import JsonLines
 
 WORKER = Path(__file__).with_name("_worker.py")
 
@@ -30,6 +30,7 @@ class Run:
         self.c = c
         self.out = out
         self.pids: dict[str, int] = {}  # the last worker pid each daemon reported
+        self._lines = JsonLines()
 
     def join(self, node: str, steps: int = 100000, neighbors: list[str] | None = None,
              extra: list[str] | None = None) -> None:
@@ -53,14 +54,7 @@ class Run:
         self.c.wait(lambda: self.active(nodes), timeout, f"{nodes} active")
 
     def records(self, node: str) -> list[dict[str, Any]]:
-        path = self.out / f"{node}.jsonl"
-        if not path.exists():
-            return []
-        rows = []
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(ValueError):
-                rows.append(json.loads(line))
-        return rows
+        return self._lines.rows(self.out / f"{node}.jsonl")
 
     def step(self, node: str) -> int:
         rows = self.records(node)
