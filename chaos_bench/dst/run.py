@@ -35,6 +35,7 @@ class Result:
     frontier: int
     violations: list[Violation]
     coverage: dict[str, int]
+    pace: float  # the plan's: seconds between a simulated worker's steps
     trace: list[str] = field(default_factory=list)
 
     @property
@@ -44,7 +45,7 @@ class Result:
     def as_json(self) -> dict[str, Any]:
         return {"seed": self.seed, "digest": self.digest, "events": self.events,
                 "sim_s": self.sim_s, "cpu_s": round(self.cpu_s, 4), "frontier": self.frontier,
-                "violations": [v.__dict__ for v in self.violations]}
+                "pace": self.pace, "violations": [v.__dict__ for v in self.violations]}
 
 
 def run_plan(plan: Plan, trace: bool = False, mutant: str | None = None) -> Result:
@@ -78,7 +79,7 @@ def _run_quietly(plan: Plan, trace: bool) -> Result:
     summary = ref.summary()
     return Result(plan.seed, sim.digest, sim.events, plan.duration, time.process_time() - t0,
                   summary["frontier"], list(ref.violations), summary["coverage"],
-                  sim.lines or [])
+                  plan.pace, sim.lines or [])
 
 
 def run_seed(seed: int, duration: float = 90.0, trace: bool = False,
