@@ -124,6 +124,11 @@ class Trainer:
             chunks by the round's vector: about 12 chunks of 1 to 16 MiB. Every member must
             use the same.
         clock: The time source of deadlines and stall accounting (the seam tests use).
+        step_optimizer: False: ``update()`` leaves the averaged gradient (and the agreed
+            buffers) in place and the script runs its own ``optimizer.step()`` after it, as
+            after a DDP backward; then ``scaler``, ``clip_grad_norm`` and ``grad_transform``
+            belong in the script, and only every-step sync runs. :mod:`chaos_edge.ddp` builds
+            the Trainer so.
 
     Raises:
         UnserialisableState: A ``state`` object cannot be replicated (checked before anything
@@ -154,6 +159,7 @@ class Trainer:
         join_timeout: float = 300.0,
         chunk_bytes: int | None = None,
         clock: Clock | None = None,
+        step_optimizer: bool = True,
     ) -> None:
         if digest_every < 0 or (global_batch is not None and global_batch < 1):
             raise ValueError("digest_every must be >= 0 and global_batch >= 1")
@@ -162,7 +168,8 @@ class Trainer:
         self._clock = clock or SystemClock()
         self._stepper = Stepper(model, optimizer, buffers=buffers, scaler=scaler,
                                 clip_grad_norm=clip_grad_norm, grad_transform=grad_transform,
-                                speeds=global_batch is not None, clock=self._clock)  # fmt: skip
+                                speeds=global_batch is not None, steps=step_optimizer,
+                                clock=self._clock)  # fmt: skip
         self.model, self.optimizer = model, optimizer
         self.digest_every, self.timeout, self.join_timeout = digest_every, timeout, join_timeout
         self._replica = Replica(model, optimizer, self._objects, self._stepper)
@@ -172,6 +179,7 @@ class Trainer:
         self._meter = StallMeter(self._s, self._clock)
         rendezvous = StateTransfer(self._s.links, host=self._s.bind)
         self._snapshots: Snapshotter | None = None
+        self._snapshot_due = False  # a commit the script's own step completes (step_optimizer)
         try:
             # Before the join: a worker started again after a power cut (or any restart)
             # holds the newest snapshot of its box, and its join says which step that is.
@@ -333,7 +341,10 @@ class Trainer:
         # Every member of the epoch that committed has its state: it needs no offer any more.
         self._source.withdraw(pub.members)
         if self._snapshots is not None:
-            self._snapshots.committed()
+            if self._stepper.steps:
+                self._snapshots.committed()
+            else:  # the state of this step is complete only after the script's step
+                self._snapshot_due = True
         self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version,
                             optimizer_s=self._stepper.take_step_s())
         self._shares.ended(self._clock.monotonic())
@@ -411,6 +422,9 @@ class Trainer:
         so a snapshot that a new replicate command asks for can be taken right here (waiting
         for the next commit could deadlock: that round may need the very node that waits
         for this snapshot)."""
+        if self._snapshot_due and self._snapshots is not None:
+            self._snapshot_due = False
+            self._snapshots.committed()
         self._s.poll(self.step, self._membership.state, self._version)
         self._s.settle(self.step + 1)
         for cmd in self._s.take_replications():

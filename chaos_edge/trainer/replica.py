@@ -89,6 +89,10 @@ class Replica:
                                    f"{mode.mode} at step {self.step + 1} (policy "
                                    f"v{pub.version}); restart the training to switch back")
             return False
+        if not self.stepper.steps:
+            raise TrainerError("diloco mode needs the Trainer to run the inner steps; the DDP "
+                               "path (chaos_edge.ddp) runs every-step sync only: set "
+                               "[training] sync = \"every-step\" in chaosd.toml")
         if self.stepper.scaler is not None:
             raise TrainerError("diloco mode does not support a GradScaler (its scale would "
                                "be each member's own); drop scaler= or use every-step sync")

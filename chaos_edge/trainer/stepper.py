@@ -56,6 +56,9 @@ class Stepper:
         clip_grad_norm: Max global L2 norm of the averaged gradient, or None.
         grad_transform: Called with the parameters after unscaling, before clipping.
         speeds: Whether the vector carries the speed slots (consistent mode).
+        steps: Whether applying a result steps the optimizer. False on the DDP path
+            (:mod:`chaos_edge.ddp`): the averaged gradient is left in ``.grad`` and the
+            script's own ``optimizer.step()`` follows, as after a DDP backward.
         clock: What :meth:`step` is timed with (the stall bench reports the framework's
             own overhead apart from the optimizer's).
     """
@@ -64,7 +67,7 @@ class Stepper:
         self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
         buffers: BufferMode = "average", scaler: Any = None,
         clip_grad_norm: float | None = None, grad_transform: GradTransform | None = None,
-        speeds: bool = False, clock: Clock | None = None,
+        speeds: bool = False, steps: bool = True, clock: Clock | None = None,
     ) -> None:  # fmt: skip
         if buffers not in ("average", "local"):
             raise ValueError(f"buffers must be 'average' or 'local', not {buffers!r}")
@@ -73,7 +76,11 @@ class Stepper:
         self.model, self.optimizer = model, optimizer
         self._clock = clock or SystemClock()
         self._step_s = 0.0  # time in step() since take_step_s() last read it
-        self.mode, self.scaler = buffers, scaler
+        if not steps and (scaler is not None or clip_grad_norm is not None
+                          or grad_transform is not None):
+            raise ValueError("scaler, clip_grad_norm and grad_transform act in the optimizer "
+                             "step, which the script runs itself here: do them in the script")
+        self.mode, self.scaler, self.steps = buffers, scaler, steps
         self.clip, self.transform = clip_grad_norm, grad_transform
         self.params = list(model.parameters())
         persistent = model.state_dict(keep_vars=True)
@@ -126,10 +133,12 @@ class Stepper:
         return values[self.speeds_at :].clone()
 
     def apply(self, values: torch.Tensor) -> None:
-        """Apply a committed result: gradients, buffers, then the step (module docstring)."""
+        """Apply a committed result: gradients, buffers, then the step (module docstring),
+        unless the script steps (:attr:`steps` False)."""
         unflatten_into(values[: self.n_grad], self.params)
         self.apply_buffers(values)
-        self.step()
+        if self.steps:
+            self.step()
 
     def apply_buffers(self, values: torch.Tensor) -> None:
         """Take the buffers of a committed result (a DiLoCo outer round has no inner step)."""

@@ -1,0 +1,149 @@
+"""The DDP path (:mod:`chaos_edge.ddp`): a plain DDP script, changed in the documented lines,
+trains on real nodes through a join, a leave, a kill -9 and a SIGSTOP, and every member holds
+the same state (model, BatchNorm buffers, momentum, LR schedule) at every common step.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from chaos_edge import ddp
+from chaosctl.client import call_once
+from tests.training._run import Run
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def start(r: Run, node: str, *extra: str) -> None:
+    argv = [sys.executable, "-m", "chaos_edge.examples.ddp_mlp", "--steps", "100000",
+            "--sleep", "0.02", "--record", str(r.out / f"{node}.jsonl"), *extra]
+    call_once(r.c.socket_of(node), "join", {"neighbors": [], "command": argv}, timeout=5)
+
+
+def test_a_ddp_script_trains_through_join_leave_kill_and_freeze(run: Any) -> None:
+    r = run(4)
+    n1, n2, n3, n4 = r.c.node_ids
+    r.join_all([n1, n2, n3], start=lambda n: start(r, n))
+    r.advance([n1, n2, n3], 20)
+    start(r, n4)  # scale-out while the others train
+    r.c.wait(lambda: r.active([n1, n2, n3, n4]), 60, "n4 active")
+    r.advance([n1, n2, n3, n4], 20)
+    assert call_once(r.c.socket_of(n2), "leave", timeout=5)["state"] == "leaving"
+    r.c.wait(lambda: any(e["node"] == n2 for e in r.events("scale-in")), 30, "n2 left")
+    r.c.wait(lambda: r.states().get(n2) == "standby", 30, "n2's worker to exit")
+    r.advance([n1, n3, n4], 20)
+    r.signal_node(n4, signal.SIGKILL)
+    r.c.wait(lambda: any(e["node"] == n4 for e in r.events("node-failed")), 20, "n4 failed")
+    r.advance([n1, n3], 20)
+    r.signal_node(n3, signal.SIGSTOP)
+    try:
+        r.c.wait(lambda: any(e["node"] == n3 for e in r.events("node-failed")), 20,
+                 "n3 failed")
+        r.advance([n1], 20)
+    finally:
+        r.signal_node(n3, signal.SIGCONT)
+    r.c.wait(lambda: r.active([n1, n3]), 90, "n3 back as a member")
+    r.advance([n1, n3], 20)
+    leave = [e for e in r.events("scale-in") if e["node"] == n2][-1]
+    assert leave["reason"] == "leave"
+    # The leave ended the script at its next forward pass, with exit status 0.
+    assert "worker exited with 0" in (r.c.workdir / f"{n2}.log").read_text()
+    outs = {e["node"] for e in r.events("scale-out")}
+    assert {n1, n2, n3, n4} <= outs
+    # n4 joined at the cluster's step, not at 0: its first record is well past 20.
+    assert r.records(n4)[0]["step"] > 20
+    assert r.assert_consistent() > 40
+    r.assert_loss_falls(n1)
+
+
+def test_a_second_optimizer_step_per_backward_stops_the_script_with_one_line(
+        run: Any, tmp_path: Path) -> None:
+    r = run(1)
+    (n1,) = r.c.node_ids
+    script = tmp_path / "twice.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from chaos_edge import ddp
+        model = ddp.DistributedDataParallel(torch.nn.Linear(4, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        trainer = ddp.elastic(model, opt)
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+        opt.step()
+    """))
+    log = tmp_path / "twice.log"
+    call_once(r.c.socket_of(n1), "join", {"neighbors": [], "command": [
+        "sh", "-c", f"exec {sys.executable} {script} 2>{log}"]}, timeout=5)
+    r.c.wait(lambda: "TrainerError" in (log.read_text() if log.exists() else ""), 60,
+             "the script to stop")
+    last = log.read_text().strip().splitlines()[-1]
+    assert last.endswith("optimizer.step() ran twice after one backward: call it once per "
+                         "backward (accumulate with model.no_sync())")
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: ddp.DistributedDataParallel(torch.nn.Linear(2, 2), process_group=None),
+     "process_group: Chaos forms the group of members itself"),
+    (lambda: ddp.DistributedDataParallel(ddp.DistributedDataParallel(torch.nn.Linear(2, 2))),
+     "the module is already wrapped in DistributedDataParallel"),
+    (lambda: ddp.DistributedDataParallel(torch.nn.DataParallel(torch.nn.Linear(2, 2))),
+     "the module is already wrapped in DataParallel"),
+])
+def test_a_wrong_wrapping_is_refused_in_one_line(build: Any, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(")) as info:
+        build()
+    assert "\n" not in str(info.value)
+
+
+def test_elastic_refuses_what_cannot_be_elastic_before_it_joins() -> None:
+    plain = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"^wrap the model in chaos_edge\.ddp"):
+        ddp.elastic(plain, opt)  # type: ignore[arg-type]
+    model = ddp.DistributedDataParallel(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"^the optimizer steps parameters that are not"):
+        ddp.elastic(model, opt)
+    own = torch.optim.SGD(model.parameters(), lr=0.1)
+    for key in ("scaler", "clip_grad_norm", "grad_transform"):
+        with pytest.raises(ValueError, match=f"^{key}: on the DDP path the script"):
+            ddp.elastic(model, own, **{key: 1.0})
+
+
+def test_the_hook_hands_ddp_the_average_and_leaves_grad_as_ddp_does() -> None:
+    """Without a cluster: the bucket protocol itself. A stand-in for the round doubles every
+    gradient; after backward every bucket (and so ``.grad``) holds the doubled values, across
+    several buckets, as DDP copies the hook's results back."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64),
+                              torch.nn.Linear(64, 2))
+    ref = [torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 2)]
+    seq = torch.nn.Sequential(*ref)
+    seq.load_state_dict(net.state_dict())
+    model = ddp.DistributedDataParallel(net, bucket_cap_mb=0.01)  # several buckets
+
+    class Double:
+        step = 0
+
+        def update(self) -> None:
+            for p in net.parameters():
+                p.grad.mul_(2)  # type: ignore[union-attr]
+
+    hook = ddp._Hook.__new__(ddp._Hook)
+    hook.trainer, hook.model, hook.pending, hook.stepped_at = Double(), model, [], -1  # type: ignore[assignment]
+    model.register_comm_hook(hook, ddp._reduce)
+    x = torch.randn(5, 64)
+    for _ in range(2):  # DDP rebuilds its buckets after the first iteration
+        for p in (*net.parameters(), *seq.parameters()):
+            p.grad = None
+        model(x).sum().backward()
+        seq(x).sum().backward()
+        for a, b in zip(net.parameters(), seq.parameters(), strict=True):
+            assert torch.equal(a.grad, 2 * b.grad)  # type: ignore[operator]
+    assert not hook.pending
