@@ -339,6 +339,42 @@ def stall(
     typer.echo(table)
 
 
+@bench_app.command("throughput")
+def throughput(
+    model: Annotated[str, typer.Option(help="What every arm trains: cnn, chartf or dense-25m "
+                                       "(25.1M parameters).")] = "cnn",
+    nodes: Annotated[int, typer.Option(min=2, max=8, help="Members on this box.")] = 3,
+    batch: Annotated[int, typer.Option(min=16, max=4096, help="Samples per member and step "
+                                       "(a multiple of 16).")] = 64,
+    warmup: Annotated[int, typer.Option(min=0, max=10_000, help="Untimed steps first.")] = 10,
+    steps: Annotated[int, typer.Option(min=1, max=100_000, help="Timed steps.")] = 50,
+    repeats: Annotated[int, typer.Option(min=1, max=20, help="Times every arm runs, in "
+                                         "turn.")] = 3,
+    arms: Annotated[str, typer.Option(help="ddp (torch DDP over gloo), chaos (the Trainer), "
+                                      "chaos-ddp (chaos_edge.ddp); comma-separated.")]
+    = "ddp,chaos,chaos-ddp",
+    out: Annotated[Path | None, typer.Option(help="Directory for throughput.json, .md and "
+                                             ".png.")] = None,
+    keep: Annotated[Path | None, typer.Option(help="Copy the workers' results and logs "
+                                              "here.")] = None,
+) -> None:
+    """Steps per second of the same training under torch DDP (gloo) and under Chaos, one
+    arm after the other in every repeat."""
+    from chaos_bench.throughput import ARMS, MODELS
+    from chaos_bench.throughput import run as bench_throughput
+
+    if len(_choices(model, "--model", list(MODELS))) > 1:
+        raise CtlUsageError(f"--model: one model a run, not {model!r}")
+    if batch % 16:
+        raise CtlUsageError(f"--batch: {batch} is not a multiple of 16")
+    names = _choices(arms, "--arms", list(ARMS))
+    writable(out)
+    writable(keep, "--keep")
+    doc = bench_throughput.run(model, nodes, batch, warmup, steps, repeats, names, out, keep,
+                               say)
+    typer.echo(bench_throughput.table(doc))
+
+
 @bench_app.command("duty-cycle")
 def duty_cycle(
     rates: Annotated[str, typer.Option(help="Link rates, Mbit/s, comma-separated.")]

@@ -34,7 +34,8 @@ guarantees as the :class:`~chaos_edge.Trainer`.
 
 **Supported:** ``no_sync()`` for gradient accumulation (the accumulated gradient is averaged
 at the synchronised backward), ``find_unused_parameters``, ``static_graph``,
-``gradient_as_bucket_view``, ``bucket_cap_mb``. **Not supported**, refused in one line: a
+``gradient_as_bucket_view`` (on by default here: no copy between the gradients and DDP's
+buckets), ``bucket_cap_mb``. **Not supported**, refused in one line: a
 ``process_group`` (Chaos forms the group), wrapping twice, FSDP or ``DataParallel`` inside,
 ``torch.distributed`` collectives of the script's own (there is no default group), diloco
 sync, and calling ``optimizer.step()`` twice per backward.
@@ -101,6 +102,8 @@ class DistributedDataParallel(TorchDDP):
                              "module to chaos_edge.ddp.DistributedDataParallel, once"
                              + (" (Chaos replicates the whole state; it cannot shard it)"
                                 if wrapper == "FSDP" else ""))
+        # The gradients live in DDP's buckets, so neither DDP nor the hook copies them.
+        kwargs.setdefault("gradient_as_bucket_view", True)
         super().__init__(module, process_group=_solo_group(), **kwargs)
         self.chaos: _Hook | None = None  # set by elastic()
 
@@ -133,7 +136,7 @@ class _Hook:
         for b, f in done:
             # DDP copies each bucket's result back into .grad: hand it the average.
             for view, p in zip(b.gradients(), b.parameters(), strict=True):
-                if p.grad is not None:
+                if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad.reshape(view.shape))
             f.set_result(b.buffer())
         return fut

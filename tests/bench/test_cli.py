@@ -20,7 +20,7 @@ from tests.cli.conftest import assert_one_line_error, chaosctl_argv, ctl_env, ru
 pytestmark = pytest.mark.timeout(120)
 
 COMMANDS = ["allreduce", "planner", "loopback", "stall", "duty-cycle", "control", "scaleout",
-            "convergence", "soak"]
+            "convergence", "soak", "throughput"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -62,6 +62,11 @@ def test_group_lists_every_command() -> None:
         (["soak", "--bw", "fast"], "fast"),
         (["soak", "--minutes", "1", "--warmup", "60"], "--warmup"),
         (["soak", "--nodes", "2"], "--nodes"),
+        (["throughput", "--batch", "20"], "not a multiple of 16"),
+        (["throughput", "--model", "resnet"], "not one of cnn, chartf, dense-25m"),
+        (["throughput", "--arms", "ddp,nccl"], "nccl is not one of ddp, chaos, chaos-ddp"),
+        (["throughput", "--nodes", "1"], "--nodes"),
+        (["throughput", "--steps", "0"], "--steps"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
@@ -73,9 +78,10 @@ def test_bad_value_is_one_line_exit_2(args: list[str], needle: str) -> None:
 #: Every bench that writes results, and how it is told where.
 WRITERS = [[c, "--out"] for c in ("allreduce", "planner", "loopback", "stall", "control",
                                   "scaleout", "convergence", "soak", "simulate", "slowlinks",
-                                  "dst", "check", "signing", "snapshots")]
-WRITERS += [["stall", "--keep"], ["convergence", "--keep"], ["soak", "--keep"],
-            ["duty-cycle", "--json"]]
+                                  "dst", "check", "signing", "snapshots",
+                                  "throughput")]
+WRITERS += [["throughput", "--keep"], ["stall", "--keep"], ["convergence", "--keep"],
+            ["soak", "--keep"], ["duty-cycle", "--json"]]
 
 
 @pytest.mark.parametrize("args", WRITERS, ids=" ".join)

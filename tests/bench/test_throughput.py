@@ -1,0 +1,38 @@
+"""``chaosctl bench throughput`` end to end, small: every arm (torch DDP over gloo, the Trainer
+and chaos_edge.ddp) trains the CNN on 2 real members, and the results are what the report
+says. No timing is asserted: speed is the bench's, not the test's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import chaosctl_argv, ctl_env
+
+pytestmark = [pytest.mark.xdist_group("bench"), pytest.mark.timeout(300)]
+
+
+def test_every_arm_runs_the_same_steps_and_is_reported(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.run([*chaosctl_argv(), "bench", "throughput", "--model", "cnn",
+                           "--nodes", "2", "--repeats", "1", "--warmup", "3", "--steps", "5",
+                           "--batch", "32", "--out", str(out)], env=ctl_env(),
+                          capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "| chaos-ddp |" in proc.stdout
+    doc = json.loads((out / "throughput.json").read_text())
+    assert doc["arms"] == ["ddp", "chaos", "chaos-ddp"] and len(doc["repeats"]) == 1
+    for arm, res in doc["repeats"][0].items():
+        workers = res["workers"]
+        assert sorted(w["member"] for w in workers) == ([0, 1] if arm == "ddp" else [1, 2])
+        for w in workers:
+            assert w["arm"] == arm and w["steps"] == 5 and len(w["step_s"]) == 5
+            assert w["short_steps"] == [] and w["members"] == 2
+            assert all(b <= s for b, s in zip(w["to_backward_end_s"], w["step_s"], strict=True))
+        assert res["steps_per_s"] > 0
+    assert set(doc["summary"]["chaos"]) == {"steps_per_s", "vs_ddp"}
+    assert "vs_ddp" not in doc["summary"]["ddp"]
+    assert (out / "throughput.md").read_text().startswith("Throughput: cnn")
