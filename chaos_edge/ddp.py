@@ -15,10 +15,14 @@
 
 **How.** :class:`DistributedDataParallel` is torch's, over a private one-member gloo group (no
 ``init_process_group``, no fixed world), with a communication hook in place of DDP's
-all-reduce. DDP hands the hook its gradient buckets as backward fills them; when the last one
-comes, the hook runs one Chaos round (:meth:`Trainer.update`: the agreement, the tree
-all-reduce and the commit protocol, reruns after a failure included) over the whole gradient
-and the buffers, and every bucket gets the committed average. So when ``backward()`` returns,
+all-reduce. DDP hands the hook its gradient buckets as backward fills them. At the first one
+the hook starts one Chaos round (:meth:`Trainer.update`: the agreement, the tree all-reduce and the
+commit protocol, reruns after a failure included) on a thread of its own, and feeds it each
+bucket as it comes: the round sends every chunk of the gradient as soon as backward has
+produced it (the round vector puts the last parameters first, as backward produces them). At
+the last bucket the hook waits for the round to commit, and every bucket gets the committed
+average. A rerun after a failure waits for the whole gradient; nothing is applied to ``.grad``
+while backward still writes it. So when ``backward()`` returns,
 ``.grad`` holds the members' average, exactly as after a DDP backward, and the script's own
 clipping, ``GradScaler`` and ``optimizer.step()`` run unchanged on every member alike.
 
@@ -44,6 +48,7 @@ sync, and calling ``optimizer.step()`` twice per backward.
 from __future__ import annotations
 
 import atexit
+import threading
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -108,27 +113,61 @@ class DistributedDataParallel(TorchDDP):
         self.chaos: _Hook | None = None  # set by elastic()
 
 
+class _Round:
+    """One round beside the backward pass: ``trainer.update(feed=...)`` on a thread of its
+    own, fed bucket by bucket."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.feed = trainer.grad_feed()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(trainer,), daemon=True,
+                                        name="chaos-round")
+        self._thread.start()
+
+    def _run(self, trainer: Trainer) -> None:
+        try:
+            trainer.update(feed=self.feed)
+        except BaseException as exc:  # raised again on the training thread, in backward
+            self.error = exc
+
+    def join(self) -> None:
+        self.feed.finish()
+        self._thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 class _Hook:
     """The communication hook and the step boundary of one elastic DDP model."""
 
     def __init__(self, trainer: Trainer, model: DistributedDataParallel,
-                 optimizer: torch.optim.Optimizer) -> None:  # fmt: skip
-        self.trainer, self.model = trainer, model
+                 optimizer: torch.optim.Optimizer, overlap: bool) -> None:  # fmt: skip
+        self.trainer, self.model, self.overlap = trainer, model, overlap
         self.pending: list[tuple[dist.GradBucket, torch.futures.Future[torch.Tensor]]] = []
+        self.round: _Round | None = None  # the round under way beside this backward
         self.stepped_at = -1  # trainer.step at the last optimizer.step()
         model.register_comm_hook(self, _reduce)
         model.register_forward_pre_hook(self._boundary)
         optimizer.register_step_pre_hook(self._before_step)
 
     def bucket(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """One bucket is ready; at the last one, run the round and complete them all."""
+        """One bucket is ready: feed it to the round (started at the first one); at the last,
+        wait for the round and complete every bucket with the committed average."""
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         self.pending.append((bucket, fut))
+        if self.overlap:
+            if self.round is None:
+                self.round = _Round(self.trainer)
+            self.round.feed.ready(bucket.parameters())
         if not bucket.is_last():
             return fut
         done, self.pending = self.pending, []
+        rnd, self.round = self.round, None
         try:
-            self.trainer.update()  # the round: .grad and the buffers now hold the average
+            if rnd is not None:
+                rnd.join()  # .grad and the buffers now hold the average
+            else:
+                self.trainer.update()
         except BaseException as exc:
             for _, f in done:
                 f.set_exception(exc)  # type: ignore[arg-type]  # torch's stub is wrong
@@ -169,7 +208,8 @@ _reduce.__annotations__.update(bucket=dist.GradBucket,
 
 
 def elastic(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, *,
-            state: Mapping[str, Any] | None = None, **trainer: Any) -> Trainer:
+            state: Mapping[str, Any] | None = None, overlap: bool = True,
+            **trainer: Any) -> Trainer:
     """Join the cluster through the local chaosd and make ``model``'s backward elastic.
 
     Args:
@@ -177,6 +217,9 @@ def elastic(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, *,
         optimizer: Its optimizer; the script steps it, once per backward.
         state: Everything else the run's state is made of (schedulers, a ``GradScaler``,
             counters), as :class:`~chaos_edge.Trainer` takes it.
+        overlap: Run the round beside the backward pass, each chunk sent as soon as its
+            gradients exist (False: once backward has produced them all). The result is
+            the same bit for bit.
         trainer: Any other :class:`~chaos_edge.Trainer` argument (``samples_per_step``,
             ``global_batch``, ``timeout``, ...), but the optimizer step's own: ``scaler``,
             ``clip_grad_norm`` and ``grad_transform`` stay in the script.
@@ -205,6 +248,6 @@ def elastic(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, *,
             raise ValueError(f"{key}: on the DDP path the script scales, clips and steps "
                              "itself, as under DDP; register a GradScaler in state=")
     t = Trainer(model.module, optimizer, state=state, step_optimizer=False, **trainer)
-    model.chaos = _Hook(t, model, optimizer)
+    model.chaos = _Hook(t, model, optimizer, overlap)
     atexit.register(t.close)
     return t

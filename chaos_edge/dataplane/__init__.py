@@ -45,6 +45,7 @@ from chaos_edge.dataplane.errors import (
     RoundAborted,
 )
 from chaos_edge.dataplane.links import PeerLinks
+from chaos_edge.dataplane.rounds import InputFeed
 from daemon.contracts.policy import SyncPolicy, TreePlan, spanning_tree
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "AuthError",
     "DataPlaneError",
     "FrameError",
+    "InputFeed",
     "LinkConfig",
     "PeerGone",
     "PeerLinks",

@@ -61,7 +61,7 @@ from chaos_edge.dataplane.errors import DataPlaneError, PeerGone, RoundAborted
 from chaos_edge.dataplane.frames import Kind
 from chaos_edge.dataplane.links import PeerLinks
 from chaos_edge.dataplane.phases import ABORT_SEND_S, FaultHook
-from chaos_edge.dataplane.rounds import Phase, Round, as_flat_float32, as_out_buffer
+from chaos_edge.dataplane.rounds import InputFeed, Phase, Round, as_flat_float32, as_out_buffer
 from chaos_edge.dataplane.router import FrameRouter
 from daemon.contracts.policy import SyncPolicy
 
@@ -148,6 +148,7 @@ class AllReducer(FrameRouter):
         timeout: float | None = None,
         out: Any = None,
         lossy: int | None = None,
+        feed: InputFeed | None = None,
     ) -> ReduceResult:
         """Average ``grad`` over the policy's members, weighted by sample counts; commit.
 
@@ -169,6 +170,9 @@ class AllReducer(FrameRouter):
                 gradients); the rest travel exact as float32. Default: all of them. With
                 ``int8`` the node's error feedback is staged and applied only when this
                 round's result is (it commits here, or a later :meth:`agree` applies it).
+            feed: The input is still being written (:class:`InputFeed`): each chunk is
+                reduced once the feed covers it. The caller must not change a value the
+                feed already covers until the round ends.
 
         Returns:
             The averaged values (a flat view of ``out``, else a new buffer) and the global
@@ -192,7 +196,14 @@ class AllReducer(FrameRouter):
         wire = RoundWire(plan, out, parent, children, self.ring, self._pool,
                          self._feedback.for_plan(plan), tag)
         rnd = Round(tag, parent, children, wire, self._cond)
-        self._execute(rnd, functools.partial(self._run_round, rnd, inp, samples), timeout)
+        if feed is not None:
+            rnd.feed = feed
+            feed.bind(self._cond, functools.partial(self._pump, rnd))
+        try:
+            self._execute(rnd, functools.partial(self._run_round, rnd, inp, samples), timeout)
+        finally:
+            if feed is not None:
+                feed.bind(self._cond, None)
         if rnd.aborted:
             held = None
             if rnd.complete:  # uncertain: the next agreement applies or drops it (and the

@@ -149,6 +149,46 @@ class ChildState:
     scratch: bytearray = field(default_factory=lambda: bytearray(8))
 
 
+class InputFeed:
+    """A round's input that is still being written while the round runs (a backward pass
+    producing the gradients, overlapped with their all-reduce).
+
+    Values ``[0, upto)`` and ``[limit, size)`` are in; a chunk is reduced and sent only once
+    all of its values are. The writer calls :meth:`advance` as it goes; the round calls
+    :meth:`bind` so that an advance wakes its pump. Every member lays its input out the same
+    way; only when each chunk leaves depends on this feed.
+
+    Args:
+        limit: Where the values that come in late end (the gradients' segment).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.upto = 0
+        self.complete = threading.Event()  # set once upto reaches limit
+        self._bound: tuple[threading.Condition, Callable[[], None]] | None = None
+
+    def covers(self, hi: int) -> bool:
+        """Whether the values below ``hi`` are all in (read under the round's lock)."""
+        return min(hi, self.limit) <= self.upto
+
+    def advance(self, upto: int) -> None:
+        """Values ``[0, upto)`` are in (it only grows)."""
+        self.upto = max(self.upto, min(upto, self.limit))  # before reading _bound: see bind
+        if self.upto == self.limit:
+            self.complete.set()
+        bound = self._bound
+        if bound is not None:
+            with bound[0]:  # a pump that checked readiness before the write has given up
+                pass
+            bound[1]()
+
+    def bind(self, lock: threading.Condition, pump: Callable[[], None] | None) -> None:
+        """Wake ``pump`` on every advance (None: stop). A round binds before it starts and
+        pumps at its start, so an advance made before the bind is seen then."""
+        self._bound = None if pump is None else (lock, pump)
+
+
 class Round(Phase):
     """One round of reduce, broadcast, then commit on this node: the progress counters the
     round thread, the pumping thread and the readers share. The chunk arithmetic and the
@@ -187,6 +227,7 @@ class Round(Phase):
         self.reduced = 0  # chunks reduced (and queued to go up, or down at the root)
         self.pumping = False  # a thread is reducing chunks (only one at a time)
         self.blocked = 0  # readers waiting for a free ring slot
+        self.feed: InputFeed | None = None  # an input still being written, if any
 
     def next_ready(self) -> bool:
         """Whether the next chunk can be reduced: every child's chunk is in, and a scratch
@@ -197,6 +238,8 @@ class Round(Phase):
         for s in self.child.values():
             if s.received <= i:
                 return False
+        if self.feed is not None and not self.feed.covers(self.wire.plan.bounds(i)[1]):
+            return False
         if self.parent is None or self.wire.sends_input(self.samples):
             return True  # the result goes to out, or inp itself is sent
         return self.up_sent > i - self.ring

@@ -65,7 +65,7 @@ from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handl
 from chaos_edge.trainer.shares import Shard, Shares
 from chaos_edge.trainer.snapshots import SnapshotSettings, Snapshotter
 from chaos_edge.trainer.source import Source
-from chaos_edge.trainer.stepper import BufferMode, GradTransform, Stepper
+from chaos_edge.trainer.stepper import BufferMode, GradFeed, GradTransform, Stepper
 from chaos_edge.trainer.timing import StallMeter, StepAlarm, StepTiming
 from daemon.contracts import protocol
 from daemon.contracts.clock import Clock, SystemClock
@@ -180,6 +180,7 @@ class Trainer:
         rendezvous = StateTransfer(self._s.links, host=self._s.bind)
         self._snapshots: Snapshotter | None = None
         self._snapshot_due = False  # a commit the script's own step completes (step_optimizer)
+        self._writing: GradFeed | None = None  # the feed of an update() beside backward
         try:
             # Before the join: a worker started again after a power cut (or any restart)
             # holds the newest snapshot of its box, and its join says which step that is.
@@ -270,7 +271,7 @@ class Trainer:
         return self._replica.outer
 
     # -- public API ------------------------------------------------------------------------
-    def update(self, samples: int | None = None) -> None:
+    def update(self, samples: int | None = None, *, feed: GradFeed | None = None) -> None:
         """All-reduce the gradients (and buffers), commit, then step: unscale, transform,
         clip, ``optimizer.step()`` (through the scaler), and zero the gradients. A round
         that cannot commit is waited on, however long (see ``timeout``).
@@ -278,11 +279,22 @@ class Trainer:
         Args:
             samples: Samples behind this gradient (default: ``shard.size`` in consistent
                 mode, else ``samples_per_step``).
+            feed: The gradients are still being computed (:meth:`grad_feed`; this call then
+                runs beside the backward pass, on another thread): the round's first
+                attempt sends each chunk as the feed fills it. A rerun, or a round that
+                counts no samples from us, waits for the whole gradient first.
 
         Raises:
             StateDiverged: This node cannot be reconciled; exit non-zero and rejoin.
             DaemonUnreachable: chaosd stopped answering.
         """
+        self._writing = feed
+        try:
+            self._update(samples, feed)
+        finally:
+            self._writing = None
+
+    def _update(self, samples: int | None, feed: GradFeed | None) -> None:
         t0 = self._clock.monotonic()
         n = self._shares.samples(self.step + 1, self._next_policy) if samples is None else samples
         self._shares.began(t0, n)
@@ -307,7 +319,11 @@ class Trainer:
             # found out of line counts for nothing.
             void = epochs.diverged or self._membership.joins != joins
             rn = 0 if void else self._replica.round_samples(n)  # diloco: the window's samples
-            flat = self._gather(pub, rn)
+            overlap = feed is not None and not reruns and rn > 0 and self._replica.outer is None
+            if feed is not None and not overlap:
+                feed.feed.complete.wait()  # the whole gradient first (see ``feed``)
+            ready = feed.feed if overlap and feed is not None else None
+            flat = self._gather(pub, rn, grads=not overlap)
             self._replica.round_input(flat, rn)  # diloco: the pseudo-gradient
             try:
                 # Our digest is local work, so it is timed as stall, not as the collective.
@@ -324,7 +340,8 @@ class Trainer:
                 out = self._stepper.result if self._replica.held is None else None
                 res = self.reducer.allreduce(flat, rn, step=self._replica.round_step() + 1,
                                              policy=pub, attempt=epoch[1], out=out,
-                                             lossy=self._stepper.n_grad)  # fmt: skip
+                                             lossy=self._stepper.n_grad,
+                                             feed=ready)  # fmt: skip
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
                 self._apply(res.values, pub.version)
@@ -348,6 +365,11 @@ class Trainer:
         self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version,
                             optimizer_s=self._stepper.take_step_s())
         self._shares.ended(self._clock.monotonic())
+
+    def grad_feed(self) -> GradFeed:
+        """A feed for ``update(feed=...)``: hand it each parameter as backward finishes its
+        gradient (:mod:`chaos_edge.ddp` does, bucket by bucket)."""
+        return GradFeed(self._stepper)
 
     def check_state_replication(self) -> None:
         """Serve a snapshot if a ``replicate`` command names this node as a source."""
@@ -386,9 +408,9 @@ class Trainer:
         """The policy of round ``step + 1``, else the newest (what a shard is computed for)."""
         return self._s.book.for_round(self.step + 1) or self._s.book.newest
 
-    def _gather(self, pub: SyncPolicy, n: int) -> Any:
-        """Our input to the round under ``pub``."""
-        flat = self._stepper.gather(self._shares.slot(pub), self._shares.speed, n)
+    def _gather(self, pub: SyncPolicy, n: int, grads: bool = True) -> Any:
+        """Our input to the round under ``pub`` (``grads=False``: a feed writes those)."""
+        flat = self._stepper.gather(self._shares.slot(pub), self._shares.speed, n, grads)
         if not n:
             flat.zero_()  # times zero samples is zero, unless it is inf or NaN
         return flat
@@ -401,6 +423,8 @@ class Trainer:
 
     def _apply(self, values: Any, version: int) -> None:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
+        if self._writing is not None:  # backward still writes gradients: not over them
+            self._writing.feed.complete.wait()
         mode = self._mode_of(version) if self._replica.outer is not None else None
         self._replica.commit(values, mode)
         self._shares.committed(version, self._stepper.speeds(values))

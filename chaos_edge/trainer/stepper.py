@@ -5,7 +5,10 @@ One flat float32 vector per round, laid out as
     [ gradients | buffers | live | speeds ]
 
 - *gradients*: every parameter's ``.grad`` (zeros where a parameter got none), upcast to
-  float32 exactly; the result goes back in each gradient's own dtype and device.
+  float32 exactly; the result goes back in each gradient's own dtype and device. The last
+  parameter comes first: backward produces the gradients in about that order, so a round that
+  overlaps the backward pass (:class:`GradFeed`, :mod:`chaos_edge.ddp`) can send the front of
+  the vector while the rest is still being computed.
 - *buffers* (``buffers="average"``, the default): floating buffers (BatchNorm's running mean
   and variance) are averaged, weighted by samples like the gradients; integer buffers
   (``num_batches_tracked``) send their change since the last round, whose average is rounded
@@ -37,6 +40,7 @@ from typing import Any, Literal
 
 import torch
 
+from chaos_edge.dataplane import InputFeed
 from chaos_edge.dataplane.tensors import flatten_grads, unflatten_into
 from chaos_edge.trainer.shares import SLOTS
 from daemon.contracts.clock import Clock, SystemClock
@@ -83,6 +87,7 @@ class Stepper:
         self.mode, self.scaler, self.steps = buffers, scaler, steps
         self.clip, self.transform = clip_grad_norm, grad_transform
         self.params = list(model.parameters())
+        self.order = self.params[::-1]  # the gradients' layout in the vector (module docstring)
         persistent = model.state_dict(keep_vars=True)
         named = dict(model.named_buffers())
         # state-dict name -> buffer tensor, for the buffers that are averaged
@@ -103,7 +108,8 @@ class Stepper:
         self.flat = torch.zeros(self.size, dtype=torch.float32)
         self.result = torch.empty(self.size, dtype=torch.float32)
 
-    def gather(self, slot: int | None = None, speed: float = 0.0, samples: int = 0) -> torch.Tensor:
+    def gather(self, slot: int | None = None, speed: float = 0.0, samples: int = 0,
+               grads: bool = True) -> torch.Tensor:
         """This member's input to the round (written into :attr:`flat`).
 
         Args:
@@ -111,8 +117,10 @@ class Stepper:
             speed: Its measured samples/s (0: unknown).
             samples: The samples of this round (the speed is sent as ``speed / samples``,
                 because the round multiplies every value by the sample count).
+            grads: False: leave the gradients' segment alone (a :class:`GradFeed` fills it).
         """
-        flatten_grads(self.params, out=self.flat[: self.n_grad])
+        if grads:
+            flatten_grads(self.order, out=self.flat[: self.n_grad])
         at = self.n_grad
         for k, b in self.buffers.items():
             n = b.numel()
@@ -135,7 +143,7 @@ class Stepper:
     def apply(self, values: torch.Tensor) -> None:
         """Apply a committed result: gradients, buffers, then the step (module docstring),
         unless the script steps (:attr:`steps` False)."""
-        unflatten_into(values[: self.n_grad], self.params)
+        unflatten_into(values[: self.n_grad], self.order)
         self.apply_buffers(values)
         if self.steps:
             self.step()
@@ -205,3 +213,49 @@ class Stepper:
 
 def _is_int(t: torch.Tensor) -> bool:
     return not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool
+
+
+class GradFeed:
+    """The gradients' segment of a round's input, filled while backward runs.
+
+    ``ready(params)`` copies those parameters' gradients into the vector and advances the
+    round's :class:`~chaos_edge.dataplane.InputFeed` over every leading parameter that is in,
+    so the data plane sends each chunk as soon as its gradients exist. Parameters ready out
+    of the layout's order still count; they just let the front advance later.
+    ``finish()`` copies whatever is left (parameters no bucket carried).
+    """
+
+    def __init__(self, stepper: Stepper) -> None:
+        self.stepper = stepper
+        self.feed = InputFeed(stepper.n_grad)
+        self._at: dict[int, tuple[int, torch.nn.Parameter]] = {}
+        lo = 0
+        for p in stepper.order:
+            self._at[id(p)] = (lo, p)
+            lo += p.numel()
+        self._done: set[int] = set()
+        self._front = 0  # index into stepper.order of the first parameter not yet in
+        self._upto = 0
+
+    def ready(self, params: Sequence[torch.Tensor]) -> None:
+        """These parameters' gradients are final (a DDP bucket is ready)."""
+        flat = self.stepper.flat
+        for p in params:
+            lo, param = self._at[id(p)]
+            if id(p) in self._done:
+                continue
+            n = param.numel()
+            if param.grad is None:
+                flat[lo : lo + n].zero_()
+            else:
+                flat[lo : lo + n].copy_(param.grad.detach().reshape(-1))
+            self._done.add(id(p))
+        order = self.stepper.order
+        while self._front < len(order) and id(order[self._front]) in self._done:
+            self._upto += order[self._front].numel()
+            self._front += 1
+        self.feed.advance(self._upto)
+
+    def finish(self) -> None:
+        """Every gradient is final: copy the ones no bucket carried."""
+        self.ready([p for p in self.stepper.order if id(p) not in self._done])

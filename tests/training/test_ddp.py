@@ -137,6 +137,7 @@ def test_the_hook_hands_ddp_the_average_and_leaves_grad_as_ddp_does() -> None:
 
     hook = ddp._Hook.__new__(ddp._Hook)
     hook.trainer, hook.model, hook.pending, hook.stepped_at = Double(), model, [], -1  # type: ignore[assignment]
+    hook.overlap, hook.round = False, None  # the round itself is the stand-in's
     model.register_comm_hook(hook, ddp._reduce)
     x = torch.randn(5, 64)
     for _ in range(2):  # DDP rebuilds its buckets after the first iteration
