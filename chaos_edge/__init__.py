@@ -24,6 +24,9 @@
 - :class:`StepTiming`: where one ``update()`` spent its time.
 - :class:`DaemonPackageClash`: an ImportError, raised on first use when ``daemon`` is not
   Chaos's package (python-daemon has the same import name).
+- :mod:`chaos_edge.ddp`: a torch ``DistributedDataParallel`` script made elastic with four
+  lines changed (``ddp.DistributedDataParallel`` and ``ddp.elastic``); the round runs in DDP's
+  communication hook, overlapped with the backward pass.
 - ``python -m chaos_edge.examples.digits``, ``...examples.cnn`` (BatchNorm, AdamW, one-cycle
   LR, clipping, a GradScaler, resharding on resize) and ``...examples.chartf`` (a small
   character-level transformer): complete training scripts (need the ``examples`` extra).

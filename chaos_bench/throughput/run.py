@@ -6,10 +6,11 @@ Each repeat runs every arm in turn (``ddp``, ``chaos``, ``chaos-ddp``; :mod:`.wo
 ``--nodes`` members on this box, one torch thread each: the same model, batch, optimizer and
 data, so that only the gradient exchange differs. DDP runs as a DDP user runs it:
 ``init_process_group("gloo")`` and ``DistributedDataParallel`` with its defaults (25 MB
-buckets, overlapped with the backward pass). The Chaos arms run on a real local cluster (a
-broker, a chaosd per member, workers through ``chaosctl join``) and start timing once every
-member is in. Each worker times ``--steps`` steps after ``--warmup``; an arm's rate in a repeat
-is ``steps`` over the median of its members' timed seconds. The ratio of each Chaos arm to DDP
+buckets, overlapped with the backward pass) and ``gradient_as_bucket_view=True``. The Chaos
+arms run on a real local cluster (a broker, a chaosd per member, workers through ``chaosctl
+join``) and start timing once every member is in. Each worker times ``--steps`` steps after
+``--warmup``; an arm's rate in a repeat is ``steps`` over the median of its members' timed
+seconds. The ratio of each Chaos arm to DDP
 is taken within a repeat (so a slower box slows both), and reported as the median and the
 range over the repeats.
 
