@@ -351,8 +351,9 @@ def throughput(
     repeats: Annotated[int, typer.Option(min=1, max=20, help="Times every arm runs, in "
                                          "turn.")] = 3,
     arms: Annotated[str, typer.Option(help="ddp (torch DDP over gloo), chaos (the Trainer), "
-                                      "chaos-ddp (chaos_edge.ddp); comma-separated.")]
-    = "ddp,chaos,chaos-ddp",
+                                      "chaos-overlap (the Trainer, overlap=True), chaos-ddp "
+                                      "(chaos_edge.ddp); comma-separated.")]
+    = "ddp,chaos,chaos-overlap,chaos-ddp",
     out: Annotated[Path | None, typer.Option(help="Directory for throughput.json, .md and "
                                              ".png.")] = None,
     keep: Annotated[Path | None, typer.Option(help="Copy the workers' results and logs "

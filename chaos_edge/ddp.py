@@ -48,7 +48,6 @@ sync, and calling ``optimizer.step()`` twice per backward.
 from __future__ import annotations
 
 import atexit
-import threading
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -58,6 +57,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from chaos_edge.trainer import Trainer, TrainerError, capture_exit_event
+from chaos_edge.trainer.overlap import BackgroundRound
 
 __all__ = ["DistributedDataParallel", "elastic"]
 
@@ -113,30 +113,6 @@ class DistributedDataParallel(TorchDDP):
         self.chaos: _Hook | None = None  # set by elastic()
 
 
-class _Round:
-    """One round beside the backward pass: ``trainer.update(feed=...)`` on a thread of its
-    own, fed bucket by bucket."""
-
-    def __init__(self, trainer: Trainer) -> None:
-        self.feed = trainer.grad_feed()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(trainer,), daemon=True,
-                                        name="chaos-round")
-        self._thread.start()
-
-    def _run(self, trainer: Trainer) -> None:
-        try:
-            trainer.update(feed=self.feed)
-        except BaseException as exc:  # raised again on the training thread, in backward
-            self.error = exc
-
-    def join(self) -> None:
-        self.feed.finish()
-        self._thread.join()
-        if self.error is not None:
-            raise self.error
-
-
 class _Hook:
     """The communication hook and the step boundary of one elastic DDP model."""
 
@@ -144,7 +120,7 @@ class _Hook:
                  optimizer: torch.optim.Optimizer, overlap: bool) -> None:  # fmt: skip
         self.trainer, self.model, self.overlap = trainer, model, overlap
         self.pending: list[tuple[dist.GradBucket, torch.futures.Future[torch.Tensor]]] = []
-        self.round: _Round | None = None  # the round under way beside this backward
+        self.round: BackgroundRound | None = None  # the round beside this backward
         self.stepped_at = -1  # trainer.step at the last optimizer.step()
         model.register_comm_hook(self, _reduce)
         model.register_forward_pre_hook(self._boundary)
@@ -157,7 +133,8 @@ class _Hook:
         self.pending.append((bucket, fut))
         if self.overlap:
             if self.round is None:
-                self.round = _Round(self.trainer)
+                self.round = BackgroundRound(self.trainer.grad_feed(),
+                                             lambda feed: self.trainer.update(feed=feed))
             self.round.feed.ready(bucket.parameters())
         if not bucket.is_last():
             return fut

@@ -99,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=256,
                     help="all-reduce chunk bytes (0: the Trainer's default, sized by the vector)")
     ap.add_argument("--timeout", type=float, default=60.0, help="the Trainer's step timeout")
+    ap.add_argument("--overlap", action="store_true",
+                    help="start each round during backward (Trainer(overlap=True))")
     ap.add_argument("--digest-every", type=int, default=None,
                     help="the divergence guard's period (default: the Trainer's)")
     args = ap.parse_args(argv)
@@ -112,8 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     guard = {} if args.digest_every is None else {"digest_every": args.digest_every}
     trainer = Trainer(model, opt, samples_per_step=16, chunk_bytes=args.chunk or None,
-                      timeout=args.timeout,
-                      **guard)
+                      timeout=args.timeout, overlap=args.overlap, **guard)
     node = trainer.node_id
     if args.fault or args.freeze:
         event, index, from_step = (args.fault or args.freeze).split(":")

@@ -2,5 +2,6 @@
 gloo and under Chaos (the ``Trainer`` and the DDP path), one after the other in one run: the
 run and report (:mod:`.run`) and the worker every arm runs (:mod:`.worker`)."""
 
-ARMS = ("ddp", "chaos", "chaos-ddp")  # torch DDP over gloo; the Trainer; chaos_edge.ddp
+# torch DDP over gloo; the Trainer; the Trainer with overlap=True; chaos_edge.ddp
+ARMS = ("ddp", "chaos", "chaos-overlap", "chaos-ddp")
 MODELS = ("cnn", "chartf", "dense-25m")

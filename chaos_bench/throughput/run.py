@@ -2,10 +2,10 @@
 
     chaosctl bench throughput --model cnn --nodes 3 --repeats 3 --out bench/results/throughput
 
-Each repeat runs every arm in turn (``ddp``, ``chaos``, ``chaos-ddp``; :mod:`.worker`) with
-``--nodes`` members on this box, one torch thread each: the same model, batch, optimizer and
-data, so that only the gradient exchange differs. DDP runs as a DDP user runs it:
-``init_process_group("gloo")`` and ``DistributedDataParallel`` with its defaults (25 MB
+Each repeat runs every arm in turn (``ddp``, ``chaos``, ``chaos-overlap``, ``chaos-ddp``;
+:mod:`.worker`) with ``--nodes`` members on this box, one torch thread each: the same model,
+batch, optimizer and data, so that only the gradient exchange differs. DDP runs as a DDP user
+runs it: ``init_process_group("gloo")`` and ``DistributedDataParallel`` with its defaults (25 MB
 buckets, overlapped with the backward pass) and ``gradient_as_bucket_view=True``. The Chaos
 arms run on a real local cluster (a broker, a chaosd per member, workers through ``chaosctl
 join``) and start timing once every member is in. Each worker times ``--steps`` steps after

@@ -8,6 +8,7 @@ One script for every arm, so that only the gradient exchange differs between the
   rank 0 every forward, which keeps them in sync as Chaos's averaging does) plus
   ``gradient_as_bucket_view=True``, which saves a copy of the gradients each way.
 - ``chaos``: the :class:`~chaos_edge.Trainer` (``update()`` after the backward).
+- ``chaos-overlap``: the Trainer with ``overlap=True`` (each round starts during backward).
 - ``chaos-ddp``: :mod:`chaos_edge.ddp` (the round in DDP's communication hook).
 
 The model, the batch (``--batch`` samples drawn from a generator seeded by the member's index),
@@ -76,11 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         net = DistributedDataParallel(model, gradient_as_bucket_view=True)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         me = args.rank
-    elif args.arm == "chaos":
+    elif args.arm in ("chaos", "chaos-overlap"):
         from chaos_edge import Trainer
 
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        trainer = Trainer(model, opt, samples_per_step=args.batch)
+        trainer = Trainer(model, opt, samples_per_step=args.batch,
+                          overlap=args.arm == "chaos-overlap")
     else:
         from chaos_edge import ddp
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     while (trainer.step if trainer is not None else ran) < end + (2 if trainer else 0):
         t0 = time.perf_counter()
         x, y = draw_batch(draw, gen, args.batch)
-        if args.arm == "chaos":
+        if args.arm in ("chaos", "chaos-overlap"):
             assert trainer is not None
             loss_fn(net(x), y).backward()
             t1 = time.perf_counter()

@@ -59,6 +59,7 @@ from chaos_edge.trainer.joiner import Joiner
 from chaos_edge.trainer.membership import Membership
 from chaos_edge.trainer.objects import Registry
 from chaos_edge.trainer.outer import Outer
+from chaos_edge.trainer.overlap import BackgroundRound
 from chaos_edge.trainer.rendezvous import StateTransfer
 from chaos_edge.trainer.replica import Replica
 from chaos_edge.trainer.session import EXIT_EVENT, Session, install_signal_handlers
@@ -124,6 +125,14 @@ class Trainer:
             chunks by the round's vector: about 12 chunks of 1 to 16 MiB. Every member must
             use the same.
         clock: The time source of deadlines and stall accounting (the seam tests use).
+        overlap: Start each round during ``backward()``, beside it: every parameter's
+            gradient goes to the round as soon as backward finishes it, and ``update()``
+            waits for the commit and steps. The result is the same bit for bit; the step is
+            shorter by up to the backward pass. It asks two things of the script: every
+            ``backward()`` is followed by ``update()`` (no accumulation over several
+            backward passes: that is refused in one line), and nothing changes the
+            gradients in between (use ``grad_transform``, ``clip_grad_norm``). The samples
+            are ``samples_per_step`` (or the shard's size), fixed before backward.
         step_optimizer: False: ``update()`` leaves the averaged gradient (and the agreed
             buffers) in place and the script runs its own ``optimizer.step()`` after it, as
             after a DDP backward; then ``scaler``, ``clip_grad_norm`` and ``grad_transform``
@@ -159,6 +168,7 @@ class Trainer:
         join_timeout: float = 300.0,
         chunk_bytes: int | None = None,
         clock: Clock | None = None,
+        overlap: bool = False,
         step_optimizer: bool = True,
     ) -> None:
         if digest_every < 0 or (global_batch is not None and global_batch < 1):
@@ -173,6 +183,7 @@ class Trainer:
         self.model, self.optimizer = model, optimizer
         self.digest_every, self.timeout, self.join_timeout = digest_every, timeout, join_timeout
         self._replica = Replica(model, optimizer, self._objects, self._stepper)
+        self._replica.settled = self._backward_done
         self._version = 0  # policy version of the last committed round
         install_signal_handlers()
         self._s = Session(socket, call_timeout=10.0)
@@ -181,6 +192,7 @@ class Trainer:
         self._snapshots: Snapshotter | None = None
         self._snapshot_due = False  # a commit the script's own step completes (step_optimizer)
         self._writing: GradFeed | None = None  # the feed of an update() beside backward
+        self._background: BackgroundRound | None = None  # overlap: this backward's round
         try:
             # Before the join: a worker started again after a power cut (or any restart)
             # holds the newest snapshot of its box, and its join says which step that is.
@@ -210,6 +222,10 @@ class Trainer:
             self._s.poller.on_policy = self._on_policy
             self._s.poller.on_command = self._on_command
             self._membership.join(self._clock.monotonic() + join_timeout)
+            if overlap:
+                for p in self._stepper.params:
+                    if p.requires_grad:
+                        p.register_post_accumulate_grad_hook(self._grad_ready)
         except BaseException:
             self._s.close()
             rendezvous.close()
@@ -288,11 +304,37 @@ class Trainer:
             StateDiverged: This node cannot be reconciled; exit non-zero and rejoin.
             DaemonUnreachable: chaosd stopped answering.
         """
+        if feed is None and self._background is not None:  # overlap: begun in backward
+            bg, self._background = self._background, None
+            bg.join()
+            if samples is not None:
+                raise TrainerError("with overlap=True the round begins in backward(), before "
+                                   "update() is called: set trainer.samples_per_step (or use "
+                                   "global_batch) instead of update(samples=...)")
+            return
         self._writing = feed
         try:
             self._update(samples, feed)
         finally:
             self._writing = None
+
+    def _grad_ready(self, param: torch.Tensor) -> None:
+        """(overlap; autograd's thread.) ``param``'s gradient is final for this backward."""
+        bg = self._background
+        if bg is None:
+            bg = self._background = BackgroundRound(self.grad_feed(), self._fed_update)
+        elif bg.feed.has(param):
+            # The round goes on with the first backward's gradients, and ends before the
+            # error does: a round thread left running in torch aborts the interpreter's exit.
+            self._background = None
+            bg.join()
+            raise TrainerError("overlap=True needs update() after every backward(): a second "
+                               "backward before it would change gradients already sent "
+                               "(accumulate without overlap)")
+        bg.feed.ready([param])
+
+    def _fed_update(self, feed: GradFeed) -> None:
+        self.update(feed=feed)
 
     def _update(self, samples: int | None, feed: GradFeed | None) -> None:
         t0 = self._clock.monotonic()
@@ -421,10 +463,13 @@ class Trainer:
         # compared (the others' rounds ignore its samples anyway).
         return b"" if self._membership.state == "leaving" else self._replica.digest()
 
+    def _backward_done(self) -> None:
+        """(The replica's ``settled``.) Wait while a backward pass still writes gradients."""
+        if self._writing is not None:
+            self._writing.feed.complete.wait()
+
     def _apply(self, values: Any, version: int) -> None:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
-        if self._writing is not None:  # backward still writes gradients: not over them
-            self._writing.feed.complete.wait()
         mode = self._mode_of(version) if self._replica.outer is not None else None
         self._replica.commit(values, mode)
         self._shares.committed(version, self._stepper.speeds(values))

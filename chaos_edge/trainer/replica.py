@@ -21,7 +21,7 @@ the inner optimizer's hyper-parameters and the registered objects (:meth:`Replic
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -61,6 +61,9 @@ class Replica:
         self.held: Any = None
         self.held_version = -1
         self.outer: Outer | None = None
+        # Waits until no backward pass is writing gradients (a round beside backward,
+        # :mod:`~chaos_edge.trainer.overlap`): every write of the model below calls it first.
+        self.settled: Callable[[], None] = lambda: None
 
     # -- rounds ----------------------------------------------------------------------------
     def round_step(self) -> int:
@@ -96,6 +99,7 @@ class Replica:
         if self.stepper.scaler is not None:
             raise TrainerError("diloco mode does not support a GradScaler (its scale would "
                                "be each member's own); drop scaler= or use every-step sync")
+        self.settled()  # the inner step steps the model
         if self.outer is None:
             # Entering diloco: the parameters are agreed at this step boundary (a fresh
             # cluster, an every-step cluster switching, or a joiner's restored state).
@@ -126,6 +130,7 @@ class Replica:
     def commit(self, values: torch.Tensor, mode: SyncMode | None) -> None:
         """Apply the committed result of round ``step + 1``; ``mode`` is the sync mode of the
         policy it ran under (needed in diloco mode only)."""
+        self.settled()
         if self.outer is None:
             self.stepper.apply(values)
         else:
@@ -200,6 +205,7 @@ class Replica:
         Raises:
             StateMismatch: A registered object's ``load_state_dict`` refused its state.
         """
+        self.settled()  # autograd may still hold the parameters it is differentiating
         runtime = loaded.runtime
         loaded.apply(self.model, self.optimizer)
         self.objects.restore(runtime.get("objects", {}), loaded.extra)

@@ -256,6 +256,10 @@ class GradFeed:
             self._front += 1
         self.feed.advance(self._upto)
 
+    def has(self, param: torch.Tensor) -> bool:
+        """Whether ``param``'s gradient is in already (a second backward would change it)."""
+        return id(param) in self._done
+
     def finish(self) -> None:
         """Every gradient is final: copy the ones no bucket carried."""
         self.ready([p for p in self.stepper.order if id(p) not in self._done])

@@ -64,7 +64,7 @@ def test_group_lists_every_command() -> None:
         (["soak", "--nodes", "2"], "--nodes"),
         (["throughput", "--batch", "20"], "not a multiple of 16"),
         (["throughput", "--model", "resnet"], "not one of cnn, chartf, dense-25m"),
-        (["throughput", "--arms", "ddp,nccl"], "nccl is not one of ddp, chaos, chaos-ddp"),
+        (["throughput", "--arms", "ddp,nccl"], "nccl is not one of ddp, chaos, chaos-overlap"),
         (["throughput", "--nodes", "1"], "--nodes"),
         (["throughput", "--steps", "0"], "--steps"),
     ],

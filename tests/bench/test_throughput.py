@@ -1,6 +1,7 @@
 """``chaosctl bench throughput`` end to end, small: every arm (torch DDP over gloo, the Trainer
-and chaos_edge.ddp) trains the CNN on 2 real members, and the results are what the report
-says. No timing is asserted: speed is the bench's, not the test's."""
+with and without overlap, and chaos_edge.ddp) trains the CNN on 2 real members, and the
+results are what the report says. No timing is asserted: speed is the bench's, not the
+test's."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def test_every_arm_runs_the_same_steps_and_is_reported(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| chaos-ddp |" in proc.stdout
     doc = json.loads((out / "throughput.json").read_text())
-    assert doc["arms"] == ["ddp", "chaos", "chaos-ddp"] and len(doc["repeats"]) == 1
+    assert doc["arms"] == ["ddp", "chaos", "chaos-overlap", "chaos-ddp"]
+    assert len(doc["repeats"]) == 1
     for arm, res in doc["repeats"][0].items():
         workers = res["workers"]
         assert sorted(w["member"] for w in workers) == ([0, 1] if arm == "ddp" else [1, 2])

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -61,31 +59,6 @@ def test_a_ddp_script_trains_through_join_leave_kill_and_freeze(run: Any) -> Non
     assert r.records(n4)[0]["step"] > 20
     assert r.assert_consistent() > 40
     r.assert_loss_falls(n1)
-
-
-def test_a_second_optimizer_step_per_backward_stops_the_script_with_one_line(
-        run: Any, tmp_path: Path) -> None:
-    r = run(1)
-    (n1,) = r.c.node_ids
-    script = tmp_path / "twice.py"
-    script.write_text(textwrap.dedent("""
-        import torch
-        from chaos_edge import ddp
-        model = ddp.DistributedDataParallel(torch.nn.Linear(4, 2))
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        trainer = ddp.elastic(model, opt)
-        model(torch.randn(3, 4)).sum().backward()
-        opt.step()
-        opt.step()
-    """))
-    log = tmp_path / "twice.log"
-    call_once(r.c.socket_of(n1), "join", {"neighbors": [], "command": [
-        "sh", "-c", f"exec {sys.executable} {script} 2>{log}"]}, timeout=5)
-    r.c.wait(lambda: "TrainerError" in (log.read_text() if log.exists() else ""), 60,
-             "the script to stop")
-    last = log.read_text().strip().splitlines()[-1]
-    assert last.endswith("optimizer.step() ran twice after one backward: call it once per "
-                         "backward (accumulate with model.no_sync())")
 
 
 @pytest.mark.parametrize(("build", "message"), [
