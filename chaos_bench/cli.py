@@ -354,6 +354,10 @@ def throughput(
                                       "chaos-overlap (the Trainer, overlap=True), chaos-ddp "
                                       "(chaos_edge.ddp); comma-separated.")]
     = "ddp,chaos,chaos-overlap,chaos-ddp",
+    mbit: Annotated[float | None, typer.Option(min=1.0, max=100_000.0, help="Run on the netns "
+                                               "testbed (root): a full mesh, every link "
+                                               "shaped to this rate. Default: loopback.")]
+    = None,
     out: Annotated[Path | None, typer.Option(help="Directory for throughput.json, .md and "
                                              ".png.")] = None,
     keep: Annotated[Path | None, typer.Option(help="Copy the workers' results and logs "
@@ -369,10 +373,16 @@ def throughput(
     if batch % 16:
         raise CtlUsageError(f"--batch: {batch} is not a multiple of 16")
     names = _choices(arms, "--arms", list(ARMS))
+    if mbit is not None:
+        from netprobe import netns
+
+        reason = netns.netns_unavailable_reason()
+        if reason is not None:
+            raise CtlUsageError(f"--mbit needs network namespaces: {reason}")
     writable(out)
     writable(keep, "--keep")
     doc = bench_throughput.run(model, nodes, batch, warmup, steps, repeats, names, out, keep,
-                               say)
+                               say, mbit)
     typer.echo(bench_throughput.table(doc))
 
 

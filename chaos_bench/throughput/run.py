@@ -14,6 +14,11 @@ seconds. The ratio of each Chaos arm to DDP
 is taken within a repeat (so a slower box slows both), and reported as the median and the
 range over the repeats.
 
+With ``--mbit R`` every arm runs on the netns testbed instead (root): one namespace per member,
+a full mesh of veths shaped to ``R`` Mbit/s with tbf, the Chaos arms' chaosd in the
+namespaces, and DDP's gloo bound to each node's data address (a process group built as
+``init_process_group`` builds it, on that address).
+
 Writes ``throughput.json`` (every worker's per-step times), ``throughput.md`` and, with
 matplotlib, ``throughput.png``.
 """
@@ -38,6 +43,7 @@ from chaosctl.cluster import LocalCluster, free_port
 
 WORKER = "chaos_bench.throughput.worker"
 WAIT_S = 600.0  # the slowest arm's run (dense-25m, 3 members) is about two minutes
+DDP_PORT = 29500  # the store's port on the testbed (each namespace has its own ports)
 
 
 def _argv(arm: str, model: str, batch: int, warmup: int, steps: int, world: int,
@@ -78,6 +84,70 @@ def run_ddp(model: str, nodes: int, batch: int, warmup: int, steps: int,
             reap(p, 10.0)
 
 
+def _testbed(work: Path, name: str, nodes: int, mbit: float, run_id: str | None) -> Any:
+    """A full mesh of namespaces, every link shaped to ``mbit`` (tbf)."""
+    from chaosctl.testbed.core import Testbed
+
+    return Testbed(work / name, nodes, "full", (mbit, mbit), seed=1, run_id=run_id)
+
+
+def _gone(prefix: str) -> None:
+    from netprobe import netns
+
+    left = netns.list_netns(prefix) + netns.list_links(prefix)
+    if left:
+        raise CtlError(f"the testbed left {', '.join(left)} behind")
+
+
+def run_ddp_netns(model: str, nodes: int, batch: int, warmup: int, steps: int, work: Path,
+                  mbit: float, run_id: str | None) -> list[dict[str, Any]]:  # fmt: skip
+    """The DDP arm on the testbed: a process in each namespace, gloo on the data addresses."""
+    outs = [work / f"ddp-{r}.json" for r in range(nodes)]
+    procs: list[subprocess.Popen[bytes]] = []
+    tb = _testbed(work, "tb-ddp", nodes, mbit, run_id)
+    try:
+        with tb:
+            tb.up(start_daemons=False)
+            master = tb.addr_of(tb.nodes[0])
+            for r, node in enumerate(tb.nodes):
+                with open(work / f"ddp-{r}.log", "ab") as log:
+                    procs.append(tb.exec(node, [
+                        *_argv("ddp", model, batch, warmup, steps, nodes, outs[r]),
+                        "--rank", str(r), "--port", str(DDP_PORT), "--host", tb.addr_of(node),
+                        "--master", master], stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                        start_new_session=True))
+            return _collect(outs, lambda: all(p.poll() in (None, 0) for p in procs), "ddp")
+    finally:
+        for p in procs:
+            reap(p, 10.0)
+        _gone(tb.state.prefix)
+
+
+def run_chaos_netns(arm: str, model: str, nodes: int, batch: int, warmup: int, steps: int,
+                    work: Path, mbit: float, run_id: str | None, say: Say
+                    ) -> list[dict[str, Any]]:  # fmt: skip
+    """A Chaos arm on the testbed: a chaosd per namespace, the workers joined through them."""
+    outs = [work / f"{arm}-{i + 1}.json" for i in range(nodes)]
+    tb = _testbed(work, f"tb-{arm}", nodes, mbit, run_id)
+    try:
+        with tb:
+            tb.up()
+            ids = tb.nodes
+
+            def active(want: list[str]) -> bool:
+                rows = {r["id"]: r["state"] for r in tb.query(ids[0], "nodes") or []}
+                return all(rows.get(n) == "active" for n in want)
+
+            tb.join(ids[0], _argv(arm, model, batch, warmup, steps, nodes, outs[0]))
+            tb.wait(lambda: active(ids[:1]), 120, f"{ids[0]} active")
+            for i in range(1, nodes):
+                tb.join(ids[i], _argv(arm, model, batch, warmup, steps, nodes, outs[i]))
+            say(f"{arm}: {nodes} members joining on the testbed, then {warmup} + {steps} steps")
+            return _collect(outs, lambda: True, arm)
+    finally:
+        _gone(tb.state.prefix)
+
+
 def run_chaos(arm: str, model: str, nodes: int, batch: int, warmup: int, steps: int,
               work: Path, say: Say) -> list[dict[str, Any]]:  # fmt: skip
     """A Chaos arm on a local cluster: the first worker bootstraps, the rest join it."""
@@ -111,10 +181,14 @@ def rate(results: list[dict[str, Any]]) -> float:
 
 
 def run(model: str, nodes: int, batch: int, warmup: int, steps: int, repeats: int,
-        arms: list[str], out: Path | None, keep: Path | None, say: Say) -> dict[str, Any]:
-    """Every arm, ``repeats`` times in turn; the document that is written and reported."""
+        arms: list[str], out: Path | None, keep: Path | None, say: Say,
+        mbit: float | None = None, run_id: str | None = None) -> dict[str, Any]:
+    """Every arm, ``repeats`` times in turn; the document that is written and reported.
+    ``mbit``: on the netns testbed (a full mesh, every link shaped to it; ``run_id`` names
+    its namespaces), else loopback."""
     doc: dict[str, Any] = {"bench": "throughput", "model": model, "nodes": nodes,
                            "batch": batch, "warmup": warmup, "steps": steps, "threads": 1,
+                           "network": "loopback" if mbit is None else "netns", "mbit": mbit,
                            "arms": arms, "repeats": []}
     with tempfile.TemporaryDirectory(prefix="chaos-tput-") as tmp:
         for k in range(repeats):
@@ -123,15 +197,22 @@ def run(model: str, nodes: int, batch: int, warmup: int, steps: int, repeats: in
                 work = Path(tmp) / f"r{k}"
                 work.mkdir(exist_ok=True)
                 say(f"repeat {k + 1}/{repeats}: {arm}")
-                results = (run_ddp(model, nodes, batch, warmup, steps, work) if arm == "ddp"
-                           else run_chaos(arm, model, nodes, batch, warmup, steps, work, say))
+                if mbit is not None:
+                    results = (
+                        run_ddp_netns(model, nodes, batch, warmup, steps, work, mbit, run_id)
+                        if arm == "ddp" else run_chaos_netns(
+                            arm, model, nodes, batch, warmup, steps, work, mbit, run_id, say))
+                else:
+                    results = (run_ddp(model, nodes, batch, warmup, steps, work)
+                               if arm == "ddp" else
+                               run_chaos(arm, model, nodes, batch, warmup, steps, work, say))
                 rep[arm] = {"steps_per_s": round(rate(results), 3), "workers": results}
                 say(f"repeat {k + 1}/{repeats}: {arm} {rate(results):.2f} steps/s")
             doc["repeats"].append(rep)
         doc["parameters"] = doc["repeats"][0][arms[0]]["workers"][0]["parameters"]
         doc["summary"] = summary(doc)
         if keep is not None:
-            keep_copy(Path(tmp), keep, say, "the workers' logs and results", "c-*")
+            keep_copy(Path(tmp), keep, say, "the workers' logs and results", "c-*", "tb-*")
     if out is not None:
         o = Output(out, say)
         o.json("throughput.json", doc)
@@ -160,8 +241,10 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def table(doc: dict[str, Any]) -> str:
     """The markdown table of a run."""
+    where = ("loopback" if doc.get("network", "loopback") == "loopback" else
+             f"a netns full mesh of {doc['mbit']:g} Mbit/s links")
     lines = [f"Throughput: {doc['model']} ({doc['parameters']:,} parameters), {doc['nodes']} "
-             f"members on loopback, batch {doc['batch']} each, 1 thread each, "
+             f"members on {where}, batch {doc['batch']} each, 1 thread each, "
              f"{doc['steps']} timed steps after {doc['warmup']}, {len(doc['repeats'])} repeats",
              "", "| arm | steps/s median (min-max) | vs DDP median (min-max) |",
              "|---|---:|---:|"]

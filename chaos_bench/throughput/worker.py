@@ -27,6 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--world", type=int, required=True)
     ap.add_argument("--rank", type=int, default=0, help="ddp: this process's rank")
     ap.add_argument("--port", type=int, default=0, help="ddp: the TCP store's port")
+    ap.add_argument("--host", default="", help="ddp on the testbed: this node's data address, "
+                    "which gloo binds (rank 0 hosts the store there)")
+    ap.add_argument("--master", default="127.0.0.1", help="ddp: the store's address")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper())
@@ -71,10 +75,14 @@ def main(argv: list[str] | None = None) -> int:
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
-                                rank=args.rank, world_size=args.world)
+        group = None
+        if args.host:  # a namespace with a link per peer: gloo must bind the data address
+            group = _bound_group(args.host, args.master, args.port, args.rank, args.world)
+        else:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+                                    rank=args.rank, world_size=args.world)
         # DDP at its fastest: its gradients are views of its buckets, as chaos-ddp's are.
-        net = DistributedDataParallel(model, gradient_as_bucket_view=True)
+        net = DistributedDataParallel(model, gradient_as_bucket_view=True, process_group=group)
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         me = args.rank
     elif args.arm in ("chaos", "chaos-overlap"):
@@ -90,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         opt = torch.optim.Adam(net.parameters(), lr=1e-3)
         trainer = ddp.elastic(net, opt, samples_per_step=args.batch)
     if trainer is not None:
-        me = int(trainer.node_id.rsplit("-", 1)[-1])
+        me = int("".join(c for c in trainer.node_id if c.isdigit()))  # node-3, n3: 3
         # Every member planned in before the first step, so all are in by the end of the
         # warm-up (a join takes effect a few steps after it is planned).
         while trainer.step == 0 and len(planned(trainer)) < args.world:
@@ -134,11 +142,29 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(doc, f)
     if trainer is not None:
         trainer.close()
-    else:
+    elif not args.host:
         import torch.distributed as dist
 
         dist.destroy_process_group()
     return 0
+
+
+def _bound_group(host: str, master: str, port: int, rank: int, world: int) -> Any:
+    """A gloo process group whose device binds ``host``: what ``init_process_group`` builds,
+    but on the node's data address (its default device picks the hostname's)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore(master, port, world, rank == 0, timedelta(seconds=60))
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in the stubs
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    opts._timeout = timedelta(seconds=60)
+    pg = dist.ProcessGroup(store, rank, world)
+    pg._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO,
+                         dist.ProcessGroupGloo(store, rank, world, opts))
+    pg._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+    return pg
 
 
 if __name__ == "__main__":

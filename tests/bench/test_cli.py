@@ -67,6 +67,7 @@ def test_group_lists_every_command() -> None:
         (["throughput", "--arms", "ddp,nccl"], "nccl is not one of ddp, chaos, chaos-overlap"),
         (["throughput", "--nodes", "1"], "--nodes"),
         (["throughput", "--steps", "0"], "--steps"),
+        (["throughput", "--mbit", "0"], "--mbit"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )

@@ -38,3 +38,23 @@ def test_every_arm_runs_the_same_steps_and_is_reported(tmp_path: Path) -> None:
     assert set(doc["summary"]["chaos"]) == {"steps_per_s", "vs_ddp"}
     assert "vs_ddp" not in doc["summary"]["ddp"]
     assert (out / "throughput.md").read_text().startswith("Throughput: cnn")
+
+
+@pytest.mark.netns
+def test_on_the_testbed_every_arm_trains_over_shaped_links_and_nothing_is_left(
+        tmp_path: Path) -> None:
+    from chaos_bench.throughput import run as bench_throughput
+    from netprobe import netns
+    from tests.testbed.conftest import need_root, run_id
+
+    need_root()
+    rid = run_id()
+    doc = bench_throughput.run("cnn", 2, 16, 2, 3, 1, ["ddp", "chaos-ddp"], tmp_path / "out",
+                               None, print, mbit=200.0, run_id=rid)
+    assert doc["network"] == "netns" and doc["mbit"] == 200.0
+    for arm in ("ddp", "chaos-ddp"):
+        workers = doc["repeats"][0][arm]["workers"]
+        assert len(workers) == 2 and all(len(w["step_s"]) == 3 for w in workers)
+    assert "netns full mesh of 200 Mbit/s" in (tmp_path / "out" / "throughput.md").read_text()
+    prefix = f"{netns.ROOT_PREFIX}{rid}"
+    assert netns.list_netns(prefix) == [] and netns.list_links(prefix) == []
