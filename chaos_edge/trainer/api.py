@@ -222,6 +222,8 @@ class Trainer:
             self._s.poller.on_policy = self._on_policy
             self._s.poller.on_command = self._on_command
             self._membership.join(self._clock.monotonic() + join_timeout)
+            if step_optimizer:
+                optimizer.register_step_pre_hook(self._script_stepped)
             if overlap:
                 for p in self._stepper.params:
                     if p.requires_grad:
@@ -332,6 +334,14 @@ class Trainer:
                                "backward before it would change gradients already sent "
                                "(accumulate without overlap)")
         bg.feed.ready([param])
+
+    def _script_stepped(self, _opt: torch.optim.Optimizer, _args: Any, _kwargs: Any) -> None:
+        """Only update() steps the optimizer: a step of the script's would step every member
+        twice (the same everywhere, so nothing else would tell)."""
+        if not self._stepper.stepping:
+            raise TrainerError("the Trainer steps the optimizer in update(): remove the "
+                               "script's optimizer.step() (and scaler.step()), or use "
+                               "chaos_edge.ddp to keep them")
 
     def _fed_update(self, feed: GradFeed) -> None:
         self.update(feed=feed)

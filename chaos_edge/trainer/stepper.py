@@ -85,6 +85,7 @@ class Stepper:
             raise ValueError("scaler, clip_grad_norm and grad_transform act in the optimizer "
                              "step, which the script runs itself here: do them in the script")
         self.mode, self.scaler, self.steps = buffers, scaler, steps
+        self.stepping = False  # inside step(): the optimizer's own step is ours
         self.clip, self.transform = clip_grad_norm, grad_transform
         self.params = list(model.parameters())
         self.order = self.params[::-1]  # the gradients' layout in the vector (module docstring)
@@ -177,11 +178,15 @@ class Stepper:
             self.transform(self.params)
         if self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        self.stepping = True
+        try:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+        finally:
+            self.stepping = False
         self.optimizer.zero_grad(set_to_none=True)
         self._step_s += self._clock.monotonic() - t0
 

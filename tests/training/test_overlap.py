@@ -1,7 +1,8 @@
 """``Trainer(overlap=True)``: each round starts during backward, fed parameter by parameter.
 Real nodes train through a join, a leave, a kill -9 and a SIGSTOP (whose thawed node rejoins
 inside a round that runs beside backward), and every member holds the same state at every
-common step; a second backward before ``update()`` is refused in one line.
+common step; a second backward before ``update()``, a script's own ``optimizer.step()`` under
+the Trainer and a second one after a DDP backward are each refused in one line.
 """
 
 from __future__ import annotations
@@ -59,6 +60,16 @@ TWICE = {
         opt.step()
         opt.step()
     """,
+    # the Trainer: a script that steps the optimizer itself
+    "own-step": """
+        import torch
+        from chaos_edge import Trainer
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        trainer = Trainer(model, opt)
+        model(torch.randn(3, 4)).sum().backward()
+        opt.step()
+    """,
     # Trainer(overlap=True): a second backward before update()
     "overlap": """
         import torch
@@ -72,6 +83,8 @@ TWICE = {
 LAST_LINE = {
     "ddp": "optimizer.step() ran twice after one backward: call it once per backward "
            "(accumulate with model.no_sync())",
+    "own-step": "the Trainer steps the optimizer in update(): remove the script's "
+                "optimizer.step() (and scaler.step()), or use chaos_edge.ddp to keep them",
     "overlap": "overlap=True needs update() after every backward(): a second backward before "
                "it would change gradients already sent (accumulate without overlap)",
 }
