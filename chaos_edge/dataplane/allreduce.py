@@ -191,7 +191,8 @@ class AllReducer(FrameRouter):
             raise DataPlaneError(f"lossy must be in [0, {inp.size}], not {lossy}")
         out = np.empty_like(inp) if out is None else as_out_buffer(out, inp)
         tag = (policy.version, attempt, step)
-        plan = self._plans.get(policy.wire, inp.size, inp.size if lossy is None else lossy)
+        plan = self._plans.get(policy.wire, inp.size, inp.size if lossy is None else lossy,
+                               policy.chunk_kib)
         parent, children = policy.parent(self.node_id), policy.children(self.node_id)
         wire = RoundWire(plan, out, parent, children, self.ring, self._pool,
                          self._feedback.for_plan(plan), tag)

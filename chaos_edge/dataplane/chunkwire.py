@@ -133,13 +133,16 @@ class Plans:
 
     def __init__(self, chunk_elems: int | None) -> None:
         self.chunk_elems = chunk_elems
-        self._key: tuple[str, int, int] | None = None
+        self._key: tuple[str, int, int, int] | None = None
         self._plan: WirePlan | None = None
 
-    def get(self, wire: str, size: int, lossy: int) -> WirePlan:
-        key = (wire, size, lossy)
+    def get(self, wire: str, size: int, lossy: int, policy_kib: int = 0) -> WirePlan:
+        """The plan of a round (``policy_kib``: the policy's chunk size, which a size set
+        for this reducer overrides; 0: sized by the vector)."""
+        key = (wire, size, lossy, policy_kib)
         if self._plan is None or key != self._key:
-            chunk = self.chunk_elems or auto_chunk_elems(size)
+            chunk = self.chunk_elems or (policy_kib * 256 if policy_kib else
+                                         auto_chunk_elems(size))
             codec = codec_for(wire)
             codec.warm()  # before the round's clock starts
             self._plan = WirePlan(codec, size, lossy, chunk)

@@ -25,7 +25,13 @@ from daemon.contracts.clock import Clock
 from daemon.contracts.errors import PolicyError
 from daemon.contracts.kinds import MEMBER_STATES, EventKind
 from daemon.contracts.messages import Event, LinkRecord
-from daemon.contracts.policy import EVERY_STEP, SyncMode, SyncPolicy, spanning_tree
+from daemon.contracts.policy import (
+    EVERY_STEP,
+    SyncMode,
+    SyncPolicy,
+    chunk_for_rate,
+    spanning_tree,
+)
 from daemon.contracts.protocol import (
     Bootstrap,
     CommandBody,
@@ -382,11 +388,16 @@ class Negotiator:
             self.sched.record("partition", parts=parts, kept=kept)
             log.warning("partition %s: %s keeps training", parts, kept)
             members = kept
+        measured = {link_key(lk.a, lk.b): lk.bandwidth_mbps for lk in self.sched.links
+                    if lk.state == "up" and lk.bandwidth_mbps}
+        rates = [measured.get(link_key(a, b)) for a, b in plan.edges]
+        slowest = None if not rates or None in rates else min(r for r in rates if r)
         try:
             policy = SyncPolicy.build(self.sched.policy_version + 1, members, plan.edges,
                                       plan.root, effective_step,
                                       {n: self.sched.nodes[n].data_addr for n in members},
-                                      wire=self.wire, sync=self.sync)
+                                      wire=self.wire, sync=self.sync,
+                                      chunk_kib=chunk_for_rate(slowest))
         except PolicyError as exc:  # pragma: no cover - spanning_tree guarantees a tree
             log.error("could not build a sync policy: %s", exc)
             return self.sched.policy

@@ -117,6 +117,30 @@ class SyncMode:
 EVERY_STEP = SyncMode()
 
 
+CHUNK_KIB_MIN, CHUNK_KIB_MAX = 64, 1024  # a policy's chunk sizes (above: sized by the vector)
+CHUNK_LINK_S = 0.004  # a chunk takes at least this long on the slowest tree link
+
+
+def chunk_for_rate(mbit: float | None) -> int:
+    """The policy chunk (KiB) for a tree whose slowest link carries ``mbit`` Mbit/s: a chunk
+    that takes about :data:`CHUNK_LINK_S` there, a power of two, at least
+    :data:`CHUNK_KIB_MIN`; 0 (sized by the vector) for an unknown rate, or a link so fast that
+    the per-chunk cost, not the link, would set the pace (loopback).
+
+    Measured (BENCHMARKS.md, "Throughput"): on a 50 Mbit/s mesh the vector-sized chunks of a
+    0.46 MB gradient were one chunk, no pipeline, 0.70x DDP; 64 KiB chunks made it 1.00x.
+    On loopback the same 64 KiB cost the small CNN a tenth of its steps."""
+    if mbit is None or mbit <= 0:
+        return 0
+    want = mbit * 1e6 / 8 * CHUNK_LINK_S / 1024  # KiB
+    if want >= CHUNK_KIB_MAX:
+        return 0
+    kib = CHUNK_KIB_MIN
+    while kib * 2 <= want:
+        kib *= 2
+    return kib
+
+
 @dataclass(frozen=True)
 class SyncPolicy:
     """The all-reduce tree of one policy version.
@@ -132,6 +156,10 @@ class SyncPolicy:
         addrs: Data-plane address (``host:port``) per member.
         wire: Wire format of the gradients in this policy's rounds (:data:`WIRE_FORMATS`).
         sync: The sync mode of the rounds it governs (:class:`SyncMode`).
+        chunk_kib: The all-reduce's chunk size in KiB, the same on every member (0: sized by
+            the vector, as a worker's own setting does). The scheduler sets it from the
+            slowest tree link it has measured (:func:`chunk_for_rate`): on a slow link a
+            small vector still pipelines up and down the tree.
     """
 
     version: int
@@ -142,12 +170,13 @@ class SyncPolicy:
     addrs: Mapping[str, str] = field(default_factory=dict, hash=False)
     wire: str = "fp32"
     sync: SyncMode = EVERY_STEP
+    chunk_kib: int = 0
 
     @classmethod
     def build(
         cls, version: int, members: Iterable[str], edges: Iterable[Edge], root: str,
         effective_step: int = 0, addrs: Mapping[str, str] | None = None, wire: str = "fp32",
-        sync: SyncMode = EVERY_STEP,
+        sync: SyncMode = EVERY_STEP, chunk_kib: int = 0,
     ) -> SyncPolicy:
         """Normalise and validate a policy.
 
@@ -164,6 +193,7 @@ class SyncPolicy:
             {str(k): str(v) for k, v in (addrs or {}).items()},
             wire,
             sync,
+            int(chunk_kib),
         )
         policy.validate()
         return policy
@@ -177,6 +207,10 @@ class SyncPolicy:
             raise PolicyError(f"wire format {self.wire!r} is not one of "
                               f"{', '.join(WIRE_FORMATS)}")
         self.sync.validate()
+        if self.chunk_kib and not (CHUNK_KIB_MIN <= self.chunk_kib <= CHUNK_KIB_MAX
+                                   and self.chunk_kib & (self.chunk_kib - 1) == 0):
+            raise PolicyError(f"chunk_kib {self.chunk_kib} is not 0 or a power of two in "
+                              f"[{CHUNK_KIB_MIN}, {CHUNK_KIB_MAX}]")
         if not self.members:  # the cluster has no member left: every worker is outside it
             if self.root or self.edges:
                 raise PolicyError("a policy with no members has no root and no edges")
@@ -216,12 +250,13 @@ class SyncPolicy:
             "addrs": dict(self.addrs),
             "wire": self.wire,
             "sync": self.sync.to_dict(),
+            "chunk_kib": self.chunk_kib,
         }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> SyncPolicy:
-        """Parse and validate a dict made by ``to_dict`` (one without ``wire`` or ``sync``,
-        from an older scheduler, is fp32 and every-step).
+        """Parse and validate a dict made by ``to_dict`` (one without ``wire``, ``sync`` or
+        ``chunk_kib``, from an older scheduler, is fp32, every-step and chunked by size).
 
         Raises:
             PolicyError: Missing or mistyped fields, or not a tree.
@@ -231,7 +266,8 @@ class SyncPolicy:
             return cls.build(int(doc["version"]), map(str, doc["members"]), edges,
                              str(doc["root"]), int(doc.get("effective_step") or 0),
                              dict(doc.get("addrs") or {}), str(doc.get("wire") or "fp32"),
-                             SyncMode.from_dict(doc.get("sync")))
+                             SyncMode.from_dict(doc.get("sync")),
+                             int(doc.get("chunk_kib") or 0))
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"malformed sync policy: {exc!r}") from None
 

@@ -100,3 +100,13 @@ def test_a_feed_gates_each_chunk_on_its_values() -> None:
     assert feed.upto == 40
     feed.advance(100)
     assert feed.covers(150) and feed.complete.is_set()  # values past the limit: in at once
+
+
+def test_a_policy_chunk_size_is_used_unless_the_reducer_sets_its_own() -> None:
+    from chaos_edge.dataplane.chunkwire import Plans, auto_chunk_elems
+
+    size = 200_000  # 0.8 MB: by size, one chunk of 1 MiB
+    assert Plans(None).get("fp32", size, size).chunk_elems == auto_chunk_elems(size)
+    assert Plans(None).get("fp32", size, size).nchunks == 1
+    assert Plans(None).get("fp32", size, size, 64).nchunks == 13  # 64 KiB chunks
+    assert Plans(1024).get("fp32", size, size, 64).chunk_elems == 1024  # the worker's own

@@ -18,8 +18,15 @@ from daemon.cluster.role import SchedulerRole
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import Config, TrainingConfig
-from daemon.contracts.messages import Status
-from daemon.contracts.policy import WIRE_FORMATS, Edge, SyncPolicy, parse, spanning_tree
+from daemon.contracts.messages import LinkRecord, Status
+from daemon.contracts.policy import (
+    WIRE_FORMATS,
+    Edge,
+    SyncPolicy,
+    chunk_for_rate,
+    parse,
+    spanning_tree,
+)
 from daemon.contracts.protocol import Replicated
 
 pytestmark = pytest.mark.timeout(60)
@@ -180,3 +187,36 @@ def test_the_scheduler_puts_one_wire_format_in_every_policy() -> None:
     snap = role.snapshot()
     assert len(snap.policies) >= 3
     assert snap.policy["wire"] == "bf16" and {d["wire"] for d in snap.policies} == {"bf16"}
+
+
+def test_a_policy_carries_its_chunk_size_and_refuses_a_bad_one() -> None:
+    p = SyncPolicy.build(2, ["a", "b"], [("a", "b")], "a", chunk_kib=128)
+    assert p.to_dict()["chunk_kib"] == 128 and parse(p.to_dict()) == p
+    old = {k: v for k, v in p.to_dict().items() if k != "chunk_kib"}  # an older scheduler's
+    assert SyncPolicy.from_dict(old).chunk_kib == 0
+    for bad in (3, 32, 100, 2048):
+        with pytest.raises(PolicyError, match=f"^chunk_kib {bad} is not 0 or a power of two"):
+            SyncPolicy.build(2, ["a", "b"], [("a", "b")], "a", chunk_kib=bad)
+
+
+@pytest.mark.parametrize(("mbit", "kib"), [(None, 0), (10.0, 64), (50.0, 64), (500.0, 128),
+                                           (1000.0, 256), (2000.0, 512), (10_000.0, 0)])
+def test_a_chunk_takes_a_few_milliseconds_on_the_slowest_link(mbit: float | None,
+                                                              kib: int) -> None:
+    assert chunk_for_rate(mbit) == kib
+
+
+def test_the_scheduler_sizes_chunks_by_the_slowest_measured_tree_link() -> None:
+    clock = FakeClock()
+    sched = Scheduler("a", 1, None, clock)
+    for i, n in enumerate("abc"):
+        sched.set_node(n, state="active", addr=f"10.0.0.{i}", data_addr=f"10.0.0.{i}:7000",
+                       incarnation=1)
+    neg = Negotiator(sched, clock, lambda _node: 0)
+    sched.links += [LinkRecord(a="a", b="b", state="up", bandwidth_mbps=50.0),
+                    LinkRecord(a="b", b="c", state="up", bandwidth_mbps=1000.0)]
+    policy = neg.publish_policy(effective_step=0)
+    assert policy is not None and policy.chunk_kib == 64  # the tree crosses the 50 Mbit/s
+    sched.links[0] = LinkRecord(a="a", b="b", state="up", bandwidth_mbps=None)
+    policy = neg.publish_policy(effective_step=0)
+    assert policy is not None and policy.chunk_kib == 0  # a link not measured yet: by size
