@@ -388,16 +388,12 @@ class Negotiator:
             self.sched.record("partition", parts=parts, kept=kept)
             log.warning("partition %s: %s keeps training", parts, kept)
             members = kept
-        measured = {link_key(lk.a, lk.b): lk.bandwidth_mbps for lk in self.sched.links
-                    if lk.state == "up" and lk.bandwidth_mbps}
-        rates = [measured.get(link_key(a, b)) for a, b in plan.edges]
-        slowest = None if not rates or None in rates else min(r for r in rates if r)
         try:
             policy = SyncPolicy.build(self.sched.policy_version + 1, members, plan.edges,
                                       plan.root, effective_step,
                                       {n: self.sched.nodes[n].data_addr for n in members},
                                       wire=self.wire, sync=self.sync,
-                                      chunk_kib=chunk_for_rate(slowest))
+                                      chunk_kib=self._chunk_kib(plan.edges))
         except PolicyError as exc:  # pragma: no cover - spanning_tree guarantees a tree
             log.error("could not build a sync policy: %s", exc)
             return self.sched.policy
@@ -986,7 +982,10 @@ class Negotiator:
         return None
 
     def metrics(self, node: str, rep: LinkMetrics) -> None:
-        """A probe's measurement of a link; no new policy, it shows in the next snapshot."""
+        """A probe's measurement of a link; it shows in the next snapshot. One new policy
+        only when the last link of the tree gets its first measurement and that gives the
+        rounds a chunk size (a tree published before its links were measured, as at a
+        join, would otherwise keep vector-sized chunks until the next change)."""
         lk = self._link(node, rep.peer)
         if lk is None:
             return
@@ -995,6 +994,20 @@ class Negotiator:
                       rtt_ms=measured(rtt) if _finite(rtt) else lk.rtt_ms,
                       bandwidth_mbps=measured(bw) if _finite(bw) else lk.bandwidth_mbps)
         self.sched.links[self.sched.links.index(lk)] = new
+        pub = self.sched.policy
+        if (lk.bandwidth_mbps is None and new.bandwidth_mbps is not None and pub is not None
+                and pub.members and not pub.chunk_kib and not self.joins
+                and link_key(lk.a, lk.b) in {link_key(a, b) for a, b in pub.edges}
+                and self._chunk_kib(pub.edges)):
+            self.publish_policy(effective_step=self.max_step() + self.lead())
+
+    def _chunk_kib(self, edges: Iterable[tuple[str, str]]) -> int:
+        """The chunk size for a tree of ``edges``: from its slowest measured link, or 0
+        while one of them is not measured (:func:`chunk_for_rate`)."""
+        measured = {link_key(lk.a, lk.b): lk.bandwidth_mbps for lk in self.sched.links
+                    if lk.state == "up" and lk.bandwidth_mbps}
+        rates = [measured.get(link_key(a, b)) for a, b in edges]
+        return 0 if not rates or None in rates else chunk_for_rate(min(r for r in rates if r))
 
     def handle(self, node: str, body: RequestBody) -> str | None:
         """Apply one request from ``node``; returns an error line for the requester."""

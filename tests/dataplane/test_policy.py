@@ -220,3 +220,23 @@ def test_the_scheduler_sizes_chunks_by_the_slowest_measured_tree_link() -> None:
     sched.links[0] = LinkRecord(a="a", b="b", state="up", bandwidth_mbps=None)
     policy = neg.publish_policy(effective_step=0)
     assert policy is not None and policy.chunk_kib == 0  # a link not measured yet: by size
+
+
+def test_the_first_measurement_of_a_tree_published_unmeasured_gives_it_a_chunk_size() -> None:
+    from daemon.contracts.protocol import LinkMetrics
+
+    clock = FakeClock()
+    sched = Scheduler("a", 1, None, clock)
+    for i, n in enumerate("ab"):
+        sched.set_node(n, state="active", addr=f"10.0.0.{i}", data_addr=f"10.0.0.{i}:7000",
+                       incarnation=1)
+    neg = Negotiator(sched, clock, lambda _node: 0)
+    sched.links.append(LinkRecord(a="a", b="b", state="up"))
+    first = neg.publish_policy(effective_step=0)
+    assert first is not None and first.chunk_kib == 0  # published before any measurement
+    neg.metrics("a", LinkMetrics(peer="b", bandwidth_mbps=50.0))
+    pub = sched.policy
+    assert pub is not None and pub.version == first.version + 1 and pub.chunk_kib == 64
+    assert pub.effective_step > 0  # a planned change, at a step boundary ahead
+    neg.metrics("b", LinkMetrics(peer="a", bandwidth_mbps=60.0))  # later ones publish nothing
+    assert sched.policy is pub
