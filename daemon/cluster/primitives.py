@@ -812,6 +812,7 @@ class Negotiator:
             detail["declined"] = declined
         self.sched.record("scale-out", node=node, delay_ms=delay,
                           **{"policy_version": self.sched.policy_version, **detail})
+        self._size_chunks()
 
     @staticmethod
     def _older_plan(join: Join, report: Replicated) -> bool:
@@ -982,10 +983,8 @@ class Negotiator:
         return None
 
     def metrics(self, node: str, rep: LinkMetrics) -> None:
-        """A probe's measurement of a link; it shows in the next snapshot. One new policy
-        only when the last link of the tree gets its first measurement and that gives the
-        rounds a chunk size (a tree published before its links were measured, as at a
-        join, would otherwise keep vector-sized chunks until the next change)."""
+        """A probe's measurement of a link; it shows in the next snapshot, and gives a policy
+        published before its tree was measured its chunk size (:meth:`_size_chunks`)."""
         lk = self._link(node, rep.peer)
         if lk is None:
             return
@@ -994,10 +993,14 @@ class Negotiator:
                       rtt_ms=measured(rtt) if _finite(rtt) else lk.rtt_ms,
                       bandwidth_mbps=measured(bw) if _finite(bw) else lk.bandwidth_mbps)
         self.sched.links[self.sched.links.index(lk)] = new
+        self._size_chunks()
+
+    def _size_chunks(self) -> None:
+        """Republish a policy whose tree was published unmeasured (chunks sized by the
+        vector) once its links are measured and no join is in flight (one planned change,
+        then the policy has its chunk size; later measurements change nothing)."""
         pub = self.sched.policy
-        if (lk.bandwidth_mbps is None and new.bandwidth_mbps is not None and pub is not None
-                and pub.members and not pub.chunk_kib and not self.joins
-                and link_key(lk.a, lk.b) in {link_key(a, b) for a, b in pub.edges}
+        if (pub is not None and pub.members and not pub.chunk_kib and not self.joins
                 and self._chunk_kib(pub.edges)):
             self.publish_policy(effective_step=self.max_step() + self.lead())
 
