@@ -206,13 +206,19 @@ def test_a_chunk_takes_a_few_milliseconds_on_the_slowest_link(mbit: float | None
     assert chunk_for_rate(mbit) == kib
 
 
-def test_the_scheduler_sizes_chunks_by_the_slowest_measured_tree_link() -> None:
+def _active(nodes: str) -> Negotiator:
+    """A scheduler's negotiator with ``nodes`` (one letter each) active."""
     clock = FakeClock()
-    sched = Scheduler("a", 1, None, clock)
-    for i, n in enumerate("abc"):
+    sched = Scheduler(nodes[0], 1, None, clock)
+    for i, n in enumerate(nodes):
         sched.set_node(n, state="active", addr=f"10.0.0.{i}", data_addr=f"10.0.0.{i}:7000",
                        incarnation=1)
-    neg = Negotiator(sched, clock, lambda _node: 0)
+    return Negotiator(sched, clock, lambda _node: 0)
+
+
+def test_the_scheduler_sizes_chunks_by_the_slowest_measured_tree_link() -> None:
+    neg = _active("abc")
+    sched = neg.sched
     sched.links += [LinkRecord(a="a", b="b", state="up", bandwidth_mbps=50.0),
                     LinkRecord(a="b", b="c", state="up", bandwidth_mbps=1000.0)]
     policy = neg.publish_policy(effective_step=0)
@@ -225,12 +231,8 @@ def test_the_scheduler_sizes_chunks_by_the_slowest_measured_tree_link() -> None:
 def test_the_first_measurement_of_a_tree_published_unmeasured_gives_it_a_chunk_size() -> None:
     from daemon.contracts.protocol import LinkMetrics
 
-    clock = FakeClock()
-    sched = Scheduler("a", 1, None, clock)
-    for i, n in enumerate("ab"):
-        sched.set_node(n, state="active", addr=f"10.0.0.{i}", data_addr=f"10.0.0.{i}:7000",
-                       incarnation=1)
-    neg = Negotiator(sched, clock, lambda _node: 0)
+    neg = _active("ab")
+    sched = neg.sched
     sched.links.append(LinkRecord(a="a", b="b", state="up"))
     first = neg.publish_policy(effective_step=0)
     assert first is not None and first.chunk_kib == 0  # published before any measurement

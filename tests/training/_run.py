@@ -53,6 +53,36 @@ class Run:
             start(node)
         self.c.wait(lambda: self.active(nodes), timeout, f"{nodes} active")
 
+    def through_faults(self, start: Callable[[str], None]) -> None:
+        """On four nodes: three train, the fourth scales out, the second leaves (its worker
+        exits), the fourth is killed (kill -9), the third freezes (SIGSTOP) until it has
+        failed and then thaws and rejoins; every change under training. ``start(node)``
+        starts a node's worker."""
+        n1, n2, n3, n4 = self.c.node_ids
+        self.join_all([n1, n2, n3], start=start)
+        self.advance([n1, n2, n3], 20)
+        start(n4)  # scale-out while the others train
+        self.c.wait(lambda: self.active([n1, n2, n3, n4]), 60, "n4 active")
+        self.advance([n1, n2, n3, n4], 20)
+        assert call_once(self.c.socket_of(n2), "leave", timeout=5)["state"] == "leaving"
+        self.c.wait(lambda: any(e["node"] == n2 for e in self.events("scale-in")), 30,
+                    "n2 left")
+        self.c.wait(lambda: self.states().get(n2) == "standby", 30, "n2's worker to exit")
+        self.advance([n1, n3, n4], 20)
+        self.signal_node(n4, signal.SIGKILL)
+        self.c.wait(lambda: any(e["node"] == n4 for e in self.events("node-failed")), 20,
+                    "n4 failed")
+        self.advance([n1, n3], 20)
+        self.signal_node(n3, signal.SIGSTOP)
+        try:
+            self.c.wait(lambda: any(e["node"] == n3 for e in self.events("node-failed")), 20,
+                        "n3 failed")
+            self.advance([n1], 20)
+        finally:
+            self.signal_node(n3, signal.SIGCONT)
+        self.c.wait(lambda: self.active([n1, n3]), 90, "n3 back as a member")
+        self.advance([n1, n3], 20)
+
     def records(self, node: str) -> list[dict[str, Any]]:
         return self._lines.rows(self.out / f"{node}.jsonl")
 

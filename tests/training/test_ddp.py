@@ -5,7 +5,6 @@ the same state (model, BatchNorm buffers, momentum, LR schedule) at every common
 
 from __future__ import annotations
 
-import signal
 import sys
 from typing import Any
 
@@ -28,27 +27,7 @@ def start(r: Run, node: str, *extra: str) -> None:
 def test_a_ddp_script_trains_through_join_leave_kill_and_freeze(run: Any) -> None:
     r = run(4)
     n1, n2, n3, n4 = r.c.node_ids
-    r.join_all([n1, n2, n3], start=lambda n: start(r, n))
-    r.advance([n1, n2, n3], 20)
-    start(r, n4)  # scale-out while the others train
-    r.c.wait(lambda: r.active([n1, n2, n3, n4]), 60, "n4 active")
-    r.advance([n1, n2, n3, n4], 20)
-    assert call_once(r.c.socket_of(n2), "leave", timeout=5)["state"] == "leaving"
-    r.c.wait(lambda: any(e["node"] == n2 for e in r.events("scale-in")), 30, "n2 left")
-    r.c.wait(lambda: r.states().get(n2) == "standby", 30, "n2's worker to exit")
-    r.advance([n1, n3, n4], 20)
-    r.signal_node(n4, signal.SIGKILL)
-    r.c.wait(lambda: any(e["node"] == n4 for e in r.events("node-failed")), 20, "n4 failed")
-    r.advance([n1, n3], 20)
-    r.signal_node(n3, signal.SIGSTOP)
-    try:
-        r.c.wait(lambda: any(e["node"] == n3 for e in r.events("node-failed")), 20,
-                 "n3 failed")
-        r.advance([n1], 20)
-    finally:
-        r.signal_node(n3, signal.SIGCONT)
-    r.c.wait(lambda: r.active([n1, n3]), 90, "n3 back as a member")
-    r.advance([n1, n3], 20)
+    r.through_faults(lambda n: start(r, n))
     leave = [e for e in r.events("scale-in") if e["node"] == n2][-1]
     assert leave["reason"] == "leave"
     # The leave ended the script at its next forward pass, with exit status 0.
