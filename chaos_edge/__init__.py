@@ -27,9 +27,14 @@
 - :mod:`chaos_edge.ddp`: a torch ``DistributedDataParallel`` script made elastic with four
   lines changed (``ddp.DistributedDataParallel`` and ``ddp.elastic``); the round runs in DDP's
   communication hook, overlapped with the backward pass.
+- :mod:`chaos_edge.lightning` (``ChaosStrategy``) and :mod:`chaos_edge.hf` (``ChaosCallback``):
+  a Lightning module or a Hugging Face ``Trainer`` made elastic with one change (the
+  ``lightning`` and ``hf`` extras).
 - ``python -m chaos_edge.examples.digits``, ``...examples.cnn`` (BatchNorm, AdamW, one-cycle
   LR, clipping, a GradScaler, resharding on resize) and ``...examples.chartf`` (a small
-  character-level transformer): complete training scripts (need the ``examples`` extra).
+  character-level transformer): complete training scripts (need the ``examples`` extra);
+  ``...examples.ddp_mlp``, ``...examples.lightning_mlp`` and ``...examples.hf_chartf``: the
+  same kind of script kept in its framework.
 
 The library that runs inside the training process lives here, in subpackages:
 :mod:`chaos_edge.trainer` (the ``Trainer``), :mod:`chaos_edge.dataplane` (peer links and the

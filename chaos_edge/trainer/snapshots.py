@@ -299,7 +299,10 @@ class SnapshotWriter:
         done.wait(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Finish the snapshot in flight (a leave or an exit keeps it), then stop."""
+        """Finish the snapshot in flight (a leave or an exit keeps it), then stop. Once
+        stopped, at once: nothing would take a second stop from the queue."""
+        if not self._thread.is_alive():
+            return
         with contextlib.suppress(queue.Full):
             self._q.put(None, timeout=timeout)
         self._thread.join(timeout)

@@ -112,6 +112,9 @@ def test_no_import_cycles() -> None:
     ("chaos_edge.dataplane", "chaos_edge.replication"),
     ("chaos_edge.replication", "chaos_edge.trainer"),
     ("chaos_edge.replication.planning", "chaos_edge.replication.transfer"),
+    # The framework adapters sit on top: the Trainer knows none of them.
+    ("chaos_edge.trainer", "chaos_edge.lightning"), ("chaos_edge.trainer", "chaos_edge.hf"),
+    ("chaos_edge.trainer", "chaos_edge.ddp"),
     # The benchmarks drive everything else; nothing of the product depends on them.
     ("netprobe", "chaos_bench"), ("daemon", "chaos_bench"), ("chaos_edge", "chaos_bench"),
     ("chaos_bench", "chaosctl.main"),

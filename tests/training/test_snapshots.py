@@ -112,6 +112,16 @@ def test_a_disk_that_refuses_stops_snapshots_with_one_report(tmp_path: Path) -> 
     writer.close()
 
 
+def test_closing_a_writer_again_queues_nothing(tmp_path: Path) -> None:
+    """A leave closes the Trainer, and so do a framework's teardown and atexit: a stop queued
+    after the writer's thread has gone would fill the one-slot queue, and the next close
+    would wait its whole timeout on it."""
+    writer = SnapshotWriter(SnapshotStore(tmp_path, "c1"), lambda _reason: None)
+    for _ in range(3):
+        writer.close()
+    assert writer._q.empty()
+
+
 def _taken(folder: Path, every_steps: int, every_s: float, steps: range) -> list[int]:
     """The steps a snapshotter takes when ``steps`` commit one second apart."""
     clock, rep = FakeClock(), replica()
