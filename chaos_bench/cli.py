@@ -358,6 +358,10 @@ def throughput(
                                                "testbed (root): a full mesh, every link "
                                                "shaped to this rate. Default: loopback.")]
     = None,
+    mbit_max: Annotated[float | None, typer.Option(min=1.0, max=100_000.0, help="With --mbit: "
+                                                   "each link shaped to its own rate, drawn "
+                                                   "between --mbit and this (seed 1).")]
+    = None,
     out: Annotated[Path | None, typer.Option(help="Directory for throughput.json, .md and "
                                              ".png.")] = None,
     keep: Annotated[Path | None, typer.Option(help="Copy the workers' results and logs "
@@ -379,10 +383,12 @@ def throughput(
         reason = netns.netns_unavailable_reason()
         if reason is not None:
             raise CtlUsageError(f"--mbit needs network namespaces: {reason}")
+    if mbit_max is not None and (mbit is None or mbit_max < mbit):
+        raise CtlUsageError("--mbit-max: give --mbit too, at most --mbit-max")
     writable(out)
     writable(keep, "--keep")
     doc = bench_throughput.run(model, nodes, batch, warmup, steps, repeats, names, out, keep,
-                               say, mbit)
+                               say, mbit, mbit_max=mbit_max)
     typer.echo(bench_throughput.table(doc))
 
 

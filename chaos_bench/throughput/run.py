@@ -15,9 +15,10 @@ is taken within a repeat (so a slower box slows both), and reported as the media
 range over the repeats.
 
 With ``--mbit R`` every arm runs on the netns testbed instead (root): one namespace per member,
-a full mesh of veths shaped to ``R`` Mbit/s with tbf, the Chaos arms' chaosd in the
-namespaces, and DDP's gloo bound to each node's data address (a process group built as
-``init_process_group`` builds it, on that address).
+a full mesh of veths shaped to ``R`` Mbit/s with tbf (with ``--mbit-max H`` too: each link to
+its own rate, drawn between ``R`` and ``H`` with seed 1, the same for every arm), the Chaos
+arms' chaosd in the namespaces, and DDP's gloo bound to each node's data address (a process
+group built as ``init_process_group`` builds it, on that address).
 
 Writes ``throughput.json`` (every worker's per-step times), ``throughput.md`` and, with
 matplotlib, ``throughput.png``.
@@ -84,11 +85,21 @@ def run_ddp(model: str, nodes: int, batch: int, warmup: int, steps: int,
             reap(p, 10.0)
 
 
-def _testbed(work: Path, name: str, nodes: int, mbit: float, run_id: str | None) -> Any:
-    """A full mesh of namespaces, every link shaped to ``mbit`` (tbf)."""
+def _testbed(work: Path, name: str, nodes: int, bw: tuple[float, float],
+             run_id: str | None) -> Any:  # fmt: skip
+    """A full mesh of namespaces, each link shaped (tbf) to a rate drawn from ``bw`` with seed
+    1: the same rates for every arm (:func:`link_rates`)."""
     from chaosctl.testbed.core import Testbed
 
-    return Testbed(work / name, nodes, "full", (mbit, mbit), seed=1, run_id=run_id)
+    return Testbed(work / name, nodes, "full", bw, seed=1, run_id=run_id)
+
+
+def link_rates(nodes: int, bw: tuple[float, float]) -> dict[str, float]:
+    """The rate of every link of the testbed :func:`_testbed` builds, by ``"a-b"``."""
+    from chaosctl.testbed import topo
+
+    plan = topo.Plan.make(nodes, "full", bw, 1)
+    return {f"{a}-{b}": round(plan.rates[(a, b)], 1) for a, b in plan.links}
 
 
 def _gone(prefix: str) -> None:
@@ -100,11 +111,12 @@ def _gone(prefix: str) -> None:
 
 
 def run_ddp_netns(model: str, nodes: int, batch: int, warmup: int, steps: int, work: Path,
-                  mbit: float, run_id: str | None) -> list[dict[str, Any]]:  # fmt: skip
+                  bw: tuple[float, float], run_id: str | None
+                  ) -> list[dict[str, Any]]:  # fmt: skip
     """The DDP arm on the testbed: a process in each namespace, gloo on the data addresses."""
     outs = [work / f"ddp-{r}.json" for r in range(nodes)]
     procs: list[subprocess.Popen[bytes]] = []
-    tb = _testbed(work, "tb-ddp", nodes, mbit, run_id)
+    tb = _testbed(work, "tb-ddp", nodes, bw, run_id)
     try:
         with tb:
             tb.up(start_daemons=False)
@@ -124,11 +136,11 @@ def run_ddp_netns(model: str, nodes: int, batch: int, warmup: int, steps: int, w
 
 
 def run_chaos_netns(arm: str, model: str, nodes: int, batch: int, warmup: int, steps: int,
-                    work: Path, mbit: float, run_id: str | None, say: Say
+                    work: Path, bw: tuple[float, float], run_id: str | None, say: Say
                     ) -> list[dict[str, Any]]:  # fmt: skip
     """A Chaos arm on the testbed: a chaosd per namespace, the workers joined through them."""
     outs = [work / f"{arm}-{i + 1}.json" for i in range(nodes)]
-    tb = _testbed(work, f"tb-{arm}", nodes, mbit, run_id)
+    tb = _testbed(work, f"tb-{arm}", nodes, bw, run_id)
     try:
         with tb:
             tb.up()
@@ -182,13 +194,18 @@ def rate(results: list[dict[str, Any]]) -> float:
 
 def run(model: str, nodes: int, batch: int, warmup: int, steps: int, repeats: int,
         arms: list[str], out: Path | None, keep: Path | None, say: Say,
-        mbit: float | None = None, run_id: str | None = None) -> dict[str, Any]:
+        mbit: float | None = None, run_id: str | None = None,
+        mbit_max: float | None = None) -> dict[str, Any]:
     """Every arm, ``repeats`` times in turn; the document that is written and reported.
-    ``mbit``: on the netns testbed (a full mesh, every link shaped to it; ``run_id`` names
-    its namespaces), else loopback."""
+    ``mbit``: on the netns testbed (a full mesh, every link shaped to it, or with
+    ``mbit_max`` to a rate drawn between the two; ``run_id`` names its namespaces), else
+    loopback."""
+    bw = (mbit or 0.0, mbit_max or mbit or 0.0)
     doc: dict[str, Any] = {"bench": "throughput", "model": model, "nodes": nodes,
                            "batch": batch, "warmup": warmup, "steps": steps, "threads": 1,
                            "network": "loopback" if mbit is None else "netns", "mbit": mbit,
+                           "mbit_max": bw[1] if mbit is not None else None,
+                           "links_mbit": link_rates(nodes, bw) if mbit is not None else None,
                            "arms": arms, "repeats": []}
     with tempfile.TemporaryDirectory(prefix="chaos-tput-") as tmp:
         for k in range(repeats):
@@ -199,9 +216,9 @@ def run(model: str, nodes: int, batch: int, warmup: int, steps: int, repeats: in
                 say(f"repeat {k + 1}/{repeats}: {arm}")
                 if mbit is not None:
                     results = (
-                        run_ddp_netns(model, nodes, batch, warmup, steps, work, mbit, run_id)
+                        run_ddp_netns(model, nodes, batch, warmup, steps, work, bw, run_id)
                         if arm == "ddp" else run_chaos_netns(
-                            arm, model, nodes, batch, warmup, steps, work, mbit, run_id, say))
+                            arm, model, nodes, batch, warmup, steps, work, bw, run_id, say))
                 else:
                     results = (run_ddp(model, nodes, batch, warmup, steps, work)
                                if arm == "ddp" else
@@ -241,8 +258,11 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 def table(doc: dict[str, Any]) -> str:
     """The markdown table of a run."""
+    lo, hi = doc.get("mbit"), doc.get("mbit_max") or doc.get("mbit")
     where = ("loopback" if doc.get("network", "loopback") == "loopback" else
-             f"a netns full mesh of {doc['mbit']:g} Mbit/s links")
+             f"a netns full mesh of {lo:g} Mbit/s links" if lo == hi else
+             "a netns full mesh of links at " + ", ".join(
+                 f"{k} {v:g}" for k, v in doc["links_mbit"].items()) + " Mbit/s")
     lines = [f"Throughput: {doc['model']} ({doc['parameters']:,} parameters), {doc['nodes']} "
              f"members on {where}, batch {doc['batch']} each, 1 thread each, "
              f"{doc['steps']} timed steps after {doc['warmup']}, {len(doc['repeats'])} repeats",

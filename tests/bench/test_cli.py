@@ -68,6 +68,7 @@ def test_group_lists_every_command() -> None:
         (["throughput", "--nodes", "1"], "--nodes"),
         (["throughput", "--steps", "0"], "--steps"),
         (["throughput", "--mbit", "0"], "--mbit"),
+        (["throughput", "--mbit-max", "100"], "--mbit-max: give --mbit too"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )

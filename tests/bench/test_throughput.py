@@ -50,11 +50,15 @@ def test_on_the_testbed_every_arm_trains_over_shaped_links_and_nothing_is_left(
     need_root()
     rid = run_id()
     doc = bench_throughput.run("cnn", 2, 16, 2, 3, 1, ["ddp", "chaos-ddp"], tmp_path / "out",
-                               None, print, mbit=200.0, run_id=rid)
-    assert doc["network"] == "netns" and doc["mbit"] == 200.0
+                               None, print, mbit=100.0, run_id=rid, mbit_max=300.0)
+    assert doc["network"] == "netns" and (doc["mbit"], doc["mbit_max"]) == (100.0, 300.0)
+    # One link, at the rate seed 1 draws in the range: both arms ran on that testbed.
+    (link, rate), = doc["links_mbit"].items()
+    assert link == "n1-n2" and 100.0 <= rate <= 300.0
     for arm in ("ddp", "chaos-ddp"):
         workers = doc["repeats"][0][arm]["workers"]
         assert len(workers) == 2 and all(len(w["step_s"]) == 3 for w in workers)
-    assert "netns full mesh of 200 Mbit/s" in (tmp_path / "out" / "throughput.md").read_text()
+    md = (tmp_path / "out" / "throughput.md").read_text()
+    assert f"netns full mesh of links at n1-n2 {rate:g} Mbit/s" in md
     prefix = f"{netns.ROOT_PREFIX}{rid}"
     assert netns.list_netns(prefix) == [] and netns.list_links(prefix) == []
