@@ -362,6 +362,8 @@ def throughput(
                                                    "each link shaped to its own rate, drawn "
                                                    "between --mbit and this (seed 1).")]
     = None,
+    wire: Annotated[str, typer.Option(help="The Chaos arms' wire format: fp32, bf16, fp16 or "
+                                      "int8 (DDP's gloo sends fp32).")] = "fp32",
     out: Annotated[Path | None, typer.Option(help="Directory for throughput.json, .md and "
                                              ".png.")] = None,
     keep: Annotated[Path | None, typer.Option(help="Copy the workers' results and logs "
@@ -371,6 +373,7 @@ def throughput(
     arm after the other in every repeat."""
     from chaos_bench.throughput import ARMS, MODELS
     from chaos_bench.throughput import run as bench_throughput
+    from daemon.contracts.policy import WIRE_FORMATS
 
     if len(_choices(model, "--model", list(MODELS))) > 1:
         raise CtlUsageError(f"--model: one model a run, not {model!r}")
@@ -383,12 +386,14 @@ def throughput(
         reason = netns.netns_unavailable_reason()
         if reason is not None:
             raise CtlUsageError(f"--mbit needs network namespaces: {reason}")
+    if len(_choices(wire, "--wire", list(WIRE_FORMATS))) > 1:
+        raise CtlUsageError(f"--wire: one format a run, not {wire!r}")
     if mbit_max is not None and (mbit is None or mbit_max < mbit):
         raise CtlUsageError("--mbit-max: give --mbit too, at most --mbit-max")
     writable(out)
     writable(keep, "--keep")
     doc = bench_throughput.run(model, nodes, batch, warmup, steps, repeats, names, out, keep,
-                               say, mbit, mbit_max=mbit_max)
+                               say, mbit, mbit_max=mbit_max, wire=wire)
     typer.echo(bench_throughput.table(doc))
 
 

@@ -117,7 +117,7 @@ class ChaosStrategy(SingleDeviceStrategy):
 
         def averaged() -> Any:
             result = closure()
-            if result is None and self.lightning_module.automatic_optimization:  # type: ignore[union-attr]
+            if result is None and self.lightning_module.automatic_optimization:
                 # Lightning skips the step of a batch whose training_step returned None; the
                 # other members would step without this one.
                 raise TrainerError("training_step returned None: under Chaos every member "
@@ -127,7 +127,7 @@ class ChaosStrategy(SingleDeviceStrategy):
 
         self._stepped = True
         out = super().optimizer_step(optimizer, averaged, model, **kwargs)
-        pl_trainer = self.lightning_module.trainer  # type: ignore[union-attr]
+        pl_trainer = self.lightning_module.trainer
         if capture_exit_event():
             chaos.request_node_exit()
             pl_trainer.should_stop = True

@@ -85,13 +85,18 @@ def run_ddp(model: str, nodes: int, batch: int, warmup: int, steps: int,
             reap(p, 10.0)
 
 
+def _config(wire: str) -> str:
+    """chaosd's configuration for the Chaos arms: the rounds' wire format."""
+    return f'[training]\nwire = "{wire}"\n'
+
+
 def _testbed(work: Path, name: str, nodes: int, bw: tuple[float, float],
-             run_id: str | None) -> Any:  # fmt: skip
+             run_id: str | None, wire: str = "fp32") -> Any:  # fmt: skip
     """A full mesh of namespaces, each link shaped (tbf) to a rate drawn from ``bw`` with seed
     1: the same rates for every arm (:func:`link_rates`)."""
     from chaosctl.testbed.core import Testbed
 
-    return Testbed(work / name, nodes, "full", bw, seed=1, run_id=run_id)
+    return Testbed(work / name, nodes, "full", bw, seed=1, run_id=run_id, config=_config(wire))
 
 
 def link_rates(nodes: int, bw: tuple[float, float]) -> dict[str, float]:
@@ -136,11 +141,11 @@ def run_ddp_netns(model: str, nodes: int, batch: int, warmup: int, steps: int, w
 
 
 def run_chaos_netns(arm: str, model: str, nodes: int, batch: int, warmup: int, steps: int,
-                    work: Path, bw: tuple[float, float], run_id: str | None, say: Say
-                    ) -> list[dict[str, Any]]:  # fmt: skip
+                    work: Path, bw: tuple[float, float], run_id: str | None, say: Say,
+                    wire: str = "fp32") -> list[dict[str, Any]]:  # fmt: skip
     """A Chaos arm on the testbed: a chaosd per namespace, the workers joined through them."""
     outs = [work / f"{arm}-{i + 1}.json" for i in range(nodes)]
-    tb = _testbed(work, f"tb-{arm}", nodes, bw, run_id)
+    tb = _testbed(work, f"tb-{arm}", nodes, bw, run_id, wire)
     try:
         with tb:
             tb.up()
@@ -161,12 +166,13 @@ def run_chaos_netns(arm: str, model: str, nodes: int, batch: int, warmup: int, s
 
 
 def run_chaos(arm: str, model: str, nodes: int, batch: int, warmup: int, steps: int,
-              work: Path, say: Say) -> list[dict[str, Any]]:  # fmt: skip
+              work: Path, say: Say, wire: str = "fp32") -> list[dict[str, Any]]:  # fmt: skip
     """A Chaos arm on a local cluster: the first worker bootstraps, the rest join it."""
     kind = "mosquitto" if shutil.which("mosquitto") or Path("/usr/sbin/mosquitto").exists() \
         else "embedded"
     outs = [work / f"{arm}-{i + 1}.json" for i in range(nodes)]
-    with LocalCluster(work / f"c-{arm}", nodes, cluster="tput", broker_kind=kind) as c:
+    with LocalCluster(work / f"c-{arm}", nodes, cluster="tput", broker_kind=kind,
+                      config=_config(wire)) as c:
         c.start()
         c.wait(lambda: c.agreed(), 30, "a scheduler")
         ids = c.node_ids
@@ -195,18 +201,18 @@ def rate(results: list[dict[str, Any]]) -> float:
 def run(model: str, nodes: int, batch: int, warmup: int, steps: int, repeats: int,
         arms: list[str], out: Path | None, keep: Path | None, say: Say,
         mbit: float | None = None, run_id: str | None = None,
-        mbit_max: float | None = None) -> dict[str, Any]:
+        mbit_max: float | None = None, wire: str = "fp32") -> dict[str, Any]:
     """Every arm, ``repeats`` times in turn; the document that is written and reported.
     ``mbit``: on the netns testbed (a full mesh, every link shaped to it, or with
     ``mbit_max`` to a rate drawn between the two; ``run_id`` names its namespaces), else
-    loopback."""
+    loopback. ``wire``: the Chaos arms' wire format (DDP's gloo sends fp32)."""
     bw = (mbit or 0.0, mbit_max or mbit or 0.0)
     doc: dict[str, Any] = {"bench": "throughput", "model": model, "nodes": nodes,
                            "batch": batch, "warmup": warmup, "steps": steps, "threads": 1,
                            "network": "loopback" if mbit is None else "netns", "mbit": mbit,
                            "mbit_max": bw[1] if mbit is not None else None,
                            "links_mbit": link_rates(nodes, bw) if mbit is not None else None,
-                           "arms": arms, "repeats": []}
+                           "arms": arms, "wire": wire, "repeats": []}
     with tempfile.TemporaryDirectory(prefix="chaos-tput-") as tmp:
         for k in range(repeats):
             rep: dict[str, Any] = {}
@@ -218,11 +224,13 @@ def run(model: str, nodes: int, batch: int, warmup: int, steps: int, repeats: in
                     results = (
                         run_ddp_netns(model, nodes, batch, warmup, steps, work, bw, run_id)
                         if arm == "ddp" else run_chaos_netns(
-                            arm, model, nodes, batch, warmup, steps, work, bw, run_id, say))
+                            arm, model, nodes, batch, warmup, steps, work, bw, run_id, say,
+                            wire))
                 else:
                     results = (run_ddp(model, nodes, batch, warmup, steps, work)
                                if arm == "ddp" else
-                               run_chaos(arm, model, nodes, batch, warmup, steps, work, say))
+                               run_chaos(arm, model, nodes, batch, warmup, steps, work, say,
+                                         wire))
                 rep[arm] = {"steps_per_s": round(rate(results), 3), "workers": results}
                 say(f"repeat {k + 1}/{repeats}: {arm} {rate(results):.2f} steps/s")
             doc["repeats"].append(rep)
@@ -265,7 +273,8 @@ def table(doc: dict[str, Any]) -> str:
                  f"{k} {v:g}" for k, v in doc["links_mbit"].items()) + " Mbit/s")
     lines = [f"Throughput: {doc['model']} ({doc['parameters']:,} parameters), {doc['nodes']} "
              f"members on {where}, batch {doc['batch']} each, 1 thread each, "
-             f"{doc['steps']} timed steps after {doc['warmup']}, {len(doc['repeats'])} repeats",
+             f"{doc['steps']} timed steps after {doc['warmup']}, {len(doc['repeats'])} repeats"
+             + (f", Chaos on the {doc['wire']} wire" if doc.get("wire", "fp32") != "fp32" else ""),
              "", "| arm | steps/s median (min-max) | vs DDP median (min-max) |",
              "|---|---:|---:|"]
     for arm, row in doc["summary"].items():

@@ -133,7 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             backward.append(t1 - t0)
             if trainer is not None and len(trainer.shard.members) < args.world:
                 short.append(step)
+    newest = trainer._s.book.newest if trainer is not None else None
     doc = {"arm": args.arm, "model": args.model, "parameters": params, "batch": args.batch,
+           # the policy the rounds ran under at the end: its wire format and chunk size
+           "policy": None if newest is None else {"wire": newest.wire,
+                                                  "chunk_kib": newest.chunk_kib},
            "member": me, "short_steps": short, "steps": args.steps, "seconds": sum(times),
            "step_s": [round(t, 6) for t in times],
            "to_backward_end_s": [round(t, 6) for t in backward],

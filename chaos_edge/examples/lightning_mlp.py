@@ -71,7 +71,7 @@ class Record(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
-        chaos = trainer.strategy.chaos  # type: ignore[attr-defined]
+        chaos = trainer.strategy.chaos
         # After a leave the node is no member: its state is not the cluster's any more.
         if self.out is not None and not capture_exit_event():
             self.out.write(json.dumps({"step": chaos.step, "loss": float(outputs["loss"]),

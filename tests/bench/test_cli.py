@@ -69,6 +69,7 @@ def test_group_lists_every_command() -> None:
         (["throughput", "--steps", "0"], "--steps"),
         (["throughput", "--mbit", "0"], "--mbit"),
         (["throughput", "--mbit-max", "100"], "--mbit-max: give --mbit too"),
+        (["throughput", "--wire", "fp8"], "--wire"),
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )

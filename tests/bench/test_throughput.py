@@ -50,7 +50,8 @@ def test_on_the_testbed_every_arm_trains_over_shaped_links_and_nothing_is_left(
     need_root()
     rid = run_id()
     doc = bench_throughput.run("cnn", 2, 16, 2, 3, 1, ["ddp", "chaos-ddp"], tmp_path / "out",
-                               None, print, mbit=100.0, run_id=rid, mbit_max=300.0)
+                               None, print, mbit=100.0, run_id=rid, mbit_max=300.0,
+                               wire="int8")
     assert doc["network"] == "netns" and (doc["mbit"], doc["mbit_max"]) == (100.0, 300.0)
     # One link, at the rate seed 1 draws in the range: both arms ran on that testbed.
     (link, rate), = doc["links_mbit"].items()
@@ -58,7 +59,11 @@ def test_on_the_testbed_every_arm_trains_over_shaped_links_and_nothing_is_left(
     for arm in ("ddp", "chaos-ddp"):
         workers = doc["repeats"][0][arm]["workers"]
         assert len(workers) == 2 and all(len(w["step_s"]) == 3 for w in workers)
+    # The Chaos arm's rounds ran on the int8 wire; DDP's have no policy.
+    policies = [w["policy"] for w in doc["repeats"][0]["chaos-ddp"]["workers"]]
+    assert all(p["wire"] == "int8" for p in policies), policies
+    assert all(w["policy"] is None for w in doc["repeats"][0]["ddp"]["workers"])
     md = (tmp_path / "out" / "throughput.md").read_text()
-    assert f"netns full mesh of links at n1-n2 {rate:g} Mbit/s" in md
+    assert f"netns full mesh of links at n1-n2 {rate:g} Mbit/s" in md and "int8 wire" in md
     prefix = f"{netns.ROOT_PREFIX}{rid}"
     assert netns.list_netns(prefix) == [] and netns.list_links(prefix) == []
