@@ -62,6 +62,9 @@ from daemon.contracts.protocol import (
 
 log = logging.getLogger("chaosd.primitives")
 AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
+# A measured tree this many times wider at its slowest link replaces the policy's tree; below
+# that, a new tree would buy little and cost a planned change (and noise could flip it back).
+RETREE_GAIN = 1.25
 STEP_MARGIN = 2        # at least this many steps of slack before a planned change
 POLICY_LEAD_S = 0.5    # and at least this much time: the policy must reach every worker first
 RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
@@ -172,6 +175,10 @@ class Negotiator:
         self.out: list[tuple[str, CommandBody]] = []  # (node, command) for the agent to send
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
         self.joins: dict[str, Join] = {}  # joining node -> its scale-out in flight
+        # The neighbours each node asked for at its join. One that was not a member then (it
+        # joined at the same moment) gets its link once both are: boxes started together each
+        # named the others, and the overlay kept only their links to the first.
+        self._wants: dict[str, set[str]] = {}
         # With no member left: joiners waiting for a holder of the state (node -> its step),
         # and since when the cluster has had no member.
         self.held: dict[str, int] = {}
@@ -539,6 +546,7 @@ class Negotiator:
             rtt = (rtts or {}).get(m)
             return (float(rtt) if isinstance(rtt, (int, float)) else float("inf"), m)
 
+        self._wants[node] = {n for n in wanted if n != node}
         chosen = [n for n in wanted if n in members] or sorted(members, key=distance)[
             :AUTO_NEIGHBORS]
         self._drop_links(node)
@@ -812,7 +820,17 @@ class Negotiator:
             detail["declined"] = declined
         self.sched.record("scale-out", node=node, delay_ms=delay,
                           **{"policy_version": self.sched.policy_version, **detail})
-        self._size_chunks()
+        self._link_wanted(node)
+        self._improve_policy()
+
+    def _link_wanted(self, node: str) -> None:
+        """``node`` became a member: the links it asked for, and those asked of it, to
+        members that were not members at their join (measured at once by their ends' probes,
+        and in the tree once measured: :meth:`_improve_policy`)."""
+        active = set(self._active())
+        for peer in sorted(active - {node}):
+            if peer in self._wants.get(node, ()) or node in self._wants.get(peer, ()):
+                self._add_link(node, peer)
 
     @staticmethod
     def _older_plan(join: Join, report: Replicated) -> bool:
@@ -973,6 +991,9 @@ class Negotiator:
         else:
             if self._link(a, b) is None:
                 return None
+            if not failed:  # removed by hand: not restored when an end becomes a member
+                self._wants.get(a, set()).discard(b)
+                self._wants.get(b, set()).discard(a)
             self._drop_links(a, b)
             if failed:
                 self.sched.record("link-failed", node=a, peer=b)
@@ -993,24 +1014,47 @@ class Negotiator:
                       rtt_ms=measured(rtt) if _finite(rtt) else lk.rtt_ms,
                       bandwidth_mbps=measured(bw) if _finite(bw) else lk.bandwidth_mbps)
         self.sched.links[self.sched.links.index(lk)] = new
-        self._size_chunks()
+        self._improve_policy()
 
-    def _size_chunks(self) -> None:
-        """Republish a policy whose tree was published unmeasured (chunks sized by the
-        vector) once its links are measured and no join is in flight (one planned change,
-        then the policy has its chunk size; later measurements change nothing)."""
+    def _improve_policy(self) -> None:
+        """With no join in flight, republish the policy (a planned change, at a step ahead)
+        when measurements make it worse than it could be: its tree was published unmeasured
+        (chunks sized by the vector) and now is measured, or every link is measured and the
+        widest tree's slowest link is at least :data:`RETREE_GAIN` times the current tree's
+        (a margin, so that measurement noise never flips the tree back and forth)."""
         pub = self.sched.policy
-        if (pub is not None and pub.members and not pub.chunk_kib and not self.joins
-                and self._chunk_kib(pub.edges)):
+        if pub is None or not pub.members or self.joins:
+            return
+        if not pub.chunk_kib and self._chunk_kib(pub.edges):
             self.publish_policy(effective_step=self.max_step() + self.lead())
+            return
+        rates = self._rates()
+        now = self._bottleneck(pub.edges, rates)
+        best = spanning_tree(pub.members, {k: v for k, v in rates.items() if v})
+        wider = self._bottleneck(best.edges, rates)
+        if (now is not None and wider is not None and best.connected
+                and wider >= RETREE_GAIN * now):
+            log.info("a wider tree: its slowest link %.0f Mbit/s, the current one's %.0f",
+                     wider, now)
+            self.publish_policy(effective_step=self.max_step() + self.lead())
+
+    def _rates(self) -> dict[tuple[str, str], float | None]:
+        """Every link that is up, with its measured rate (None: not measured yet)."""
+        return {link_key(lk.a, lk.b): lk.bandwidth_mbps for lk in self.sched.links
+                if lk.state == "up"}
+
+    @staticmethod
+    def _bottleneck(edges: Iterable[tuple[str, str]],
+                    rates: dict[tuple[str, str], float | None]) -> float | None:
+        """The slowest rate of a tree's ``edges``; None while one of them is unmeasured."""
+        got = [rates.get(link_key(a, b)) for a, b in edges]
+        return None if not got or None in got else min(r for r in got if r is not None)
 
     def _chunk_kib(self, edges: Iterable[tuple[str, str]]) -> int:
         """The chunk size for a tree of ``edges``: from its slowest measured link, or 0
         while one of them is not measured (:func:`chunk_for_rate`)."""
-        measured = {link_key(lk.a, lk.b): lk.bandwidth_mbps for lk in self.sched.links
-                    if lk.state == "up" and lk.bandwidth_mbps}
-        rates = [measured.get(link_key(a, b)) for a, b in edges]
-        return 0 if not rates or None in rates else chunk_for_rate(min(r for r in rates if r))
+        slowest = self._bottleneck(edges, self._rates())
+        return 0 if not slowest else chunk_for_rate(slowest)
 
     def handle(self, node: str, body: RequestBody) -> str | None:
         """Apply one request from ``node``; returns an error line for the requester."""

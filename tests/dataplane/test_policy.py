@@ -242,3 +242,25 @@ def test_the_first_measurement_of_a_tree_published_unmeasured_gives_it_a_chunk_s
     assert pub.effective_step > 0  # a planned change, at a step boundary ahead
     neg.metrics("b", LinkMetrics(peer="a", bandwidth_mbps=60.0))  # later ones publish nothing
     assert sched.policy is pub
+
+
+def test_a_measured_tree_much_wider_than_the_policys_replaces_it_and_noise_does_not() -> None:
+    """The tree was published while a link was unmeasured, so it crossed the 11 Mbit/s link;
+    once that link is measured at 39 Mbit/s the widest tree avoids it (3.5 times wider at its
+    slowest link), as a planned change. Measurements that move a little change nothing."""
+    from daemon.contracts.protocol import LinkMetrics
+
+    neg = _active("abc")
+    sched = neg.sched
+    sched.links += [LinkRecord(a="a", b="b", state="up", bandwidth_mbps=11.0),
+                    LinkRecord(a="a", b="c", state="up", bandwidth_mbps=43.0),
+                    LinkRecord(a="b", b="c", state="up")]
+    first = neg.publish_policy(effective_step=0)
+    assert first is not None and ("a", "b") in first.edges
+    neg.metrics("b", LinkMetrics(peer="c", bandwidth_mbps=39.0))
+    pub = sched.policy
+    assert pub is not None and pub.version == first.version + 1
+    assert set(pub.edges) == {("a", "c"), ("b", "c")} and pub.effective_step > 0
+    for node, peer, mbit in (("a", "b", 14.0), ("b", "c", 35.0), ("a", "c", 40.0)):
+        neg.metrics(node, LinkMetrics(peer=peer, bandwidth_mbps=mbit))
+        assert sched.policy is pub, (node, peer, mbit)

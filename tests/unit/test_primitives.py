@@ -1332,3 +1332,24 @@ def test_a_joiners_command_names_the_policy_that_makes_it_a_member_not_a_later_o
     assert source.due(b.version_step - 1, book.for_round(b.version_step)) == []
     assert [r.new for r in source.due(b.version_step, book.for_round(b.version_step + 1))] \
         == ["b"]
+
+
+def test_boxes_started_together_get_the_links_they_named_once_both_are_members() -> None:
+    """Three boxes joined at once, each naming the others: the second and third were not
+    members when the other asked, so only their links to the first were made, and the
+    all-reduce tree had to cross whatever those two links were."""
+    neg, _ = make()
+    grow(neg, "a")
+    neg.join("b", "127.0.0.1:2", ["a", "c"])
+    neg.join("c", "127.0.0.1:3", ["a", "b"])  # b is joining: it is no source
+    assert not any({lk.a, lk.b} == {"b", "c"} for lk in neg.sched.links)
+    neg.replicated("b", done())
+    neg.out.clear()
+    neg.replicated("c", done())
+    assert any({lk.a, lk.b} == {"b", "c"} for lk in neg.sched.links)
+    assert sorted(n for n, _ in cmds(neg, "connect")) == ["b", "c"]  # both ends dial it
+    # Removed by hand, it stays removed when an end becomes a member again.
+    assert neg.link("b", "c", up=False) is None
+    neg.join("c", "127.0.0.1:3", ["a"])
+    neg.replicated("c", done())
+    assert not any({lk.a, lk.b} == {"b", "c"} for lk in neg.sched.links)
