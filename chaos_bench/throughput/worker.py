@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"arm": args.arm, "model": args.model, "parameters": params, "batch": args.batch,
            # the policy the rounds ran under at the end: its wire format and chunk size
            "policy": None if newest is None else {"wire": newest.wire,
-                                                  "chunk_kib": newest.chunk_kib},
+                                                  "chunk_kib": newest.chunk_kib,
+                                                  "tree": [list(e) for e in newest.edges]},
            "member": me, "short_steps": short, "steps": args.steps, "seconds": sum(times),
            "step_s": [round(t, 6) for t in times],
            "to_backward_end_s": [round(t, 6) for t in backward],
