@@ -54,6 +54,9 @@ DEFAULT_PERIOD_S = 60.0
 DEFAULT_NBYTES = 256 * 1024
 DEFAULT_MAX_NBYTES = 16 * 1024 * 1024
 DEFAULT_TARGET_DUTY = 0.001
+# A link's first test, failed, is tried again this soon, this many times, then once a period.
+FIRST_RETRY_S = 2.0
+FIRST_TRIES = 5
 
 
 def probe_size(
@@ -282,8 +285,14 @@ class PeriodicBandwidthProbe:
 
     async def _probe_loop(self, link: _Link) -> None:
         while True:
-            await self.probe_once(link.stats.peer)
-            await asyncio.sleep(self.period_s * random.uniform(1 - self.jitter, 1 + self.jitter))
+            ok = await self.probe_once(link.stats.peer) is not None
+            wait = self.period_s
+            if not ok and link.stats.probes == 0 and link.stats.failures <= FIRST_TRIES:
+                # A link never measured yet: its first test failed, most often on a server
+                # busy with another node's first test (boxes that start together probe at
+                # once). Until it is measured the scheduler cannot use it, so try again soon.
+                wait = min(self.period_s, FIRST_RETRY_S)
+            await asyncio.sleep(wait * random.uniform(1 - self.jitter, 1 + self.jitter))
 
 
 def _call_safely(fn: Callable[[], object]) -> None:

@@ -145,3 +145,28 @@ def test_link_estimate_from_rtt_and_bandwidth() -> None:
 
 def test_bandwidth_result_mbps() -> None:
     assert BandwidthResult(bits_per_second=50e6, bytes=1, seconds=1).mbps == 50
+
+
+async def test_a_first_test_that_fails_is_tried_again_long_before_the_period(
+        free_tcp_port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Boxes that start together probe each other at once, and a server busy with another
+    test refuses: the link then waited a whole period (60 s) unmeasured, and the scheduler
+    could not put it in the tree. Its first test is tried again soon, until it succeeds."""
+    import netprobe.periodic as periodic_mod
+
+    monkeypatch.setattr(periodic_mod, "FIRST_RETRY_S", 0.05)
+    periodic = PeriodicBandwidthProbe(BandwidthProber(binary="iperf3-not-here-periodic"),
+                                      period_s=60.0, nbytes=1024)
+    periodic.add_link("b", LOCAL, free_tcp_port, peer_kind="bulk")
+    await periodic.start()
+    try:
+        while periodic.stats("b").failures == 0:  # nothing listens yet: the first fails
+            await asyncio.sleep(0.01)
+        async with BulkProbeServer(LOCAL, free_tcp_port):
+            for _ in range(500):  # a retry, not the period: the test's timeout bounds it
+                if periodic.stats("b").probes:
+                    break
+                await asyncio.sleep(0.01)
+            assert periodic.stats("b").probes == 1
+    finally:
+        await periodic.stop()
