@@ -699,7 +699,8 @@ def check(
                                       "minutes), scaleout (timing, as root, about two "
                                       "minutes), stall (timing, about 90 s), slowlinks "
                                       "(no network, about 20 s), convergence (training, "
-                                      "about 90 s).")]
+                                      "about 90 s), throughput (timing, as root, about two "
+                                      "minutes).")]
     = "planner,simulate,allreduce,mesh,scaleout,stall,slowlinks,convergence",
     results: Annotated[Path, typer.Option(help="The committed results: a checkout's "
                                           "bench/results.")] = Path("bench/results"),

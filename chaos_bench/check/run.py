@@ -46,6 +46,10 @@ the water-filling bound):
   between runs, so 30%, which catches a broken average, not a small drift; the char
   transformer's by 0.1%, so the tolerance), and the step accounting exactly (no step lost
   or doubled, every member equal). About 90 s.
+- ``throughput`` (timing, root): the committed heterogeneous mesh (3 network namespaces, each
+  link at its committed rate) built again; one repeat of torch DDP over gloo and of
+  ``chaos_edge.ddp`` on chartf; the steps/s ratio against the committed median. About two
+  minutes.
 
 Prints a table and writes ``check.json`` under ``--out`` (and the all-reduce rerun's own JSON
 under ``--out``/allreduce); exits 1 when a figure regressed.
@@ -68,7 +72,11 @@ from chaos_bench.progress import Say
 from chaosctl.client import CtlError
 
 GUARDS = ("planner", "simulate", "allreduce", "mesh", "scaleout", "stall", "slowlinks",
-          "convergence")
+          "convergence", "throughput")
+#: The throughput headline: chartf on the committed heterogeneous mesh, DDP against the DDP
+#: path (the arm a DDP user runs), one repeat of each.
+THROUGHPUT_SOURCE = "throughput/chartf-3-netns-5-50mbit/throughput.json"
+THROUGHPUT_ARM = "chaos-ddp"
 MESH_REPEATS = 3  # of each kind, per shape: about a minute each
 MESH_TREE = "chaos/spanning"  # the rate-aware tree; the chain is the rate-blind control
 STALL_EVENTS = 10  # of each kind: about a minute
@@ -385,10 +393,36 @@ def check_convergence(results: Path, tolerance: float, out: Path, say: Say) -> l
     return verdicts
 
 
+def check_throughput(results: Path, tolerance: float, out: Path, say: Say) -> list[Verdict]:
+    """The committed heterogeneous mesh built again (its rates, seed 1), one repeat of DDP and
+    of the DDP path; the ratio against the committed median (the rerun's JSON under
+    ``out/throughput``)."""
+    from chaos_bench.throughput import run as throughput
+
+    doc = _read(results, THROUGHPUT_SOURCE)
+    try:
+        then = float(doc["summary"][THROUGHPUT_ARM]["vs_ddp"]["median"])
+        args = (doc["model"], int(doc["nodes"]), int(doc["batch"]), int(doc["warmup"]),
+                int(doc["steps"]))
+        lo, hi = float(doc["mbit"]), float(doc["mbit_max"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CtlError(f"{results / THROUGHPUT_SOURCE}: not a netns throughput result "
+                       f"({exc!r})") from None
+    say(f"throughput: {args[0]} on the {lo:g}-{hi:g} Mbit/s mesh, ddp and {THROUGHPUT_ARM}")
+    now = throughput.run(*args, 1, ["ddp", THROUGHPUT_ARM], out / "throughput", None, say,
+                         mbit=lo, mbit_max=hi)
+    ratio = float(now["summary"][THROUGHPUT_ARM]["vs_ddp"]["median"])
+    return [Verdict("throughput", f"{args[0]}, {lo:g}-{hi:g} Mbit/s mesh: {THROUGHPUT_ARM} / "
+                    "ddp steps/s", THROUGHPUT_SOURCE, then, ratio, then * (1 - tolerance),
+                    higher_is_better=True,
+                    note=f"median of {len(doc['repeats'])} committed repeats; 1 repeat now")]
+
+
 CHECKS: dict[str, Callable[[Path, float, Path, Say], list[Verdict]]] = {
     "planner": check_planner, "simulate": check_simulate, "allreduce": check_allreduce,
     "mesh": check_mesh, "scaleout": check_scaleout, "stall": check_stall,
-    "slowlinks": check_slowlinks, "convergence": check_convergence}
+    "slowlinks": check_slowlinks, "convergence": check_convergence,
+    "throughput": check_throughput}
 
 
 def run(only: list[str], results: Path, tolerance: float, out: Path, say: Say
