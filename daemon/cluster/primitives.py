@@ -1014,7 +1014,8 @@ class Negotiator:
                       rtt_ms=measured(rtt) if _finite(rtt) else lk.rtt_ms,
                       bandwidth_mbps=measured(bw) if _finite(bw) else lk.bandwidth_mbps)
         self.sched.links[self.sched.links.index(lk)] = new
-        self._improve_policy()
+        if _finite(bw):  # the tree follows rates only: RTT reports (every few s) change nothing
+            self._improve_policy()
 
     def _improve_policy(self) -> None:
         """With no join in flight, republish the policy (a planned change, at a step ahead)
