@@ -58,6 +58,7 @@ from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 from chaos_edge.trainer import Trainer, TrainerError, capture_exit_event
 from chaos_edge.trainer.overlap import BackgroundRound
+from chaos_edge.trainer.stepper import refuse_step_arguments
 
 __all__ = ["DistributedDataParallel", "elastic"]
 
@@ -220,10 +221,8 @@ def elastic(model: DistributedDataParallel, optimizer: torch.optim.Optimizer, *,
     if any(id(p) not in own for g in optimizer.param_groups for p in g["params"]):
         raise ValueError("the optimizer steps parameters that are not the model's: build "
                          "it from model.parameters()")
-    for key in ("scaler", "clip_grad_norm", "grad_transform", "step_optimizer"):
-        if key in trainer:
-            raise ValueError(f"{key}: on the DDP path the script scales, clips and steps "
-                             "itself, as under DDP; register a GradScaler in state=")
+    refuse_step_arguments(trainer, "on the DDP path the script scales, clips and steps "
+                          "itself, as under DDP; register a GradScaler in state=")
     t = Trainer(model.module, optimizer, state=state, step_optimizer=False, **trainer)
     model.chaos = _Hook(t, model, optimizer, overlap)
     atexit.register(t.close)

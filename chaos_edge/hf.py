@@ -44,6 +44,7 @@ from accelerate.state import GradientState
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from chaos_edge.trainer import Trainer, capture_exit_event
+from chaos_edge.trainer.stepper import refuse_step_arguments
 
 __all__ = ["ChaosCallback"]
 
@@ -67,10 +68,8 @@ class ChaosCallback(TrainerCallback):
 
     def __init__(self, *, state: Mapping[str, Any] | None = None, overlap: bool | None = None,
                  **trainer: Any) -> None:
-        for key in ("scaler", "clip_grad_norm", "grad_transform", "step_optimizer"):
-            if key in trainer:
-                raise ValueError(f"{key}: the Hugging Face Trainer clips, scales and steps the "
-                                 "optimizer; use its TrainingArguments (max_grad_norm, fp16)")
+        refuse_step_arguments(trainer, "the Hugging Face Trainer clips, scales and steps the "
+                              "optimizer; use its TrainingArguments (max_grad_norm, fp16)")
         self._extra = dict(state or {})
         self._overlap = overlap
         self._kwargs = trainer

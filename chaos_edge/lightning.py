@@ -43,6 +43,7 @@ import torch
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from chaos_edge.trainer import Trainer, TrainerError, capture_exit_event
+from chaos_edge.trainer.stepper import refuse_step_arguments
 
 __all__ = ["ChaosStrategy"]
 
@@ -70,10 +71,8 @@ class ChaosStrategy(SingleDeviceStrategy):
 
     def __init__(self, device: str | torch.device | None = None, *,
                  state: Mapping[str, Any] | None = None, **trainer: Any) -> None:
-        for key in ("scaler", "clip_grad_norm", "grad_transform", "step_optimizer"):
-            if key in trainer:
-                raise ValueError(f"{key}: Lightning clips, scales and steps the optimizer; "
-                                 "use the pl.Trainer's options (gradient_clip_val, precision)")
+        refuse_step_arguments(trainer, "Lightning clips, scales and steps the optimizer; use "
+                              "the pl.Trainer's options (gradient_clip_val, precision)")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         super().__init__(device=torch.device(device))

@@ -35,7 +35,7 @@ were identical stay identical, and a skipped step is skipped everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -47,6 +47,18 @@ from daemon.contracts.clock import Clock, SystemClock
 
 BufferMode = Literal["average", "local"]
 GradTransform = Callable[[Sequence[torch.nn.Parameter]], None]
+
+#: The ``Trainer`` arguments that belong to the optimizer step it runs (``step_optimizer``).
+STEP_ARGUMENTS = ("scaler", "clip_grad_norm", "grad_transform", "step_optimizer")
+
+
+def refuse_step_arguments(given: Mapping[str, Any], why: str) -> None:
+    """Refuse :data:`STEP_ARGUMENTS` in ``given`` in one line that names the first, where the
+    script or a framework runs the optimizer step itself; ``why`` says who does, and where
+    its own options are."""
+    for key in STEP_ARGUMENTS:
+        if key in given:
+            raise ValueError(f"{key}: {why}")
 
 
 class Stepper:

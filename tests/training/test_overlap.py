@@ -58,6 +58,15 @@ TWICE = {
         model(torch.randn(3, 4)).sum().backward()
         model(torch.randn(3, 4)).sum().backward()
     """,
+    # Trainer(overlap=True): the round began in backward, so update() cannot count samples
+    "overlap-samples": """
+        import torch
+        from chaos_edge import Trainer
+        model = torch.nn.Linear(4, 2)
+        trainer = Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), overlap=True)
+        model(torch.randn(3, 4)).sum().backward()
+        trainer.update(samples=3)
+    """,
 }
 LAST_LINE = {
     "ddp": "optimizer.step() ran twice after one backward: call it once per backward "
@@ -66,6 +75,9 @@ LAST_LINE = {
                 "optimizer.step() (and scaler.step()), or use chaos_edge.ddp to keep them",
     "overlap": "overlap=True needs update() after every backward(): a second backward before "
                "it would change gradients already sent (accumulate without overlap)",
+    "overlap-samples": "with overlap=True the round begins in backward(), before update() is "
+                       "called: set trainer.samples_per_step (or use global_batch) instead of "
+                       "update(samples=...)",
 }
 
 
