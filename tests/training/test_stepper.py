@@ -141,6 +141,24 @@ def test_grad_scaler_skips_an_inf_step_on_every_member() -> None:
     assert all(st.scaler.get_scale() == 2.0**7 for _, _, st in members)  # backed off alike
 
 
+def test_the_step_reads_the_result_in_place_and_matches_a_copy_bit_for_bit() -> None:
+    """float32 CPU gradients become views of the result (no copy of the model's size); the
+    parameters after the step are those of the copying path, bit for bit."""
+    viewed, copied = _members(1), _members(1)
+    copied[0][2]._grads_view = False
+    seen: list[bool] = []
+    st = viewed[0][2]
+    # a view of the result: its storage is the whole round vector
+    st.transform = lambda ps: seen.extend(p.grad.untyped_storage().nbytes() == st.size * 4
+                                          for p in ps)
+    for s in range(3):
+        _step(viewed, [8], s)
+        _step(copied, [8], s)
+        assert _same(viewed[0][0], copied[0][0])
+        assert all(p.grad is None for p in viewed[0][0].parameters())  # views dropped
+    assert seen and all(seen)
+
+
 def test_low_precision_gradients_keep_their_dtype() -> None:
     """bf16 gradients go to the wire as float32 (exact) and come back bf16, bit for bit."""
     torch.manual_seed(0)
