@@ -26,6 +26,7 @@ from daemon.contracts.errors import PolicyError
 from daemon.contracts.kinds import MEMBER_STATES, EventKind
 from daemon.contracts.messages import Event, LinkRecord
 from daemon.contracts.policy import (
+    CHUNK_KIB_MAX,
     EVERY_STEP,
     SyncMode,
     SyncPolicy,
@@ -65,6 +66,10 @@ AUTO_NEIGHBORS = 2     # neighbours a joining node gets when it names none
 # A measured tree this many times wider at its slowest link replaces the policy's tree; below
 # that, a new tree would buy little and cost a planned change (and noise could flip it back).
 RETREE_GAIN = 1.25
+# A measured tree whose chunk size should be this many times larger or smaller than the
+# policy's gets it (a fast link first read low, from a probe too short to measure it, gave
+# loopback 128 KiB chunks for the whole run); within it, a new size buys little.
+RECHUNK_GAIN = 4
 STEP_MARGIN = 2        # at least this many steps of slack before a planned change
 POLICY_LEAD_S = 0.5    # and at least this much time: the policy must reach every worker first
 RATE_WINDOW_S = 5.0    # the training's step rate is measured over this window
@@ -1019,18 +1024,24 @@ class Negotiator:
 
     def _improve_policy(self) -> None:
         """With no join in flight, republish the policy (a planned change, at a step ahead)
-        when measurements make it worse than it could be: its tree was published unmeasured
-        (chunks sized by the vector) and now is measured, or every link is measured and the
-        widest tree's slowest link is at least :data:`RETREE_GAIN` times the current tree's
-        (a margin, so that measurement noise never flips the tree back and forth)."""
+        when measurements make it worse than it could be: its chunks are :data:`RECHUNK_GAIN`
+        times off the size its measured slowest link calls for (a tree published unmeasured
+        has chunks sized by the vector, the largest), or every link is measured
+        and the widest tree's slowest link is at least :data:`RETREE_GAIN` times the current
+        tree's (margins, so that measurement noise never flips the policy back and forth)."""
         pub = self.sched.policy
         if pub is None or not pub.members or self.joins:
             return
-        if not pub.chunk_kib and self._chunk_kib(pub.edges):
-            self.publish_policy(effective_step=self.max_step() + self.lead())
-            return
         rates = self._rates()
         now = self._bottleneck(pub.edges, rates)
+        if now is not None:
+            # 0 (by the vector: unmeasured, or faster than the largest chunk) counts as the max
+            want, have = chunk_for_rate(now) or CHUNK_KIB_MAX, pub.chunk_kib or CHUNK_KIB_MAX
+            if max(want, have) >= RECHUNK_GAIN * min(want, have):
+                log.info("chunks of %d KiB (0: by the vector) for a tree whose slowest link "
+                         "is %.0f Mbit/s, not %d", chunk_for_rate(now), now, pub.chunk_kib)
+                self.publish_policy(effective_step=self.max_step() + self.lead())
+                return
         best = spanning_tree(pub.members, {k: v for k, v in rates.items() if v})
         wider = self._bottleneck(best.edges, rates)
         if (now is not None and wider is not None and best.connected

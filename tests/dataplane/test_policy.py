@@ -264,3 +264,28 @@ def test_a_measured_tree_much_wider_than_the_policys_replaces_it_and_noise_does_
     for node, peer, mbit in (("a", "b", 14.0), ("b", "c", 35.0), ("a", "c", 40.0)):
         neg.metrics(node, LinkMetrics(peer=peer, bandwidth_mbps=mbit))
         assert sched.policy is pub, (node, peer, mbit)
+
+
+def test_a_tree_measured_much_faster_or_slower_than_its_chunks_gets_new_ones() -> None:
+    """A fast link's first reading came from a probe too short to measure it (loopback read
+    as a few hundred Mbit/s): its policy's 128 KiB chunks cost every later round. A reading
+    that calls for chunks four times larger or smaller republishes; one that calls for twice
+    does not."""
+    from daemon.contracts.protocol import LinkMetrics
+
+    neg = _active("ab")
+    sched = neg.sched
+    sched.links.append(LinkRecord(a="a", b="b", state="up", bandwidth_mbps=300.0))
+    first = neg.publish_policy(effective_step=0)
+    assert first is not None and first.chunk_kib == 128
+    neg.metrics("a", LinkMetrics(peer="b", bandwidth_mbps=600.0))  # 256 KiB: within 4x
+    assert sched.policy is first
+    neg.metrics("a", LinkMetrics(peer="b", bandwidth_mbps=20_000.0))
+    fast = sched.policy
+    assert fast is not None and fast.version == first.version + 1 and fast.chunk_kib == 0
+    assert fast.effective_step > 0  # a planned change, at a step boundary ahead
+    neg.metrics("a", LinkMetrics(peer="b", bandwidth_mbps=1_500.0))  # 512 KiB: within 4x
+    assert sched.policy is fast
+    neg.metrics("a", LinkMetrics(peer="b", bandwidth_mbps=20.0))  # the link got slow
+    slow = sched.policy
+    assert slow is not None and slow.version == fast.version + 1 and slow.chunk_kib == 64
