@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 
 import pytest
@@ -58,11 +59,16 @@ async def test_probe_size_follows_the_measured_capacity() -> None:
         )
         periodic.add_link("b", LOCAL, server.port, peer_kind="bulk")
         assert periodic.stats("b").next_nbytes == 4096  # no estimate yet
+        short = False
+        kept: list[float] = []
         for _ in range(4):
             assert await periodic.probe_once("b") is not None
+            # A reading from a probe too short for it is replaced by the next one.
+            kept = [seen[-1]] if not kept or short else [*kept, seen[-1]]
+            short = periodic.stats("b").undersized
         stats = periodic.stats("b")
-        # The capacity estimate is the median of the last three readings.
-        assert stats.capacity_bps == statistics.median(seen[-3:])
+        # The capacity estimate is the median of the last three readings kept.
+        assert stats.capacity_bps == statistics.median(kept[-3:])
         assert stats.next_nbytes == probe_size(
             stats.capacity_bps, 1.0, target_duty=0.01, min_nbytes=4096, max_nbytes=1 << 20
         )
@@ -170,3 +176,47 @@ async def test_a_first_test_that_fails_is_tried_again_long_before_the_period(
             assert periodic.stats("b").probes == 1
     finally:
         await periodic.stop()
+
+
+class _SlowStart:
+    """A prober whose reading grows with the probe's size, as a fast link's does: a test's
+    set-up and TCP slow start dominate a short one. The link carries 8 Gbit/s."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    async def measure(self, host: str, port: int, *, nbytes: int, timeout_s: float,
+                      peer_kind: object) -> BandwidthResult:
+        self.sizes.append(nbytes)
+        seconds = 0.002 + nbytes * 8 / 8e9  # 2 ms of set-up, then the link's rate
+        return BandwidthResult(nbytes * 8 / seconds, nbytes, seconds, tool="bulk")
+
+
+async def test_a_probe_too_short_for_its_link_is_followed_at_once_by_one_at_its_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fast link's first probe (the 256 KiB floor) read it under 1 Gbit/s: the link is
+    probed again within seconds at the size that reading calls for, and again, until the
+    size a reading calls for is less than four times the probe's; each new reading replaces
+    the short one, so the estimate is the last, not a median dragged down by the first."""
+    import netprobe.periodic as periodic_mod
+
+    monkeypatch.setattr(periodic_mod, "FIRST_RETRY_S", 0.01)
+    fake = _SlowStart()
+    readings: list[float] = []
+    periodic = PeriodicBandwidthProbe(fake, period_s=60.0, jitter=0.0,  # type: ignore[arg-type]
+                                      on_result=lambda _peer, r: readings.append(r.mbps))
+    periodic.add_link("b", LOCAL, 1, peer_kind="bulk")
+    await periodic.start()
+    try:
+        for _ in range(500):  # a few quick probes, then the period: the timeout bounds it
+            if len(fake.sizes) >= 3 and not periodic.stats("b").undersized:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await periodic.stop()
+    stats = periodic.stats("b")
+    assert fake.sizes[0] == DEFAULT_NBYTES and fake.sizes == sorted(fake.sizes)
+    assert all(b >= 4 * a for a, b in itertools.pairwise(fake.sizes))  # ramped, no repeats
+    assert not stats.undersized and stats.next_nbytes < 4 * fake.sizes[-1]
+    assert readings[0] < 1_000 and readings[-1] > 5_000  # Mbit/s
+    assert stats.capacity_bps == pytest.approx(readings[-1] * 1e6)  # the short ones replaced
