@@ -56,6 +56,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("process logs (tails)", tails))
 
 
+#: Where the suite's long tests live (real clusters training, the testbed, the simulator's
+#: campaign): collected first, so the xdist workers start them first and finish together on
+#: the short ones, rather than the last worker running a minute-long test alone at the end.
+LONG_FIRST = ("tests/training/", "tests/testbed/", "tests/bench/", "tests/dst/",
+              "tests/cli/test_demo.py", "tests/integration/test_bridge.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return next((i for i, p in enumerate(LONG_FIRST) if path.startswith(p)),
+                    len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: each module's tests stay together and in order
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """SIGTERM (a CI runner's cancel, ``timeout``, a kill of the run) unwinds like Ctrl-C, in
     the main process and in every xdist worker: the fixtures' finalizers run, and the
