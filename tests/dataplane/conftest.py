@@ -81,6 +81,10 @@ def trio() -> Iterator[dict[str, AllReducer]]:
     links["b"].allow("a", "c")
     links["a"].connect_to("b", *links["b"].address)
     links["c"].connect_to("b", *links["b"].address)
+    # Both ends up before a test sends: on a loaded box b had not yet taken a's link when a
+    # test's first frame went out ("link to peer 'a' is gone: not connected").
+    assert links["b"].wait_connected(["a", "c"], 10)
+    assert links["a"].wait_connected(["b"], 10) and links["c"].wait_connected(["b"], 10)
     yield {n: AllReducer(lk, chunk_bytes=1024, timeout=10.0) for n, lk in links.items()}
     for lk in links.values():
         lk.close()
