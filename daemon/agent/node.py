@@ -651,7 +651,10 @@ class NodeAgent:
             self.supervisor.kill()
 
     def _worker_exited(self, code: int, reason: WorkerExitReason = "worker-exit") -> None:
-        if self.supervisor.refused is not None and reason == "worker-exit":
+        # A refused worker is on its way out: silent while it exits (a loaded box), it is
+        # still refused, not hung, and the cluster must not wait for it to come back.
+        if self.supervisor.refused is not None and reason in ("worker-exit",
+                                                               "worker-unresponsive"):
             reason = "state-refused"
         if self.worker.attached:
             self.worker.detach()

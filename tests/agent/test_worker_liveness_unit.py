@@ -106,6 +106,18 @@ def test_hung_worker_started_by_hand_is_dropped_with_its_reason(tmp_path: Path) 
     assert len(requests(agent)) == 1
 
 
+def test_a_refused_worker_silent_while_it_exits_is_reported_refused(tmp_path: Path) -> None:
+    """Seen in the suite on a loaded box: a joiner refused for a model that does not fit went
+    silent as it exited, and the watchdog's verdict reported it hung, so the cluster never
+    scaled it in as refused."""
+    agent, clock = agent_with_worker(tmp_path, os.getpid())
+    agent.supervisor.refuse("n1 cannot join cluster state of step 3: model differs")
+    clock.advance(LIMIT + 0.1)
+    agent.check_worker()
+    [req] = requests(agent)
+    assert req.op == "worker-exit" and req.args == {"code": -1, "reason": "state-refused"}
+
+
 def test_a_frozen_daemon_does_not_blame_its_worker(tmp_path: Path) -> None:
     agent, clock = agent_with_worker(tmp_path, os.getpid())
     clock.advance(LIMIT * 5)  # the daemon itself was stopped: no tick, no poll served
