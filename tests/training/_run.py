@@ -54,34 +54,35 @@ class Run:
         self.c.wait(lambda: self.active(nodes), timeout, f"{nodes} active")
 
     def through_faults(self, start: Callable[[str], None]) -> None:
-        """On four nodes: three train, the fourth scales out, the second leaves (its worker
-        exits), the fourth is killed (kill -9), the third freezes (SIGSTOP) until it has
-        failed and then thaws and rejoins; every change under training. ``start(node)``
-        starts a node's worker."""
-        n1, n2, n3, n4 = self.c.node_ids
-        self.join_all([n1, n2, n3], start=start)
+        """On three nodes: two train, the third scales out, then freezes (SIGSTOP, daemon and
+        worker: no TCP reset) until it has failed, thaws and rejoins; the second leaves (its
+        worker exits); the third is killed (kill -9) and the first trains on alone. Every
+        change lands under training. ``start(node)`` starts a node's worker."""
+        n1, n2, n3 = self.c.node_ids
+        self.join_all([n1, n2], start=start)
+        self.advance([n1, n2], 20)
+        start(n3)  # scale-out while the others train
+        self.c.wait(lambda: self.active([n1, n2, n3]), 60, "n3 active")
         self.advance([n1, n2, n3], 20)
-        start(n4)  # scale-out while the others train
-        self.c.wait(lambda: self.active([n1, n2, n3, n4]), 60, "n4 active")
-        self.advance([n1, n2, n3, n4], 20)
-        assert call_once(self.c.socket_of(n2), "leave", timeout=5)["state"] == "leaving"
-        self.c.wait(lambda: any(e["node"] == n2 for e in self.events("scale-in")), 30,
-                    "n2 left")
-        self.c.wait(lambda: self.states().get(n2) == "standby", 30, "n2's worker to exit")
-        self.advance([n1, n3, n4], 20)
-        self.signal_node(n4, signal.SIGKILL)
-        self.c.wait(lambda: any(e["node"] == n4 for e in self.events("node-failed")), 20,
-                    "n4 failed")
-        self.advance([n1, n3], 20)
         self.signal_node(n3, signal.SIGSTOP)
         try:
             self.c.wait(lambda: any(e["node"] == n3 for e in self.events("node-failed")), 20,
                         "n3 failed")
-            self.advance([n1], 20)
+            self.advance([n1, n2], 20)
         finally:
             self.signal_node(n3, signal.SIGCONT)
-        self.c.wait(lambda: self.active([n1, n3]), 90, "n3 back as a member")
+        self.c.wait(lambda: self.active([n1, n2, n3]), 90, "n3 back as a member")
+        self.advance([n1, n2, n3], 20)
+        assert call_once(self.c.socket_of(n2), "leave", timeout=5)["state"] == "leaving"
+        self.c.wait(lambda: any(e["node"] == n2 for e in self.events("scale-in")), 30,
+                    "n2 left")
+        self.c.wait(lambda: self.states().get(n2) == "standby", 30, "n2's worker to exit")
         self.advance([n1, n3], 20)
+        failed = len([e for e in self.events("node-failed") if e["node"] == n3])
+        self.signal_node(n3, signal.SIGKILL)
+        self.c.wait(lambda: len([e for e in self.events("node-failed") if e["node"] == n3])
+                    > failed, 20, "n3 failed again")
+        self.advance([n1], 20)
 
     def records(self, node: str) -> list[dict[str, Any]]:
         return self._lines.rows(self.out / f"{node}.jsonl")

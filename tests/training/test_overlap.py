@@ -21,7 +21,7 @@ OVERLAP = ["--overlap", "--width", "64"]  # about 60 chunks of 256 bytes: a real
 
 
 def test_overlapped_rounds_keep_every_member_identical_through_faults(run: Any) -> None:
-    r = run(4)
+    r = run(3)
     r.through_faults(lambda n: r.join(n, extra=OVERLAP))
     assert r.assert_consistent() > 40
     r.assert_loss_falls(r.c.node_ids[0])

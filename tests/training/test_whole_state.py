@@ -328,9 +328,8 @@ def test_joiners_that_do_not_fit_are_refused_in_one_line(run: Any) -> None:
     start(r, [n1, n2])
     r.advance([n1, n2], 15)
     join(r, n3, "--width", "12")  # another model shape
+    join(r, n4, "--sched", "cosine")  # another scheduler type, asking at the same time
     wait_refused(r, n3, ("conv", "bn2", "fc1", "shape"))
-    r.advance([n1, n2], 15)
-    join(r, n4, "--sched", "cosine")  # another scheduler type
     wait_refused(r, n4, ("sched", "OneCycleLR", "CosineAnnealingLR"))
     r.advance([n1, n2], 15)
     assert not r.records(n3) and not r.records(n4), "a refused joiner committed a step"
