@@ -76,7 +76,11 @@ class Run:
         assert call_once(self.c.socket_of(n2), "leave", timeout=5)["state"] == "leaving"
         self.c.wait(lambda: any(e["node"] == n2 for e in self.events("scale-in")), 30,
                     "n2 left")
-        self.c.wait(lambda: self.states().get(n2) == "standby", 30, "n2's worker to exit")
+        self.c.wait(lambda: self.states().get(n2) == "standby", 30, "n2 in standby")
+        # Standby is the scheduler's word; the script ends at its next forward pass after
+        # its last rounds, which can take longer than the next fault (seen on a loaded box).
+        log = self.c.workdir / f"{n2}.log"
+        self.c.wait(lambda: "worker exited with" in log.read_text(), 60, "n2's worker to exit")
         self.advance([n1, n3], 20)
         failed = len([e for e in self.events("node-failed") if e["node"] == n3])
         self.signal_node(n3, signal.SIGKILL)
