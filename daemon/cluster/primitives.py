@@ -259,18 +259,31 @@ class Negotiator:
         Left so, the partition rule kept one of them and made the others rejoin by scale-out
         (the simulator's seed 3). Each split-off part is linked to the largest one; if the
         network is truly cut there, the new link fails and its report is a partition.
+
+        First among the active members: a joiner is left out of the policies that take effect
+        before its state is in, so a path through it leaves those disconnected (seed 227).
+        Then with the joiners too: a joiner is a member of every policy from its own step on,
+        and one whose only link went with its source was put aside by the partition rule
+        while it trained as a member (the simulator's seed 20637, 60 s: the last member left
+        once one of its three joiners held the state, and the other two, members by then,
+        rejoined with a newer state than the stale step heard of the heir, which started the
+        cluster over from theirs).
         """
-        # Among the active members: a joiner is left out of the policies that take effect
-        # before its state is in, so a path through it leaves those disconnected (seed 227).
-        members = self._active()
-        adj: dict[str, set[str]] = {m: set() for m in members}
+        active = self._active()
+        self._link_parts(active)
+        self._link_parts(active + sorted(n for n in self.joins if n not in active and (
+            r := self.sched.nodes.get(n)) is not None and r.state == "joining"))
+
+    def _link_parts(self, nodes: list[str]) -> None:
+        """Link each part of the overlay among ``nodes`` to the largest part."""
+        adj: dict[str, set[str]] = {m: set() for m in nodes}
         for lk in self.sched.links:
             if lk.a in adj and lk.b in adj:
                 adj[lk.a].add(lk.b)
                 adj[lk.b].add(lk.a)
         parts: list[set[str]] = []
         seen: set[str] = set()
-        for start in members:
+        for start in nodes:
             if start in seen:
                 continue
             part, todo = set(), [start]

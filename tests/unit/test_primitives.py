@@ -801,6 +801,28 @@ def test_the_last_members_leave_waits_until_the_new_node_holds_the_state() -> No
         "leave"]
 
 
+def test_a_last_members_leave_links_the_joiners_it_was_the_only_source_of() -> None:
+    """The simulator's seed 20637 (60 s): the last member a served three joiners; once b held
+    the state, a left, and its links went with it. c and d, members from their own step by
+    then, had no link to b: the leave's policy was split, the partition rule put them aside,
+    and rejoining with a newer state than the step heard of b, c started the cluster over
+    from its own. The leave now links them to the others."""
+    neg, _ = make({"a": 40})
+    grow(neg, "a")
+    for node in ("b", "c", "d"):
+        neg.join(node, f"127.0.0.1:{ord(node)}", ["a"])
+    neg.leave("a", 40)
+    assert neg.sched.nodes["a"].state == "active"  # held: it serves the joiners
+    neg.replicated("b", done())
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "left"
+    assert not any(e.kind == "partition" for e in neg.sched.events)
+    assert {neg.sched.nodes[n].state for n in "cd"} == {"joining"}
+    assert set(neg.sched.policy.members) == {"b", "c", "d"}
+    links = {(lk.a, lk.b) for lk in neg.sched.links}
+    assert ("b", "c") in links and ("b", "d") in links
+
+
 def test_a_held_leave_goes_ahead_when_the_join_ends_another_way() -> None:
     neg, clock = make({"a": 40})
     grow(neg, "a")
