@@ -28,7 +28,10 @@ from daemon.contracts.protocol import WorkerCommand, parse_worker_command
 from daemon.contracts.ratelog import RateLimitedLog
 
 log = logging.getLogger("chaos.trainer")
-POLL_S = 0.02  # a new policy reaches a round in flight within this (plus one control call)
+# A new policy reaches a round in flight within this (plus one control call). Each poll costs
+# both processes a wake-up and a JSON round trip: at 20 ms an idle member spent about 4.5% of a
+# core on polling here, at 50 ms under 2%. Reports do not wait for it (:meth:`Poller.wake`).
+POLL_S = 0.05
 
 
 class Poller:
@@ -67,6 +70,7 @@ class Poller:
         self._sync_ms: list[float] = []  # collective times of the steps since the last poll
         self._news = threading.Event()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # poll now: stop, or a report queued
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -74,12 +78,14 @@ class Poller:
         if self._thread is not None and self._thread.is_alive():
             return
         self._stop.clear()
+        self._wake.clear()
         self._thread = threading.Thread(target=self._run, name="chaos-poller", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop polling and join the thread (a call in flight ends within its own timeout)."""
         self._stop.set()
+        self._wake.set()
         t = self._thread
         if t is not None and t is not threading.current_thread():
             t.join(timeout)
@@ -107,6 +113,11 @@ class Poller:
             self._news.clear()
         return out
 
+    def wake(self) -> None:
+        """Poll now rather than at the next tick: a report is queued (a failed link's report
+        then reaches the scheduler at once, not up to ``every`` later). Safe from any thread."""
+        self._wake.set()
+
     def wait(self, timeout: float) -> bool:
         """Wait until the inbox has something new (or an error); False on timeout."""
         return self._news.wait(timeout)
@@ -116,6 +127,7 @@ class Poller:
         # makes it the only member before a second node's join replaces it, or it never
         # bootstraps.
         while not self._stop.is_set():
+            self._wake.clear()  # before the poll: what is queued from now on wakes the next
             try:
                 self.poll_once()
             except ControlFailure as exc:
@@ -123,7 +135,7 @@ class Poller:
                     self._error = exc
                     self._news.set()
                 return
-            self._stop.wait(self.every)
+            self._wake.wait(self.every)
 
     def poll_once(self) -> None:
         """One ``worker.poll`` (the thread's body; a test may call it directly)."""

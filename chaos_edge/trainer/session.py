@@ -187,9 +187,10 @@ class Session:
             self.links.disconnect(peer, reason=reason)
 
     def report(self, rep: WorkerReport) -> None:
-        """Queue a ``worker.report`` (sent with the next poll; safe from any thread)."""
+        """Queue a ``worker.report``; the poller sends it at once (safe from any thread)."""
         with self._lock:
             self._reports.append(rep)
+        self.poller.wake()
 
     def flush_reports(self) -> None:
         """Send queued reports; a report that fails is dropped with a log line."""

@@ -91,3 +91,30 @@ def test_a_malformed_command_is_counted_by_the_poller_and_reaches_no_one(
     # Rate-limited: the first at once, the other two are counted toward the next line.
     lines = [r.getMessage() for r in caplog.records if "malformed worker command" in r.getMessage()]
     assert len(lines) == 1 and "is not host:port" in lines[0], lines
+
+
+def test_a_queued_report_wakes_the_poller_instead_of_waiting_for_the_next_tick(
+        tmp_path: Path) -> None:
+    """A failed link's report reaches chaosd at once: with an hour between timed polls, the
+    report queued after the first poll is still flushed, by a poll the wake-up started."""
+    fake = FakeCluster(tmp_path)
+    client = ControlClient(fake.socket_for("n0"), 5.0)
+    flushed: list[int] = []
+    queued: list[int] = []
+
+    def flush() -> None:
+        flushed.extend(queued)
+        queued.clear()
+
+    poller = Poller(client, flush, every=3600.0)
+    try:
+        client.call("worker.attach", {"pid": 1, "host": "127.0.0.1", "port": 1})
+        poller.start()
+        assert poller.wait(5.0)  # the first poll, at once
+        queued.append(7)
+        poller.wake()
+        _until(lambda: flushed == [7])
+    finally:
+        poller.stop()
+        fake.close()
+        client.close()
