@@ -205,6 +205,9 @@ class Negotiator:
         # unseen until its chaosd finds itself deaf, and may come back holding steps we never
         # heard of (see :meth:`join`).
         self._silenced: set[str] = set()
+        # Members set aside while we still hear them (a partition, blamed links): node ->
+        # {member that went on: the step it became one at}. See :meth:`_kept_partners`.
+        self._aside: dict[str, dict[str, int]] = {}
         # Joins that wait for heartbeats: node -> (until when, whose, the join's arguments).
         self._unheard: dict[str, tuple[float, frozenset[str],
                                        tuple[str, list[str], dict[str, float] | None, int]]] = {}
@@ -410,6 +413,7 @@ class Negotiator:
             for node in members:
                 if node not in kept:
                     self.sched.set_node(node, state="standby")  # waits for a link back
+                    self._note_aside(node, kept)
             self.sched.record("partition", parts=parts, kept=kept)
             log.warning("partition %s: %s keeps training", parts, kept)
             members = kept
@@ -493,7 +497,8 @@ class Negotiator:
         # member was heard at: not that step plus the lead, which members that lag are not
         # (the simulator's seed 2521: a new scheduler's stale view kept the cut-off site's two
         # members, at 407, and a joiner holding the 420 its site had reached pulled 409).
-        if members and self._clearly_ahead(step) and self._ahead_of_nodes_up(node, step):
+        if (members and self._clearly_ahead(step) and self._ahead_of_nodes_up(node, step)
+                and not self._kept_partners(node)):
             unheard = [m for m in members if m not in self._heard and m != self.sched.me]
             if unheard:
                 # What we know of them is the snapshot's step, which lags: a scheduler a
@@ -647,6 +652,7 @@ class Negotiator:
         known = self.sched.step
         self.sched.set_node(node, state="active")
         self._member_at[node] = step
+        self._aside.pop(node, None)
         policy = self.publish_policy(effective_step=0)
         version = policy.version if policy else 0
         # Said, not left to the worker to infer from a policy naming it alone: joins that came
@@ -713,6 +719,21 @@ class Negotiator:
         count: they pull (seed 2521: one holding the same 340 as the joiner, counted as a
         member, made the joiner look level with members at 330)."""
         return step >= self.sched.step and step > self._newest(self._active()) + self.lead()
+
+    def _note_aside(self, node: str, kept: Iterable[str]) -> None:
+        """``node``, a member we still hear, leaves the rounds while ``kept`` go on."""
+        self._aside[node] = {m: self._member_at.get(m, 0) for m in kept if m != node}
+
+    def _kept_partners(self, node: str) -> list[str]:
+        """The members that went on when ``node`` was set aside (a partition, or its links
+        blamed), members ever since: they trained in lockstep with it until then, so they hold
+        at least its state, however old their last heartbeat's step is (the simulator's seed
+        448: a data-plane cut blamed the scheduler's own node, the one member left trained on
+        alone to 279, and the node set aside, at 277, looked clearly ahead of the 270 that
+        member's heartbeat had said, and started the cluster over from its older state)."""
+        marks = self._aside.get(node, {})
+        return [m for m, at in marks.items() if m in self._active()
+                and self._member_at.get(m, 0) == at]
 
     def _held_by(self, node: str) -> int:
         """The step ``node`` holds, as it last said: its worker's (a restored snapshot,
@@ -826,6 +847,7 @@ class Negotiator:
             return
         self.sched.set_node(node, state="active")
         self._member_at[node] = join.command.version_step if join is not None else 0
+        self._aside.pop(node, None)
         self._empty_since = None
         delay = None if join is None else (self.clock.monotonic() - join.requested_at) * 1000.0
         detail = report.detail()
@@ -931,6 +953,8 @@ class Negotiator:
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
         self.joins.pop(node, None)
+        # Unheard, it may have trained elsewhere since (another part's scheduler).
+        self._aside.pop(node, None)
         if reason != "failure":
             # A worker that went holds nothing; one whose daemon went silent (cut off) may
             # still hold its state, and is counted again when it is back (tick): dropped, two
@@ -948,6 +972,8 @@ class Negotiator:
         self._drop_links(node)
         if was_member and self.sched.nodes[node].state in MEMBER_STATES:
             self.sched.set_node(node, state="standby")  # the worker went, the daemon stays
+            if reason != "failure":
+                self._note_aside(node, self._active())
         # Healed first: a joiner planned again may publish a policy without itself at once,
         # and the members the gone one held together must be linked by then.
         self._heal_overlay()

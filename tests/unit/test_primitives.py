@@ -631,6 +631,47 @@ def test_links_failing_to_one_member_from_two_peers_take_its_worker_for_failed()
     assert {(lk.a, lk.b) for lk in neg.sched.links} == {("b", "d")}
 
 
+def test_a_member_set_aside_is_never_ahead_of_the_members_that_went_on_without_it() -> None:
+    """The simulator's seed 448 (200 s): a data-plane cut blamed the scheduler's own node a,
+    and c trained on alone from 277. a asked to rejoin with its 277 while c's last heartbeat
+    said 270: a looked clearly ahead, and the cluster started over from its older state. They
+    trained in lockstep until a was set aside, so c, a member ever since, holds at least a's
+    state: a pulls from it."""
+    steps = dict.fromkeys("abc", 200)
+    clock = FakeClock()
+    neg = Negotiator(Scheduler("a", 1, None, clock), clock, steps.__getitem__)
+    grow(neg, "a", "b", "c")
+    steps.update(a=277, b=270, c=270)  # c's heartbeat lags what it holds
+    for m in "abc":
+        neg.observe_worker(m, "active", steps[m])
+    neg.sched.step = 270
+    link_failed(neg, "b", "a")
+    link_failed(neg, "c", "a")  # two peers blame a
+    assert neg.sched.nodes["a"].state == "standby"
+    assert "c" in neg.sched.policy.members and "a" not in neg.sched.policy.members
+    neg.out.clear()
+    neg.join("a", neg.sched.nodes["a"].data_addr, [], step=277)
+    assert not cmds(neg, "bootstrap")
+    assert neg.sched.nodes["c"].state == "active"
+    assert neg.sched.nodes["a"].state == "joining"
+    assert "c" in neg.joins["a"].command.sources
+
+
+def test_a_member_set_aside_then_unheard_may_come_back_ahead() -> None:
+    """Unheard, a node set aside may have trained on under another part's scheduler: its
+    newer state is judged as any joiner's again."""
+    steps = dict.fromkeys("abc", 20)
+    neg, _ = make(steps)
+    grow(neg, "a", "b", "c")
+    steps.update(a=40, b=30, c=30)
+    for m in "bc":
+        neg.observe_worker(m, "active", 30)
+    neg.gone("a", "links-failed")
+    neg.gone("a", "failure")  # then silent
+    neg.join("a", neg.sched.nodes["a"].data_addr, [], step=40)
+    assert [n for n, _ in cmds(neg, "bootstrap")][-1] == "a"
+
+
 def test_a_cut_between_two_sites_blames_both_sides_and_is_left_to_the_partition_rule() -> None:
     """Both ends report each failed link of a cut, so every blamer is blamed in turn by
     another node: no one worker is taken for failed."""
