@@ -1,7 +1,8 @@
 """Every ``chaosctl bench`` command has help, and a bad value is one line on stderr, exit 2.
 
 Bad values are rejected before anything starts (no cluster, namespace or child process), so
-these run the real console script without root and in seconds.
+these run without root and in seconds: the help through the real console script, the tables
+of bad values through the same ``chaosctl.main.run`` in this process.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.cli.conftest import assert_one_line_error, chaosctl_argv, ctl_env, run_ctl
+from tests.cli.conftest import (
+    assert_one_line_error,
+    chaosctl_argv,
+    ctl_env,
+    run_ctl,
+    run_ctl_here,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -73,8 +80,9 @@ def test_group_lists_every_command() -> None:
     ],
     ids=lambda v: " ".join(v) if isinstance(v, list) else "",
 )
-def test_bad_value_is_one_line_exit_2(args: list[str], needle: str) -> None:
-    line = assert_one_line_error(run_ctl("bench", *args), 2)
+def test_bad_value_is_one_line_exit_2(args: list[str], needle: str,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    line = assert_one_line_error(run_ctl_here("bench", *args, monkeypatch=monkeypatch), 2)
     assert needle in line
 
 
@@ -89,12 +97,13 @@ WRITERS += [["throughput", "--keep"], ["stall", "--keep"], ["convergence", "--ke
 
 @pytest.mark.parametrize("args", WRITERS, ids=" ".join)
 def test_results_that_cannot_be_written_are_refused_before_anything_starts(
-        tmp_path: Path, args: list[str]) -> None:
+        tmp_path: Path, args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """A path under a file can never be made: one line naming the option, exit 2, and
     nothing made or started (a run used to fail only when it wrote, at the end)."""
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    line = assert_one_line_error(run_ctl("bench", *args, str(blocker / "results")), 2)
+    line = assert_one_line_error(
+        run_ctl_here("bench", *args, str(blocker / "results"), monkeypatch=monkeypatch), 2)
     assert line.startswith(f"chaosctl: {args[1]} {blocker / 'results'}: ")
     assert "is not a folder" in line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

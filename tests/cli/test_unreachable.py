@@ -1,4 +1,7 @@
-"""chaosctl without a daemon: exit 3 and one line on stderr, never a traceback."""
+"""chaosctl without a daemon: exit 3 and one line on stderr, never a traceback.
+
+The tables run ``chaosctl.main.run`` in this process (``run_ctl_here``); the rest run the
+console script."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import assert_one_line_error, run_ctl
+from tests.cli.conftest import assert_one_line_error, run_ctl, run_ctl_here
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -19,9 +22,11 @@ COMMANDS = [
 
 
 @pytest.mark.parametrize("args", COMMANDS, ids=" ".join)
-def test_missing_socket_exits_3(sock_dir: Path, args: list[str]) -> None:
+def test_missing_socket_exits_3(sock_dir: Path, args: list[str],
+                                monkeypatch: pytest.MonkeyPatch) -> None:
     path = sock_dir / "none.sock"
-    line = assert_one_line_error(run_ctl("--socket", str(path), *args), 3)
+    line = assert_one_line_error(
+        run_ctl_here("--socket", str(path), *args, monkeypatch=monkeypatch), 3)
     assert line == (
         f"chaosctl: cannot reach chaosd at {path} (is it running? start it with 'chaosd' "
         "or 'systemctl start chaosd')"
@@ -54,8 +59,9 @@ def test_stale_socket_file_exits_3(sock_dir: Path) -> None:
         (["link", "add", "x" * 65], "invalid node id"),
     ],
 )
-def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str) -> None:
-    line = assert_one_line_error(run_ctl(*args), 2)
+def test_usage_errors_exit_2_with_one_line(args: list[str], needle: str,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    line = assert_one_line_error(run_ctl_here(*args, monkeypatch=monkeypatch), 2)
     assert needle in line
 
 
