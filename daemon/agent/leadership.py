@@ -43,6 +43,7 @@ class LeadershipHost(Protocol):
     detector: PhiAccrualDetector
     metrics: AgentMetrics
     view: ClusterState | None  # set when we take in our scheduler's snapshot
+    paused_since_view: bool  # cleared when the scheduler we follow speaks
     beats: dict[str, Heartbeat]
     last_heard: dict[str, float]
     events: dict[tuple[int, float], Event]
@@ -203,6 +204,7 @@ class Leadership:
             # case we follow its scheduler after all (it republishes only on a change).
             self._held_state = st
             return
+        self._a.paused_since_view = False  # the scheduler we follow says where things are
         if self._a.view is not None and (self._a.view.term, self._a.view.leader) == claim \
                 and st.version <= self._a.view.version:
             return

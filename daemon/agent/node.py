@@ -128,6 +128,9 @@ class NodeAgent:
         self.exit_reason = ""
         self._hb_seq = 0
         self._last_tick: float | None = None
+        # Paused (SIGSTOP, a suspend) since the last view we had: what the cluster decided
+        # meanwhile is unknown to us until the scheduler's next snapshot (see view_outdated).
+        self.paused_since_view = False
         self._last_publish = 0.0
         self._last_leader: str | None = None
         # Until then, silence is not judged: peers may reconnect up to one backoff after us.
@@ -668,6 +671,10 @@ class NodeAgent:
         """The step each node's last heartbeat said (ours: our worker's), as heard."""
         return {**{n: hb.step for n, hb in self.beats.items()}, self.me: self.step}
 
+    def view_outdated(self) -> bool:
+        """Is our view from before a pause of this daemon, no snapshot heard since?"""
+        return self.paused_since_view
+
     def reported_step(self, node: str) -> int:
         """The step ``node`` last said it holds (its heartbeat; ours: our worker's), not
         extrapolated: a node that is cut off or waiting does not step on."""
@@ -743,6 +750,7 @@ class NodeAgent:
         if gap > SELF_PAUSE_S:
             log.warning("this daemon was paused for %.1f s; not judging peers this tick", gap)
             self.detector.reset_all()
+            self.paused_since_view = self.role is None
         elif self.bus.connected and self._hears_itself(now):
             self._decide(now)
         self.check_worker(paused=gap > SELF_PAUSE_S)

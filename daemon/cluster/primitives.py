@@ -999,6 +999,22 @@ class Negotiator:
             self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
                               policy_version=policy.version if policy else None)
 
+    def doubt_own(self) -> None:
+        """At election, with a view from before our daemon was paused: the others may have
+        set our member aside meanwhile and trained on without it, and the snapshot that said
+        so never reached us (a broker restart lost it). Our worker rejoins, saying what it
+        holds, and a newer state held elsewhere goes on (the simulator's seed 3367: frozen
+        8 s through a partition that set it aside, the new scheduler's own member reran round
+        219 alone, beside the 220 that a box back from a power cut held)."""
+        me = self.sched.me
+        rec = self.sched.nodes.get(me)
+        if rec is None or rec.state != "active":
+            return
+        log.warning("our view is from before this daemon was paused: our worker rejoins")
+        self.sched.set_node(me, state="standby")
+        self._note_members()
+        self.publish_policy(effective_step=0)
+
     def _left_behind(self) -> bool:
         """Are the active members clearly behind the newest step an active member was heard
         at (``sched.step``)? Only judged on steps known fresh: ours (our worker's), or every

@@ -443,6 +443,25 @@ async def test_a_daemon_that_was_paused_does_not_blame_its_peers() -> None:
     assert agent.scheduler is not None and agent.scheduler.nodes["b"].state == "standby"
 
 
+async def test_a_follower_paused_doubts_its_view_until_the_scheduler_speaks() -> None:
+    """A pause may hide a policy that set us aside (the snapshot lost with a broker restart):
+    the view is doubted from the pause until any snapshot of the scheduler we follow, the
+    same version as ours included (the role, if we are elected first, acts on it)."""
+    clock = FakeClock()
+    agent, bus = await attach("b", clock)
+    bus.deliver(T.leader, LeaderClaim(id="a", term=2))
+    bus.deliver(T.state, ClusterState(term=2, leader="a", version=7))
+    await run(agent, clock, 0.5)
+    assert not agent.view_outdated()
+    clock.advance(5.0)  # SIGSTOP, then SIGCONT
+    await run(agent, clock, 0.5)
+    assert agent.view_outdated()
+    bus.deliver(T.state, ClusterState(term=1, leader="z", version=99))  # a losing scheduler
+    assert agent.view_outdated()
+    bus.deliver(T.state, ClusterState(term=2, leader="a", version=7))  # republished, as is
+    assert not agent.view_outdated() and agent.view is not None and agent.view.version == 7
+
+
 async def test_a_node_that_no_longer_hears_itself_judges_nobody() -> None:
     """The broker path breaks before the connection notices (a keepalive takes seconds): our
     own heartbeats stop coming back, and the silence of everyone else is ours. Found by the

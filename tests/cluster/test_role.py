@@ -61,6 +61,7 @@ class FakeHost:
         self.down: set[str] = set()
         self.queued: list[Queued] = []
         self.incarnation = 1
+        self.paused_since_view = False
 
     def own_status(self) -> Status:
         return Status(node=ME, online=True, reason="up", incarnation=self.incarnation,
@@ -74,6 +75,9 @@ class FakeHost:
 
     def heard_steps(self) -> dict[str, int]:
         return dict(self.steps)
+
+    def view_outdated(self) -> bool:
+        return self.paused_since_view
 
     def daemon_alive(self, node: str) -> bool:
         return node not in self.down
@@ -486,3 +490,26 @@ def test_a_heartbeat_counts_the_step_its_worker_holds_not_the_daemons_last_poll(
     role.on_heartbeat(Heartbeat(node="b", seq=2, incarnation=1, step=400, state="standby",
                                 cpu_percent=0.0, mem_percent=0.0, holds=-1), "10.0.0.2")
     assert role.neg._held_elsewhere("c") == -1  # no worker attached: it holds nothing
+
+
+@pytest.mark.parametrize("paused", [False, True])
+def test_a_role_elected_on_a_view_from_before_its_pause_has_its_own_worker_rejoin(
+        paused: bool) -> None:
+    """A daemon paused (SIGSTOP, a suspend) may have been set aside meanwhile, the snapshot
+    saying so lost; elected before a newer one came, its own member must not train on from
+    the old view (the simulator's seed 3367). Unpaused, it is a member as before."""
+    host, snap = successor(ME, "b")
+    assert snap.nodes[ME].state == "active"
+    host.paused_since_view = paused
+    role = host.elect()
+    policy = role.sched.policy
+    assert policy is not None and "b" in policy.members
+    assert (ME in policy.members) is not paused
+    assert role.sched.nodes[ME].state == ("standby" if paused else "active")
+    if paused:  # its worker, left out, asks to join with what it holds: b is its source
+        host.steps[ME] = host.steps["b"] = 3
+        host.beat(role, "b")
+        rid = request(role, ME, "join", addr=f"10.0.0.{ME}:7000", neighbors=[], step=3)
+        assert host.reply_to(rid).args["error"] is None
+        (cmd,) = [c for n, c in host.commands("replicate") if n == ME and c.term == role.term]
+        assert list(cmd.args["sources"]) == ["b"]

@@ -176,7 +176,7 @@ def test_the_scheduler_puts_one_wire_format_in_every_policy() -> None:
     host = SimpleNamespace(
         me="s", cfg=cfg, clock=clock, election=SimpleNamespace(term=1), view=None,
         presence={}, step_of=lambda _n: 0, reported_step=lambda _n: 0, heard_steps=dict,
-        daemon_alive=lambda _n: True,
+        daemon_alive=lambda _n: True, view_outdated=lambda: False,
         own_status=lambda: Status(node="s", online=True, reason="up", incarnation=1, addr="x"),
     )
     role = SchedulerRole(cast(Any, host), None)
