@@ -386,6 +386,12 @@ def _behind_train_on() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_left_behind", never)]
 
 
+def _paused_view_kept() -> list[tuple[Any, str, Any]]:
+    def trust(self: primitives.Negotiator) -> None:
+        return None  # the fix undone: elected on a view from before our pause, we train on
+    return [(primitives.Negotiator, "doubt_own", trust)]
+
+
 def _acts_after_cut() -> list[tuple[Any, str, Any]]:
     def at_once(self: NodeAgent) -> None:
         return None  # the fix undone: a scheduler back from a long cut acts at once
@@ -511,4 +517,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("older-plan-joins", "d78989a", "a joiner's report of an older plan's state ends the "
            "join, and a policy of a newer plan admits a joiner holding the older state",
            _older_plan_joins),
+    Mutant("paused-view-kept", "18b8d69", "a scheduler elected on a view from before its "
+           "daemon's pause has its own member train on from it, though the others may have "
+           "set it aside meanwhile", _paused_view_kept),
 )}

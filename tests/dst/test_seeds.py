@@ -45,6 +45,8 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "joiners-added-at-last": (1721, 200.0, frozenset({"stall"})),
     # Open at stop 31, fixed in stop 32: caught by the seed that found it.
     "behind-train-on": (2290, 200.0, frozenset({"split"})),
+    # Simulator fault 29's seed, found by 200 fresh long seeds (stop 49), fixed in stop 50.
+    "paused-view-kept": (3367, 200.0, frozenset({"split"})),
 }
 
 # Mutants no seed catches any more, and why (each was caught once; BENCHMARKS.md).
