@@ -66,3 +66,19 @@ def test_repeats_run_the_static_configurations_again_with_the_next_seeds() -> No
     assert {r.repeat for r in runs if r.start != r.end} == {0}
     assert [r.name for r in runs_of("cnn", 2, ["consistent"])] == [
         "static-2", "static-3", "2->3", "3->2"]
+
+
+def test_a_compressed_run_is_compared_with_its_fp32_twin() -> None:
+    fp32 = _res("static-2", 2, 2, [3.0, 2.0, 1.0], [3.0, 2.2, 1.2])
+    int8 = {**_res("static-2", 2, 2, [3.0, 2.5, 1.5], [3.0, 2.4, 1.1]), "wire": "int8"}
+    int8["final"] = {**int8["final"], "val_acc": 0.75}
+    mdoc = {"runs": {"static-2/plain": fp32, "static-2/plain/int8": int8}}
+    report.compare(mdoc, at=1)
+    assert fp32["vs_fp32"] is None  # the twin itself
+    vs = int8["vs_fp32"]
+    assert vs["final"] == pytest.approx({"train_loss": 0.5, "val_loss": -0.1, "val_acc": 0.25})
+    assert vs["mean_abs_train_loss"] == pytest.approx((0.0 + 0.5 + 0.5) / 3)
+    # A compressed run whose twin did not run has nothing to be compared with.
+    del mdoc["runs"]["static-2/plain"]
+    report.compare(mdoc, at=1)
+    assert int8["vs_fp32"] is None
