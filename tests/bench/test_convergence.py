@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cli.conftest import chaosctl_argv, ctl_env
+from tests.cli.conftest import run_ctl
 
 pytestmark = [
     pytest.mark.xdist_group("bench"),  # CPU-bound: never beside another bench
@@ -67,9 +66,8 @@ def check_records(run_dir: Path, start: int, end: int) -> None:
 
 def test_short_convergence_bench(tmp_path: Path) -> None:
     out, keep = tmp_path / "out", tmp_path / "keep"
-    proc = subprocess.run([*chaosctl_argv(), "bench", "convergence", "--short", "--out",
-                           str(out), "--keep", str(keep)], env=ctl_env(), capture_output=True,
-                          text=True, timeout=280, stdin=subprocess.DEVNULL)
+    proc = run_ctl("bench", "convergence", "--short", "--out", str(out), "--keep", str(keep),
+                   timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "mean |loss - static|" in proc.stdout
     doc = json.loads((out / "convergence.json").read_text())
@@ -103,10 +101,8 @@ def test_short_convergence_in_a_compressed_wire_format(tmp_path: Path) -> None:
     fp32 twins are the runs above, so they are not run again here (the comparison with a
     twin is checked on made-up curves, tests/bench/test_convergence_bands.py)."""
     out, keep = tmp_path / "out", tmp_path / "keep"
-    proc = subprocess.run([*chaosctl_argv(), "bench", "convergence", "--short", "--static-only",
-                           "--wire", "int8", "--out", str(out), "--keep", str(keep)],
-                          env=ctl_env(), capture_output=True, text=True, timeout=280,
-                          stdin=subprocess.DEVNULL)
+    proc = run_ctl("bench", "convergence", "--short", "--static-only", "--wire", "int8",
+                   "--out", str(out), "--keep", str(keep), timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "convergence.json").read_text())
     assert doc["wires"] == ["int8"]

@@ -6,22 +6,20 @@ test's."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli.conftest import chaosctl_argv, ctl_env
+from tests.cli.conftest import run_ctl
 
 pytestmark = [pytest.mark.xdist_group("bench"), pytest.mark.timeout(300)]
 
 
 def test_every_arm_runs_the_same_steps_and_is_reported(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = subprocess.run([*chaosctl_argv(), "bench", "throughput", "--model", "cnn",
-                           "--nodes", "2", "--repeats", "1", "--warmup", "3", "--steps", "5",
-                           "--batch", "32", "--out", str(out)], env=ctl_env(),
-                          capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL)
+    proc = run_ctl("bench", "throughput", "--model", "cnn", "--nodes", "2", "--repeats", "1",
+                   "--warmup", "3", "--steps", "5", "--batch", "32", "--out", str(out),
+                   timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "| chaos-ddp |" in proc.stdout
     doc = json.loads((out / "throughput.json").read_text())

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -124,13 +125,40 @@ def ctl_env(socket_path: Path | None = None) -> dict[str, str]:
     return env
 
 
+TEARDOWN_S = 60.0  # how long an interrupted chaosctl may take to tear down what it started
+
+
 def run_ctl(*args: str, socket_path: Path | None = None,
             timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    """Run ``chaosctl ARGS`` to completion and capture its output."""
-    return subprocess.run(
-        [*chaosctl_argv(), *args], env=ctl_env(socket_path), capture_output=True, text=True,
-        timeout=timeout, stdin=subprocess.DEVNULL,
-    )
+    """Run ``chaosctl ARGS`` to completion and capture its output.
+
+    Interrupted (Ctrl-C, the test's timeout, or past ``timeout``), chaosctl gets a Ctrl-C of
+    its own and TEARDOWN_S to take down what it started, as a user's Ctrl-C does:
+    ``subprocess.run`` sends SIGKILL, and a bench killed so left its mosquitto running (stop
+    48). A second Ctrl-C while it tears down is the user's to give: this returns at once, and
+    chaosctl, which heard it too, handles it (benches and the demo leave nothing either way).
+    """
+    argv = [*chaosctl_argv(), *args]
+    with subprocess.Popen(argv, env=ctl_env(socket_path), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            interrupt(proc)
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def interrupt(proc: subprocess.Popen[str], grace: float = TEARDOWN_S) -> None:
+    """Ctrl-C ``proc`` and wait ``grace`` seconds for it to tear down; then SIGKILL it."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
 
 
 def run_ctl_here(*args: str, monkeypatch: pytest.MonkeyPatch,

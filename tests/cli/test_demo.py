@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from chaosctl.cluster import Child, LocalCluster
-from tests.cli.conftest import chaosctl_argv, ctl_env
+from tests.cli.conftest import chaosctl_argv, ctl_env, run_ctl
 
 pytestmark = pytest.mark.timeout(280)
 
@@ -53,10 +53,7 @@ def _state(entry: Path) -> str:
 
 def test_demo_runs_and_leaves_nothing_behind() -> None:
     needs_daemon()
-    proc = subprocess.run(
-        [*chaosctl_argv(), "demo", "--no-live", "--duration", "0"], env=ctl_env(),
-        capture_output=True, text=True, timeout=250, stdin=subprocess.DEVNULL,
-    )
+    proc = run_ctl("demo", "--no-live", "--duration", "0", timeout=250)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     out = proc.stdout
