@@ -223,7 +223,7 @@ def record(trainer: Any, model: nn.Module, opt: torch.optim.Optimizer, sched: An
         "step": trainer.step, "pid": os.getpid(), "loss": float(loss.detach()),
         "members": list(sh.members),
         "shard": {"index": sh.index, "start": sh.start, "size": sh.size,
-                  "global_batch": sh.global_batch},
+                  "global_batch": sh.global_batch, "step": sh.step},
         "policy_version": trainer.policy_version,
         "params": digest(dict(model.named_parameters())),
         "buffers": digest(dict(model.named_buffers())),
