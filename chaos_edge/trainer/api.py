@@ -482,7 +482,9 @@ class Trainer:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
         mode = self._mode_of(version) if self._replica.outer is not None else None
         self._replica.commit(values, mode)
-        self._shares.committed(version, self._stepper.speeds(values))
+        pub = self._s.book.get(version)  # the round's members lay out its speed slots
+        self._shares.committed(pub.members if pub is not None else None,
+                               self._stepper.speeds(values))
 
     def _mode_of(self, version: int) -> SyncMode:
         """The sync mode of the policy a round ran under (the newest if it is forgotten)."""

@@ -100,7 +100,12 @@ class Shares:
     def __init__(self, me: str, per_member: int, global_batch: int | None) -> None:
         self.me, self.per_member, self.global_batch = me, per_member, global_batch
         self.speed = 0.0  # our samples/s (smoothed)
-        self._speeds: tuple[int, list[float]] | None = None  # (policy version, members' speeds)
+        # The members' speeds from the last round we committed, and whose slots they are
+        # (that round's members, sorted): the layout of the speeds, not the policy version.
+        # Keyed by the version, a member that had not yet heard a newer policy of the same
+        # members (a re-chunk or a new tree) when it read its shard would split its step by
+        # the speeds while those that had heard it split evenly, and the shards would overlap.
+        self._speeds: tuple[tuple[str, ...], list[float]] | None = None
         self._shard: Shard | None = None  # the last one handed out
         self._last_end: float | None = None  # when the last update() returned
 
@@ -108,7 +113,8 @@ class Shares:
         """Our shard of ``step`` under ``pub`` (the policy of that round, else the newest)."""
         members = pub.members if pub is not None and self.me in pub.members else (self.me,)
         speeds = None
-        if pub is not None and self._speeds is not None and self._speeds[0] == pub.version:
+        if pub is not None and self._speeds is not None and \
+                self._speeds[0] == tuple(sorted(members)):
             speeds = self._speeds[1]
         self._shard = shard_of(step, members, self.me, per_member=self.per_member,
                                global_batch=self.global_batch, speeds=speeds)  # fmt: skip
@@ -142,10 +148,15 @@ class Shares:
         index = sorted(pub.members).index(self.me)
         return index if index < SLOTS else None
 
-    def committed(self, version: int, speeds: torch.Tensor | None) -> None:
-        """A round under policy ``version`` committed the members' ``speeds`` (its slots)."""
+    def committed(self, members: Sequence[str] | None, speeds: torch.Tensor | None) -> None:
+        """A round of ``members`` committed their ``speeds`` (its slots; None: unknown).
+
+        Every member of the next round holds the same speeds when its members are the same:
+        all of them committed this round together, and one that did not (a joiner) restored
+        a state since, which forgets them (:meth:`forget`)."""
         if self.global_batch is not None:
-            self._speeds = None if speeds is None else (version, speeds.tolist())
+            self._speeds = None if speeds is None or members is None else (
+                tuple(sorted(members)), speeds.tolist())
 
     def forget(self) -> None:
         """A replicated state replaced ours: the speeds and shard we knew are from before."""

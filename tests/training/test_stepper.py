@@ -215,15 +215,23 @@ def test_shards_tile_the_global_batch_on_every_member() -> None:
     assert (plain.global_batch, plain.size, plain.start) == (24, 8, 8)
 
 
-def test_shares_follow_the_speeds_of_the_policy_they_were_measured_under() -> None:
+def test_shares_follow_the_speeds_of_the_members_they_were_measured_for() -> None:
     ms = ["a", "b"]
     v3 = SyncPolicy.build(3, ms, [("a", "b")], "a", 0, {m: "127.0.0.1:1" for m in ms})
     v4 = SyncPolicy.build(4, ms, [("a", "b")], "a", 0, {m: "127.0.0.1:1" for m in ms})
+    v5 = SyncPolicy.build(5, [*ms, "c"], [("a", "b"), ("b", "c")], "a", 0,
+                          {m: "127.0.0.1:1" for m in [*ms, "c"]})
     shares = Shares("b", per_member=8, global_batch=30)
     assert shares.shard(5, v3).size == 15  # no speeds yet: an even split
     assert shares.samples(5, lambda: None) == 15  # the shard the script read, not a new one
-    shares.committed(3, torch.tensor([1.0, 2.0]))
-    assert shares.shard(6, v3).size == 20 and shares.shard(6, v4).size == 15
+    shares.committed(v3.members, torch.tensor([1.0, 2.0]))
+    # A newer policy of the same members (a re-chunk, a new tree) keeps the speeds' layout;
+    # one of other members does not: its step is split evenly.
+    assert shares.shard(6, v3).size == 20 and shares.shard(6, v4).size == 20
+    assert shares.shard(6, v5).size == 10
+    shares.committed(None, torch.tensor([1.0, 2.0]))  # a round of members we do not know
+    assert shares.shard(6, v3).size == 15
+    shares.committed(v3.members, torch.tensor([1.0, 2.0]))
     shares.forget()  # a restored state: speeds from before it count for nothing
     assert shares.shard(6, v3).size == 15
     assert shares.slot(v3) == 1 and Shares("b", 8, None).slot(v3) is None
@@ -231,6 +239,27 @@ def test_shares_follow_the_speeds_of_the_policy_they_were_measured_under() -> No
     shares.ended(11.0)
     shares.began(13.0, 4)  # 4 samples in 2 s
     assert shares.speed == 2.0
+
+
+def test_members_that_heard_a_new_policy_and_one_that_did_not_yet_split_the_step_alike(
+        ) -> None:
+    """A policy of the same members published a lead ahead reaches the members' pollers at
+    different moments: one reads its shard of that step under the newer policy, another under
+    the older. Both committed the last round together, so their shards must still tile the
+    global batch (they overlapped when the speeds were keyed by the policy version)."""
+    ms = ["a", "b", "c"]
+    addrs = {m: "127.0.0.1:1" for m in ms}
+    old = SyncPolicy.build(7, ms, [("a", "b"), ("b", "c")], "b", 0, addrs)
+    new = SyncPolicy.build(8, ms, [("a", "b"), ("a", "c")], "a", 40, addrs)
+    speeds = torch.tensor([3.0, 1.0, 2.0])
+    heard = {"a": new, "b": old, "c": new}  # b's poller has not fetched v8 yet
+    shards = []
+    for me, pub in heard.items():
+        shares = Shares(me, per_member=8, global_batch=48)
+        shares.committed(old.members, speeds)
+        shards.append(shares.shard(40, pub))
+    assert [s.start for s in shards] == [0, shards[0].size, shards[0].size + shards[1].size]
+    assert sum(s.size for s in shards) == 48 and shards[0].size > shards[2].size > shards[1].size
 
 
 def test_the_optimizer_step_is_timed_apart_for_the_stall_account() -> None:
