@@ -115,7 +115,8 @@ class Session:
         self._dialing: set[str] = set()
         self._quiet_down: set[str] = set()  # peers we disconnected on purpose
         self._outside = False  # the newest policy leaves this node out (it was dropped)
-        self._closing: set[str] = set()  # peers to disconnect once no round needs them
+        # Peers to disconnect once no round needs them, and the policy the drop came with.
+        self._closing: dict[str, int] = {}
         self._closed = threading.Event()
         self._threads = ThreadSet()  # dialers
         self.links.add_down_listener(self._on_down)
@@ -182,7 +183,7 @@ class Session:
         no ``link-failed`` report follows; a connect command brings a link back."""
         for peer in peers:
             self._quiet_down.add(peer)
-            self._closing.discard(peer)
+            self._closing.pop(peer, None)
             self._wanted.pop(peer, None)
             self.links.disconnect(peer, reason=reason)
 
@@ -225,7 +226,7 @@ class Session:
             # (settle): the policy without the link takes effect at a later step, and
             # closing at once left the rounds before it without a tree edge, aborting
             # and rerunning the same step under the same policy for ever.
-            self._closing.add(cmd.peer)
+            self._closing[cmd.peer] = cmd.policy_version
         elif isinstance(cmd, (Replicate, Bootstrap)):
             if cmd.new != self.node_id:
                 self.links.allow(cmd.new)  # the new node may dial us for the state
@@ -244,17 +245,20 @@ class Session:
             return  # the usual step: nothing to close, no tree walk on the step's path
         needed = {peer for p in self.book.governing_from(next_step) if self.node_id in p.members
                   for peer in (p.parent(self.node_id), *p.children(self.node_id)) if peer}
-        for peer in list(self._closing):
-            if peer in needed:
+        known = self.book.newest_version
+        for peer, version in list(self._closing.items()):
+            # Not before we hold the policy the drop came with: a policy published just
+            # before it, still on its way to us, may route a coming round over this link.
+            if peer in needed or version > known:
                 continue
-            self._closing.discard(peer)
+            del self._closing[peer]
             self._wanted.pop(peer, None)
             self._quiet_down.add(peer)
             self.links.disconnect(peer, reason="disconnect-link")
 
     def want(self, peer: str, addr: str) -> None:
         """Keep a link to ``peer``; the lower id dials, the other end accepts."""
-        self._closing.discard(peer)
+        self._closing.pop(peer, None)
         self._quiet_down.discard(peer)
         self.links.allow(peer)
         self._wanted[peer] = parse_addr(addr)

@@ -250,7 +250,10 @@ class Negotiator:
                 dropped.append(other)
                 for end, far in ((node, other), (other, node)):
                     if self.sched.nodes.get(end) and self.sched.nodes[end].state in MEMBER_STATES:
-                        self._cmd(end, Disconnect(peer=far))
+                        # The policy published next goes without the link: the end closes
+                        # it only once it holds that one (and so every one before it).
+                        self._cmd(end, Disconnect(peer=far,
+                                                  policy_version=self.sched.policy_version + 1))
         self.sched.dirty = True
         return dropped
 

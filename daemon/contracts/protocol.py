@@ -367,12 +367,22 @@ class Connect(_Body):
 
 @dataclass(frozen=True)
 class Disconnect(_Body):
-    """Close the link to ``peer`` once no policy that governs a coming round needs it."""
+    """Close the link to ``peer`` once no policy that governs a coming round needs it.
+
+    Attributes:
+        policy_version: The policy the scheduler publishes with the drop (0: none named). The
+            worker closes nothing before it holds it: the command can overtake the snapshot
+            that carries it and the policies published just before it, one of which may
+            still route a round over the link (a demo run stalled so, stop 50).
+    """
 
     OP: ClassVar[str] = "disconnect"
     peer: str
+    policy_version: int = 0
 
     def check(self) -> str | None:
+        if self.policy_version < 0:
+            return f"policy_version {self.policy_version} is negative"
         return _ids(self.peer)
 
 

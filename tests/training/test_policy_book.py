@@ -3,6 +3,8 @@ divergence guard compares (unit)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from chaos_edge.trainer.policy import PolicyBook
 from daemon.contracts.policy import SyncPolicy
 
@@ -50,3 +52,37 @@ def test_the_guard_compares_when_a_member_joins_not_when_one_leaves() -> None:
     assert not admits_newcomer(v, ("a", "b", "c"))  # a link change
     assert not admits_newcomer(v, ("a", "b", "c", "d"))  # d left
     assert admits_newcomer(v, ("a", "b", "d"))  # d left and c joined at once
+
+
+def test_a_disconnect_that_overtook_its_policies_closes_nothing_until_they_come(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """The scheduler sends the drop's ``disconnect`` before the snapshot that carries the
+    policies published with it and just before it. A worker that closed at once, from the
+    policies it held, could not know that one of those (a wider tree over the very link)
+    would govern its next round: every attempt of that round then failed on the closed link,
+    and the policy without it never took effect (a demo run, stop 50)."""
+    from chaos_edge.trainer.session import Session
+    from daemon.contracts.protocol import Disconnect
+
+    monkeypatch.setenv("CHAOS_DATA_BIND", "127.0.0.1")
+    s = Session(tmp_path / "no-daemon.sock", 1.0)  # the control socket is never called here
+    try:
+        s.node_id = "a"
+        closed: list[str] = []
+        monkeypatch.setattr(s.links, "disconnect", lambda peer, reason="": closed.append(peer))
+        v1 = _pol(1, 0, [("a", "b"), ("b", "c")])  # a's only tree edge: a-b
+        s.book.put(v1)
+        s._command(Disconnect(peer="c", policy_version=3))  # a-c dropped with v3
+        s.settle(11)  # v1 alone does not need a-c, but v3 (and what came before it) is missing
+        assert closed == []
+        s.book.put(_pol(2, 12, [("a", "c"), ("b", "c")]))  # the wider tree, over a-c
+        s.book.put(_pol(3, 15, [("a", "b"), ("b", "c")]))  # the drop
+        s.settle(11)
+        assert closed == []  # v2 governs rounds 12-14 over a-c
+        s.settle(15)
+        assert closed == ["c"]  # v3 governs: nothing needs it any more
+        s._command(Disconnect(peer="b"))  # no policy named (0): judged on what we hold
+        s.settle(15)
+        assert closed == ["c"]  # v3 still routes a-b
+    finally:
+        s.close()
