@@ -276,15 +276,19 @@ class NodeAgent:
 
     async def heartbeat(self) -> None:
         self._hb_seq += 1
+        await self.bus.publish(self.topics.hb(self.me), encode(self.own_heartbeat()), qos=0)
+
+    def own_heartbeat(self) -> Heartbeat:
+        """What our next heartbeat says: a role elected here reads it at once, before its echo
+        comes back through the broker."""
         res = self.resources()
-        hb = Heartbeat(node=self.me, seq=self._hb_seq, incarnation=self.incarnation,
-                       step=self.step, state=self.worker.state if self.worker.attached else
-                       self.state, cpu_percent=res.cpu_percent,
-                       mem_percent=res.mem_percent, battery_percent=res.battery_percent,
-                       policy_version=self.worker.version if self.worker.attached else -1,
-                       leader=self.election.leader or "", snapshot=self._snapshot_step(),
-                       holds=self.worker.step if self.worker.attached else -1)
-        await self.bus.publish(self.topics.hb(self.me), encode(hb), qos=0)
+        return Heartbeat(node=self.me, seq=self._hb_seq, incarnation=self.incarnation,
+                         step=self.step, state=self.worker.state if self.worker.attached else
+                         self.state, cpu_percent=res.cpu_percent,
+                         mem_percent=res.mem_percent, battery_percent=res.battery_percent,
+                         policy_version=self.worker.version if self.worker.attached else -1,
+                         leader=self.election.leader or "", snapshot=self._snapshot_step(),
+                         holds=self.worker.step if self.worker.attached else -1)
 
     def _start_from(self) -> Holding:
         """What a scheduler elected here would start from: the cluster's snapshot (the

@@ -331,7 +331,7 @@ class Negotiator:
         return max((max(self.step_of(n), self._member_at.get(n, 0)) for n in nodes), default=0)
 
     def observe_worker(self, node: str, state: str, step: int, attached: bool = True,
-                       snapshot: int = -1) -> None:
+                       snapshot: int = -1, policy_version: int | None = None) -> None:
         """A heartbeat says what ``node``'s worker is: one we list as joining whose worker is
         already active finished its join, and its ``replicated`` report was lost (sent to a
         scheduler that died the moment it went out: the simulator's seed 1389). Left joining,
@@ -349,6 +349,15 @@ class Negotiator:
             # join (a box thawed from a freeze still says "active"), not its end. Taken for
             # done, the node was a member while its worker fetched, and the rounds waited on
             # it until the join timed out (the soak: no step for 300 s).
+            return
+        if (join is not None and policy_version is not None
+                and policy_version < join.command.policy_version):
+            # Its rounds were committed under a policy older than the one this join adds it
+            # by: a member set aside that trained on alone before it heard so, on its own
+            # line of states. Taken for done, two lines of step 373 and 374 were members of
+            # one cluster (the e2e power cut with the broker: a member bootstrapped from an
+            # older snapshot was set aside for a newer one, and trained four steps past the
+            # joiner's step before its heartbeat came).
             return
         log.warning("%s trains (step %d) but its join was never reported done: done now",
                     node, step)

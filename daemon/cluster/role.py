@@ -49,6 +49,7 @@ class RoleHost(Protocol):
     presence: dict[str, Status]
 
     def own_status(self) -> Status: ...
+    def own_heartbeat(self) -> Heartbeat: ...
     def step_of(self, node: str) -> int: ...
     def reported_step(self, node: str) -> int: ...
     def heard_steps(self) -> dict[str, int]: ...
@@ -86,6 +87,7 @@ class SchedulerRole:
         if agent.view_outdated():
             self.neg.doubt_own()
         self.take_own(agent.own_status())
+        self.take_own_heartbeat(agent.own_heartbeat())
         self.take_presence(list(agent.presence.values()))
         silence = agent.silence(previous) if previous else None
         log.warning("elected scheduler, term %d (previous: %s)", self.term, previous)
@@ -153,7 +155,7 @@ class SchedulerRole:
         # The worker's own step: the daemon's (hb.step) is its last poll's, which lags a
         # worker that just attached with a restored snapshot or nothing.
         self.neg.observe_worker(hb.node, hb.state, hb.holds, attached=hb.holds >= 0,
-                               snapshot=hb.snapshot)
+                               snapshot=hb.snapshot, policy_version=hb.policy_version)
         self.neg.observe_progress()
         self.flush()
 
@@ -163,6 +165,13 @@ class SchedulerRole:
         it trains. Kept as a member, joins were planned from it at step 0, and its rounds
         waited on joiners that had no state (the soak: no step for two minutes)."""
         self.on_status(st)
+
+    def take_own_heartbeat(self, hb: Heartbeat) -> None:
+        """At election: our worker's state and our disk's newest snapshot, as our next
+        heartbeat says them. Its echo through the broker came after the first join was judged,
+        and a peer's older snapshot started the cluster over beside the newer one on our own
+        disk (the e2e power cut with the broker: 368 bootstrapped while our disk held 372)."""
+        self.on_heartbeat(hb, self.agent.cfg.advertise)
 
     def take_presence(self, statuses: list[Status]) -> None:
         """At election: act on the presence the old scheduler may never have acted on (it

@@ -62,10 +62,17 @@ class FakeHost:
         self.queued: list[Queued] = []
         self.incarnation = 1
         self.paused_since_view = False
+        self.disk = -1  # the newest snapshot on our own disk (-1: none)
+        self.worker_holds = -1  # what our own worker holds (-1: none attached)
 
     def own_status(self) -> Status:
         return Status(node=ME, online=True, reason="up", incarnation=self.incarnation,
                       addr="10.0.0.1")
+
+    def own_heartbeat(self) -> Heartbeat:
+        return Heartbeat(node=ME, seq=1, incarnation=self.incarnation, step=0,
+                         state="standby", cpu_percent=0.0, mem_percent=0.0,
+                         snapshot=self.disk, holds=self.worker_holds)
 
     def step_of(self, node: str) -> int:
         return self.steps.get(node, 0)
@@ -513,3 +520,23 @@ def test_a_role_elected_on_a_view_from_before_its_pause_has_its_own_worker_rejoi
         assert host.reply_to(rid).args["error"] is None
         (cmd,) = [c for n, c in host.commands("replicate") if n == ME and c.term == role.term]
         assert list(cmd.args["sources"]) == ["b"]
+
+
+def test_a_role_elected_after_a_power_cut_counts_the_snapshot_on_its_own_disk() -> None:
+    """The e2e power cut that took the broker too: the first scheduler after it judged a
+    peer's join (holding its snapshot of 368) before the echo of its own heartbeat came back
+    through the broker, so the 372 on its own disk was unknown, and 368 started the cluster
+    over. Read at election, our disk holds the joiner back until our worker asks."""
+    host = FakeHost(FakeClock())
+    host.disk = 372
+    role = host.elect()
+    st = Status(node="a", online=True, reason="up", incarnation=1, addr="10.0.0.a")
+    host.presence["a"] = st
+    role.on_status(st)
+    host.beat(role, "a")
+    request(role, "a", "join", addr="10.0.0.a:7000", neighbors=[], step=368)
+    assert not host.commands("bootstrap") and role.neg.held == {"a": 368}
+    request(role, ME, "join", addr="10.0.0.1:7000", neighbors=[], step=372)
+    assert [n for n, _ in host.commands("bootstrap")] == [ME]
+    [rep] = [c for n, c in host.commands("replicate") if n == "a"]
+    assert list(rep.args["sources"]) == [ME]  # a pulls the newer state

@@ -18,7 +18,7 @@ from daemon.cluster.role import SchedulerRole
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import Config, TrainingConfig
-from daemon.contracts.messages import LinkRecord, Status
+from daemon.contracts.messages import Heartbeat, LinkRecord, Status
 from daemon.contracts.policy import (
     WIRE_FORMATS,
     Edge,
@@ -178,6 +178,8 @@ def test_the_scheduler_puts_one_wire_format_in_every_policy() -> None:
         presence={}, step_of=lambda _n: 0, reported_step=lambda _n: 0, heard_steps=dict,
         daemon_alive=lambda _n: True, view_outdated=lambda: False,
         own_status=lambda: Status(node="s", online=True, reason="up", incarnation=1, addr="x"),
+        own_heartbeat=lambda: Heartbeat(node="s", seq=1, incarnation=1, step=0,
+                                        state="standby", cpu_percent=0.0, mem_percent=0.0),
     )
     role = SchedulerRole(cast(Any, host), None)
     role.neg.join("a", "127.0.0.1:1", [])

@@ -1033,6 +1033,27 @@ def test_a_joiner_heard_active_behind_its_replica_has_not_finished_its_join() ->
     assert neg.sched.nodes["b"].state == "active" and "b" not in neg.joins
 
 
+def test_a_member_set_aside_that_trained_on_under_its_old_policy_has_not_joined() -> None:
+    """The e2e power cut with the broker: a member bootstrapped from an older snapshot was
+    set aside when a joiner holding a newer one asked, and sent to pull from it; it trained
+    on alone under its old policy, past the step of its replica, before it heard. Its
+    heartbeat (active, ahead of the replica) was taken for a join whose report was lost, and
+    the two lines of states were members together. Done only under the policy adding it."""
+    neg, _ = make()
+    neg.join("a", "127.0.0.1:1", [], step=368)
+    old = neg.sched.policy_version
+    neg.observe_worker("a", "active", 369, policy_version=old)  # its heartbeat
+    neg.join("b", "127.0.0.1:2", [], step=380)  # clearly ahead: the cluster goes on from b
+    assert neg.sched.nodes["b"].state == "active" and neg.sched.nodes["a"].state == "joining"
+    command = neg.joins["a"].command
+    assert command.policy_version > old
+    neg.observe_worker("a", "active", command.version_step + 4, policy_version=old)
+    assert neg.sched.nodes["a"].state == "joining" and "a" in neg.joins
+    neg.observe_worker("a", "active", command.version_step + 1,
+                       policy_version=command.policy_version)  # it did finish, report lost
+    assert neg.sched.nodes["a"].state == "active" and "a" not in neg.joins
+
+
 def test_a_joiner_ahead_of_the_members_but_behind_a_node_up_does_not_start_over() -> None:
     """The simulator's seed 1775: a scheduler frozen through a cut trained on alone from an
     old state; when the other site came back, a joiner holding a snapshot of step 60 was
