@@ -15,7 +15,7 @@ import pytest
 from chaosctl.cluster import LocalCluster
 from tests.integration.conftest import BROKERS, wait_until
 
-pytestmark = [pytest.mark.timeout(90), pytest.mark.parametrize("broker", BROKERS)]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.parametrize("broker", BROKERS)]
 MakeCluster = Callable[..., LocalCluster]
 
 
@@ -56,7 +56,8 @@ def test_kill9_scheduler_then_follower(make_cluster: MakeCluster, broker: str) -
     old, term = wait_until(lambda: agreed(c, ids), 20, "first scheduler")
     c.kill(old, signal.SIGKILL)
     rest = [n for n in ids if n != old]
-    new, new_term = wait_until(lambda: agreed(c, rest), 20, "failover")
+    # A hang guard, not a bound: failover takes seconds, but a loaded box once took over 20.
+    new, new_term = wait_until(lambda: agreed(c, rest), 60, "failover")
     assert new != old and new_term > term
     row = wait_until(lambda: (r := node_row(c, new, old)) and r["state"] == "failed" and r,
                      10, "old scheduler marked failed")
@@ -86,7 +87,7 @@ def test_sigstop_scheduler_no_split_brain(make_cluster: MakeCluster, broker: str
     rest = [n for n in ids if n != old]
     c.kill(old, signal.SIGSTOP)
     try:
-        new, new_term = wait_until(lambda: agreed(c, rest), 20, "failover from a frozen one")
+        new, new_term = wait_until(lambda: agreed(c, rest), 60, "failover from a frozen one")
         assert new != old and new_term > term
         wait_until(lambda: (r := node_row(c, new, old)) and r["state"] == "failed", 10,
                    "frozen scheduler marked failed")
