@@ -777,6 +777,9 @@ class NodeAgent:
                 self.role.sched.dirty or now - self._last_publish > REPUBLISH_S):
             snap = self._stamped(self.role.snapshot())
             self.view = snap
+            # Ours is the view now: a doubt left from a pause before our election would have
+            # our worker rejoin (one more pull) if we were elected again without a snapshot.
+            self.paused_since_view = False
             self.leadership.merge_events(snap.events)
             self.leadership.merge_policies(snap)
             self._last_publish = now

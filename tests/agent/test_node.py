@@ -462,6 +462,15 @@ async def test_a_follower_paused_doubts_its_view_until_the_scheduler_speaks() ->
     assert not agent.view_outdated() and agent.view is not None and agent.view.version == 7
 
 
+async def test_a_scheduler_publishing_its_own_snapshot_no_longer_doubts_its_view() -> None:
+    """A doubt from a pause before our election ends with the first snapshot we publish."""
+    agent, _, clock = await elected("a")
+    agent.paused_since_view = True  # paused while a follower, then elected
+    agent.role.sched.dirty = True  # type: ignore[union-attr]
+    await run(agent, clock, 0.5)
+    assert not agent.view_outdated() and agent.view is not None and agent.view.leader == "a"
+
+
 async def test_a_node_that_no_longer_hears_itself_judges_nobody() -> None:
     """The broker path breaks before the connection notices (a keepalive takes seconds): our
     own heartbeats stop coming back, and the silence of everyone else is ours. Found by the
