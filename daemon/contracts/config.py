@@ -24,6 +24,7 @@ from daemon.contracts.policy import (
     OUTER_OPTIMIZERS,
     SYNC_MODES,
     WIRE_FORMATS,
+    WIRE_RANK,
     SyncMode,
 )
 from daemon.contracts.signing import control_key
@@ -157,6 +158,28 @@ class TrainingConfig:
 
 
 @dataclass(frozen=True)
+class AdaptiveConfig:
+    """The policy controller (``daemon.cluster.controller``): off, ``[training]`` holds for the
+    whole run; on, the scheduler starts from it and switches to the policy its measurements
+    predict reaches the same loss soonest, within these pins and bounds."""
+
+    enabled: bool = False
+    # Parts of [training] the controller keeps as configured: sync, wire, inner_steps.
+    pin: tuple[str, ...] = ()
+    min_wire: str = "int8"  # never below this format (fp32 above fp16 = bf16 above int8)
+    syncs: tuple[str, ...] = ("every-step", "diloco")  # the sync modes it may choose
+    max_inner_steps: int = 100  # the longest DiLoCo H it may choose
+    # A switch needs a predicted gain above this fraction, in ``dwell`` measurements in a row,
+    # and ``min_interval_s`` since the last switch: noise does not flip the policy.
+    hysteresis: float = 0.15
+    dwell: int = 3
+    min_interval_s: float = 60.0
+
+
+ADAPTIVE_PINS = ("sync", "wire", "inner_steps")
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
     """Supervision of the training worker that ``chaosctl join -- CMD`` starts."""
 
@@ -218,6 +241,7 @@ class Config:
     probe: ProbeConfig = field(default_factory=ProbeConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
@@ -253,6 +277,7 @@ _SECTIONS: dict[str, type] = {
     "probe": ProbeConfig,
     "replication": ReplicationConfig,
     "training": TrainingConfig,
+    "adaptive": AdaptiveConfig,
     "worker": WorkerConfig,
     "snapshots": SnapshotConfig,
     "metrics": MetricsConfig,
@@ -280,6 +305,10 @@ def _check_type(key: str, value: Any, default: Any) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"config: {key} must be a number, not {value!r}")
         return float(value)
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"config: {key} must be a list of strings, not {value!r}")
+        return tuple(value)
     if not isinstance(value, str):
         raise ConfigError(f"config: {key} must be a string, not {value!r}")
     return value
@@ -385,6 +414,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"config: training.wire must be one of {', '.join(WIRE_FORMATS)}, "
                           f"not {cfg.training.wire!r}")
     _check_training(cfg.training)
+    _check_adaptive(cfg.adaptive, cfg.training)
     silence = cfg.worker.poll_silence_s
     if silence != 0 and not MIN_POLL_SILENCE_S <= silence <= 3600:
         raise ConfigError(f"config: worker.poll_silence_s must be 0 (off) or "
@@ -454,6 +484,42 @@ def _check_training(tr: TrainingConfig) -> None:
     if not 0 <= tr.outer_momentum < 1:
         raise ConfigError(f"config: training.outer_momentum must be in [0, 1), "
                           f"not {tr.outer_momentum:g}")
+
+
+def _check_adaptive(ad: AdaptiveConfig, tr: TrainingConfig) -> None:
+    if bad := [p for p in ad.pin if p not in ADAPTIVE_PINS]:
+        raise ConfigError(f"config: adaptive.pin may name {', '.join(ADAPTIVE_PINS)}, "
+                          f"not {bad[0]!r}")
+    if ad.min_wire not in WIRE_FORMATS:
+        raise ConfigError(f"config: adaptive.min_wire must be one of {', '.join(WIRE_FORMATS)}, "
+                          f"not {ad.min_wire!r}")
+    if not ad.syncs or (bad := [m for m in ad.syncs if m not in SYNC_MODES]):
+        raise ConfigError(f"config: adaptive.syncs must name some of {', '.join(SYNC_MODES)}, "
+                          f"not {list(ad.syncs)!r}")
+    if not 1 <= ad.max_inner_steps <= MAX_INNER_STEPS:
+        raise ConfigError(f"config: adaptive.max_inner_steps must be 1..{MAX_INNER_STEPS}, "
+                          f"not {ad.max_inner_steps}")
+    if not 0 <= ad.hysteresis < 1:
+        raise ConfigError(f"config: adaptive.hysteresis must be in [0, 1), not {ad.hysteresis:g}")
+    if not 1 <= ad.dwell <= 1000 or ad.min_interval_s < 0:
+        raise ConfigError(f"config: adaptive.dwell must be 1..1000 and adaptive.min_interval_s "
+                          f">= 0, not {ad.dwell} and {ad.min_interval_s:g}")
+    if not ad.enabled:
+        return
+    # The run starts under [training]: a start the bounds forbid is a contradiction, pinned or not.
+    if WIRE_RANK[tr.wire] < WIRE_RANK[ad.min_wire]:
+        raise ConfigError(f"config: training.wire = {tr.wire!r} is below adaptive.min_wire = "
+                          f"{ad.min_wire!r}")
+    if tr.sync not in ad.syncs:
+        raise ConfigError(f"config: training.sync = {tr.sync!r} is not in adaptive.syncs = "
+                          f"{list(ad.syncs)!r}")
+    if tr.sync == "diloco" and tr.inner_steps > ad.max_inner_steps:
+        raise ConfigError(f"config: training.inner_steps = {tr.inner_steps} is above "
+                          f"adaptive.max_inner_steps = {ad.max_inner_steps}")
+    # Refused, not ignored: a controller the operator turned on and that never acts would let
+    # them believe the cluster adapts.
+    raise ConfigError("config: adaptive.enabled = true is not available yet: the scheduler "
+                      "does not act on the policy controller, so [training] holds for the run")
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> Config:

@@ -39,6 +39,8 @@ POLICY_KEEP = 8
 #: live in ``chaos_edge.dataplane.codec``; the names are here so that config and policy can
 #: validate them without importing the data plane.
 WIRE_FORMATS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8")
+#: Precision order of the wire formats (a bound like "never below bf16" compares these).
+WIRE_RANK: dict[str, int] = {"fp32": 2, "fp16": 1, "bf16": 1, "int8": 0}
 #: Sync modes: ``every-step`` all-reduces the gradients of every step (the default);
 #: ``diloco`` steps each member's own optimizer locally and all-reduces the parameter change
 #: every ``inner_steps`` steps ("DiLoCo: Distributed Low-Communication Training of Language

@@ -59,6 +59,20 @@ def test_broker_urls(tmp_path: Path) -> None:
         ('[training]\nwire = "int4"\n', "training.wire must be one of fp32, fp16, bf16, int8"),
         ('[training]\nwire = 8\n', "training.wire"),
         ('[training]\ncodec = "int8"\n', "training.codec"),
+        ('[adaptive]\npin = "wire"\n', "adaptive.pin must be a list of strings"),
+        ('[adaptive]\npin = ["codec"]\n', "adaptive.pin may name sync, wire, inner_steps"),
+        ('[adaptive]\nmin_wire = "int4"\n', "adaptive.min_wire"),
+        ('[adaptive]\nsyncs = []\n', "adaptive.syncs"),
+        ('[adaptive]\nhysteresis = 1.5\n', "adaptive.hysteresis"),
+        # The example: a pinned policy that contradicts a bound names both keys.
+        ('[training]\nwire = "int8"\n[adaptive]\nenabled = true\npin = ["wire"]\n'
+         'min_wire = "bf16"\n',
+         "training.wire = 'int8' is below adaptive.min_wire = 'bf16'"),
+        ('[training]\nsync = "diloco"\ninner_steps = 500\n[adaptive]\nenabled = true\n',
+         "training.inner_steps = 500 is above adaptive.max_inner_steps = 100"),
+        ('[adaptive]\nenabled = true\nsyncs = ["diloco"]\n',
+         "training.sync = 'every-step' is not in adaptive.syncs"),
+        ('[adaptive]\nenabled = true\n', "adaptive.enabled = true is not available yet"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:

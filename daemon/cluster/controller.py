@@ -1,0 +1,215 @@
+"""The policy controller: which sync policy the cluster trains under, chosen from what it measured.
+
+Edge links change by orders of magnitude within a day, so no policy fixed before the run is
+right for all of it. The controller predicts, for each policy it may choose (sync mode, DiLoCo's
+H, wire format), the time to a unit of training progress: the step time from the members'
+measured compute and the all-reduce tree's measured links, times the extra steps the policy
+needs to reach the same loss (a documented prior). It switches when the best one beats the
+policy in force by more than a hysteresis, for several observations in a row, and not sooner
+than a minimum interval after the last switch: a noisy but stationary input never flips it back
+and forth. Operators pin parts of the policy (``[adaptive] pin``) and bound the rest
+(``min_wire``, ``syncs``, ``max_inner_steps``); a member that cannot run a policy (``cannot``)
+rules it out, with its reason.
+
+Pure logic, as the scheduler is: measurements and a clock come in, a :class:`Decision` goes out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from daemon.contracts.clock import Clock
+from daemon.contracts.config import AdaptiveConfig, TrainingConfig
+from daemon.contracts.policy import WIRE_FORMATS, WIRE_RANK
+
+#: Values per float32 scale in the int8 wire (the codec's ``INT8_BLOCK``; a test ties them).
+INT8_BLOCK = 2048
+#: The H the controller tries for DiLoCo (those up to ``max_inner_steps``, and the configured one).
+INNER_STEPS_GRID = (5, 10, 20, 50, 100, 200, 500)
+
+
+def bytes_per_element(wire: str) -> float:
+    """Bytes one gradient element takes on the wire in ``wire``."""
+    if wire == "int8":
+        return 1.0 + 4.0 / INT8_BLOCK
+    return 4.0 if wire == "fp32" else 2.0
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """A policy the controller may choose."""
+
+    sync: str  # every-step | diloco
+    wire: str  # fp32 | fp16 | bf16 | int8
+    inner_steps: int = 1  # DiLoCo's H (1 for every-step)
+
+    def label(self) -> str:
+        mode = self.sync if self.sync == "every-step" else f"diloco H={self.inner_steps}"
+        return f"{mode}/{self.wire}"
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One edge of the all-reduce tree, as the probes measured it."""
+
+    rate_mbps: float
+    rtt_ms: float
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the cluster measured, the controller's whole input."""
+
+    compute_s: Mapping[str, float]  # per member: seconds of forward, backward and step
+    hops: Sequence[Hop]  # the tree's edges (none: a lone member)
+    depth: int  # hops from the root to the deepest member
+    elements: int  # elements the all-reduce carries (the gradient, or DiLoCo's delta)
+
+
+@dataclass(frozen=True)
+class QualityPrior:
+    """Extra steps a policy needs to reach the loss every-step fp32 reaches, as a fraction of
+    them: the quality side of the trade, until the cluster has measured its own.
+
+    A documented prior, set on the conservative side of what this project measured (the
+    slow-links bench in BENCHMARKS.md, 3 seeds, 300 steps): int8 with error feedback and the
+    half formats ended at fp32's loss, so they cost little here, enough that a switch must
+    buy time; DiLoCo ended 2-3 % above every-step's validation loss (9-13 % on test) at the
+    same steps, at H=20 and H=50 alike, a gap its outer steps did not close in that run, so it
+    is charged half again as many steps, and more the longer the members drift apart.
+    """
+
+    wire: Mapping[str, float] = field(default_factory=lambda: {
+        "fp32": 0.0, "fp16": 0.005, "bf16": 0.005, "int8": 0.01})
+    diloco: float = 0.5
+    per_inner_step: float = 0.002
+
+    def extra(self, c: Candidate) -> float:
+        drift = self.diloco + self.per_inner_step * c.inner_steps if c.sync == "diloco" else 0.0
+        return self.wire.get(c.wire, 0.0) + drift
+
+
+class CostModel:
+    """Step time and time per unit of progress of a candidate on measured links and compute.
+
+    Synchronous data parallelism waits for the slowest member's compute. The all-reduce is
+    pipelined in chunks down and up the tree, so the vector crosses the slowest hop once each
+    way, the two directions at once, plus a round trip per level for the first chunk.
+    DiLoCo pays the round once every H steps (not overlapped with the inner steps).
+    """
+
+    def __init__(self, prior: QualityPrior | None = None) -> None:
+        self.prior = prior or QualityPrior()
+
+    def round_s(self, c: Candidate, m: Measured) -> float:
+        if not m.hops:
+            return 0.0
+        nbytes = m.elements * bytes_per_element(c.wire)
+        slowest = min(h.rate_mbps for h in m.hops)
+        latency = m.depth * max(h.rtt_ms for h in m.hops) / 1000.0
+        return nbytes * 8.0 / (slowest * 1e6) + latency
+
+    def step_s(self, c: Candidate, m: Measured) -> float:
+        compute = max(m.compute_s.values(), default=0.0)
+        every = c.inner_steps if c.sync == "diloco" else 1
+        return compute + self.round_s(c, m) / every
+
+    def cost(self, c: Candidate, m: Measured) -> float:
+        """Seconds per unit of progress: the step time, times the extra steps needed."""
+        return self.step_s(c, m) * (1.0 + self.prior.extra(c))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A switch the controller made, and why (the ``policy-changed`` event's detail)."""
+
+    policy: Candidate
+    previous: Candidate
+    predicted_step_s: float  # the new policy's step time, as predicted
+    previous_step_s: float  # the policy in force's, by the same model on the same input
+    gain: float  # 1 - cost(new) / cost(previous)
+    ruled_out: dict[str, str]  # candidate label -> why a member cannot run it
+
+    def reason(self) -> str:
+        return (f"{self.policy.label()} predicted {self.predicted_step_s * 1000:.0f} ms a step "
+                f"against {self.previous_step_s * 1000:.0f} ms for {self.previous.label()}: "
+                f"{self.gain:.0%} less time to the same loss")
+
+
+def configured(tr: TrainingConfig) -> Candidate:
+    """The policy ``[training]`` names: where the controller starts, and what pins keep."""
+    return Candidate(tr.sync, tr.wire, tr.inner_steps if tr.sync == "diloco" else 1)
+
+
+class Controller:
+    """Chooses the cluster's policy; call :meth:`observe` with every new measurement."""
+
+    def __init__(self, cfg: AdaptiveConfig, training: TrainingConfig, clock: Clock,
+                 model: CostModel | None = None,
+                 cannot: Callable[[Candidate], str | None] | None = None) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.model = model or CostModel()
+        self.cannot = cannot or (lambda _c: None)
+        self.pinned = configured(training)
+        self.current = self.pinned
+        self._leader: Candidate | None = None  # the best, while it keeps beating the current
+        self._streak = 0
+        self._switched_at: float | None = None
+
+    def candidates(self) -> list[Candidate]:
+        """Every policy the pins and bounds allow (the current one among them if it is)."""
+        cfg, pin = self.cfg, self.pinned
+        syncs = [pin.sync] if "sync" in cfg.pin else list(cfg.syncs)
+        wires = [pin.wire] if "wire" in cfg.pin else [
+            w for w in WIRE_FORMATS if WIRE_RANK[w] >= WIRE_RANK[cfg.min_wire]]
+        out: list[Candidate] = []
+        for sync in syncs:
+            if sync == "every-step":
+                hs = [1]
+            elif "inner_steps" in cfg.pin:
+                hs = [pin.inner_steps]
+            else:
+                hs = sorted({h for h in INNER_STEPS_GRID if h <= cfg.max_inner_steps}
+                            | ({pin.inner_steps} if pin.sync == "diloco"
+                               and pin.inner_steps <= cfg.max_inner_steps else set()))
+            out.extend(Candidate(sync, w, h) for w in wires for h in hs)
+        return sorted(out)
+
+    def observe(self, m: Measured) -> Decision | None:
+        """Judge one measurement; a :class:`Decision` when the controller switches now."""
+        ruled_out: dict[str, str] = {}
+        allowed = []
+        for c in self.candidates():
+            why = self.cannot(c)
+            if why is None:
+                allowed.append(c)
+            else:
+                ruled_out[c.label()] = why
+        if not allowed or not m.compute_s:
+            return None
+        cost = {c: self.model.cost(c, m) for c in allowed}
+        best = min(allowed, key=lambda c: (cost[c], c))
+        now_cost = self.model.cost(self.current, m)
+        gain = 1.0 - cost[best] / now_cost if now_cost > 0 else 0.0
+        now = self.clock.monotonic()
+        # A policy a member cannot run (one joined with a GradScaler under DiLoCo) is left at
+        # once, whatever the gain: the rounds cannot go on under it.
+        if self.current in allowed:
+            if best == self.current or gain <= self.cfg.hysteresis or not math.isfinite(gain):
+                self._leader, self._streak = None, 0
+                return None
+            if best != self._leader:
+                self._leader, self._streak = best, 0
+            self._streak += 1
+            if self._streak < self.cfg.dwell or (
+                    self._switched_at is not None
+                    and now - self._switched_at < self.cfg.min_interval_s):
+                return None
+        decision = Decision(best, self.current, self.model.step_s(best, m),
+                            self.model.step_s(self.current, m), gain, ruled_out)
+        self.current, self._switched_at = best, now
+        self._leader, self._streak = None, 0
+        return decision

@@ -1,0 +1,156 @@
+"""The policy controller as pure logic: fake measurements, a fake clock (issue 24)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from chaos_edge.dataplane.codec import INT8_BLOCK
+from daemon.cluster.controller import (
+    INT8_BLOCK as CONTROLLER_INT8_BLOCK,
+)
+from daemon.cluster.controller import (
+    Candidate,
+    Controller,
+    CostModel,
+    Hop,
+    Measured,
+)
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.config import AdaptiveConfig, TrainingConfig
+
+pytestmark = pytest.mark.timeout(30)
+
+ELEMENTS = 1_000_000  # a 4 MB gradient
+EVERY_FP32 = Candidate("every-step", "fp32")
+
+
+def links(mbps: float, rtt_ms: float = 1.0, members: int = 4, compute_s: float = 0.05,
+          slow: float = 1.0) -> Measured:
+    """A star of ``members`` over links of ``mbps``; ``slow`` scales one member's compute."""
+    compute = {f"n{i}": compute_s for i in range(members)}
+    compute["n0"] = compute_s * slow
+    return Measured(compute, [Hop(mbps, rtt_ms)] * (members - 1), 1, ELEMENTS)
+
+
+def make(cfg: AdaptiveConfig | None = None, training: TrainingConfig | None = None,
+         **kw: object) -> tuple[Controller, FakeClock]:
+    clock = FakeClock()
+    cfg = cfg or AdaptiveConfig(enabled=True, min_interval_s=0.0)
+    return Controller(cfg, training or TrainingConfig(), clock, **kw), clock  # type: ignore[arg-type]
+
+
+def run(ctl: Controller, clock: FakeClock, m: Measured, times: int) -> list[Candidate]:
+    """Observe ``m`` ``times``, a second apart; the policies switched to."""
+    out = []
+    for _ in range(times):
+        clock.advance(1.0)
+        d = ctl.observe(m)
+        if d is not None:
+            out.append(d.policy)
+    return out
+
+
+def test_the_int8_block_is_the_codecs() -> None:
+    assert CONTROLLER_INT8_BLOCK == INT8_BLOCK
+
+
+def test_on_a_fast_network_every_step_fp32_stays() -> None:
+    ctl, clock = make()
+    assert run(ctl, clock, links(10_000.0), 20) == []
+    assert ctl.current == EVERY_FP32
+
+
+def test_a_slow_link_switches_after_the_dwell_and_a_fast_one_switches_back() -> None:
+    ctl, clock = make()
+    slow = links(20.0)  # 1.6 s of fp32 gradient per step against 50 ms of compute
+    switched = run(ctl, clock, slow, 2)
+    assert switched == []  # two measurements in a row are not yet the dwell of three
+    [choice] = run(ctl, clock, slow, 1)
+    assert choice.sync == "diloco" and choice.wire == "int8"
+    model = CostModel()
+    assert model.step_s(choice, slow) < model.step_s(EVERY_FP32, slow) / 5
+    assert run(ctl, clock, slow, 50) == []  # stationary: it stays
+    back = run(ctl, clock, links(10_000.0), 3)
+    assert back and back[-1].sync == "every-step"
+
+
+def test_a_gain_within_the_hysteresis_does_not_switch() -> None:
+    model = CostModel()
+    # The link where int8 every-step beats fp32 every-step by about 10 %, below 15 %.
+    m = next(m for mbps in range(100, 100_000, 10) if 0.08 < 1 - model.cost(
+        Candidate("every-step", "int8"), m := links(float(mbps))) / model.cost(EVERY_FP32, m)
+        < 0.12)
+    cfg = AdaptiveConfig(enabled=True, min_interval_s=0.0, syncs=("every-step",))
+    ctl, clock = make(cfg)
+    assert run(ctl, clock, m, 20) == []
+    ctl, clock = make(replace(cfg, hysteresis=0.05))
+    assert run(ctl, clock, m, 20) == [Candidate("every-step", "int8")]
+
+
+def test_pins_and_bounds_limit_every_choice() -> None:
+    slow = links(5.0)
+    cases = [
+        (AdaptiveConfig(enabled=True, pin=("wire",)), lambda c: c.wire == "fp32"),
+        (AdaptiveConfig(enabled=True, min_wire="bf16"), lambda c: c.wire != "int8"),
+        (AdaptiveConfig(enabled=True, syncs=("every-step",)), lambda c: c.sync == "every-step"),
+        (AdaptiveConfig(enabled=True, max_inner_steps=20), lambda c: c.inner_steps <= 20),
+        (AdaptiveConfig(enabled=True, pin=("sync",)), lambda c: c.sync == "every-step"),
+    ]
+    for cfg, holds in cases:
+        ctl, clock = make(replace(cfg, min_interval_s=0.0))
+        assert all(holds(c) for c in ctl.candidates()), cfg
+        assert all(holds(c) for c in run(ctl, clock, slow, 10)), cfg
+    # Pinned H: DiLoCo only at the configured one.
+    tr = TrainingConfig(sync="diloco", inner_steps=30)
+    ctl, _ = make(AdaptiveConfig(enabled=True, pin=("inner_steps",)), tr)
+    assert {c.inner_steps for c in ctl.candidates() if c.sync == "diloco"} == {30}
+
+
+def test_a_policy_a_member_cannot_run_is_never_chosen_and_is_left_at_once() -> None:
+    def cannot(c: Candidate) -> str | None:
+        return "n2 registered a GradScaler" if c.sync == "diloco" else None
+    ctl, clock = make(cannot=cannot)
+    [d] = [d for _ in range(3) if (d := ctl.observe(links(5.0))) is not None]
+    assert d.policy.sync == "every-step" and d.policy.wire == "int8"
+    assert d.ruled_out and all(v == "n2 registered a GradScaler" for v in d.ruled_out.values())
+    assert "int8" in d.reason() and "less time" in d.reason()
+    # Under DiLoCo when a member that cannot run it joins: switched at the next measurement.
+    ctl, clock = make()
+    run(ctl, clock, links(5.0), 3)
+    assert ctl.current.sync == "diloco"
+    ctl.cannot = cannot
+    [left] = run(ctl, clock, links(5.0), 1)
+    assert left.sync == "every-step"
+
+
+def test_the_minimum_interval_spaces_the_switches() -> None:
+    ctl, clock = make(AdaptiveConfig(enabled=True, min_interval_s=60.0, dwell=1))
+    assert run(ctl, clock, links(5.0), 1)  # the first switch is not held back
+    assert run(ctl, clock, links(10_000.0), 30) == []  # 30 s later: too soon
+    assert run(ctl, clock, links(10_000.0), 31)[-1].sync == "every-step"
+
+
+@pytest.mark.parametrize("mbps", [30.0, 120.0, 400.0, 2000.0])
+def test_a_noisy_but_stationary_input_never_flips_the_policy_back(mbps: float) -> None:
+    """Rates and compute jitter by up to a factor of 1.5 each way around a fixed point: at
+    most one switch (to the best policy for that point), never back and forth."""
+    rng = random.Random(int(mbps))
+    ctl, clock = make()
+    switches = []
+    for _ in range(2000):
+        clock.advance(1.0)
+        m = links(mbps * rng.uniform(0.67, 1.5), rtt_ms=rng.uniform(0.5, 3.0),
+                  compute_s=0.05 * rng.uniform(0.67, 1.5))
+        if (d := ctl.observe(m)) is not None:
+            switches.append(d.policy)
+    assert len(switches) <= 1, [c.label() for c in switches]
+
+
+def test_the_slowest_member_sets_the_compute_time() -> None:
+    model = CostModel()
+    even, straggler = links(1000.0), links(1000.0, slow=4.0)
+    assert model.step_s(EVERY_FP32, straggler) - model.step_s(EVERY_FP32, even) == \
+        pytest.approx(0.15)
