@@ -45,6 +45,7 @@ EVENT_STYLES: dict[str, str] = {
     "job-failed": "bold red",
     "round-stuck": "bold yellow",
     "snapshot-failed": "bold red",
+    "policy-changed": "bold cyan",
 }
 # Shown in this order in status; unknown states follow, sorted.
 STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")
@@ -353,12 +354,28 @@ def _snapshot_failed(ev: dict[str, Any]) -> str:
     return f"no more snapshots: {ev['reason']}" if ev.get("reason") else "no more snapshots"
 
 
+def _policy_changed(ev: dict[str, Any]) -> str:
+    """``policy-changed``: the controller's switch, its prediction, and the model's check on
+    the policy it left (predicted when chosen against measured)."""
+    text = f"{cell(ev.get('previous'))} -> {cell(ev.get('policy'))}"
+    if ev.get("effective_step") is not None:
+        text += f" at step {cell(ev.get('effective_step'))}"
+    if _num(ev.get("predicted_step_ms")) and _num(ev.get("previous_step_ms")):
+        text += (f": {duration(ev['predicted_step_ms'])} a step predicted, against "
+                 f"{duration(ev['previous_step_ms'])}")
+    chosen, measured = ev.get("previous_chosen_ms"), ev.get("previous_measured_ms")
+    if _num(chosen) and _num(measured) and measured > 0:
+        text += f"; the policy left ran {duration(measured)} ({chosen / measured - 1:+.0%} off)"
+    return text
+
+
 SUMMARIES = {
     "scale-out": _scale_out, "scale-in": _scale_in, "connect-link": _link,
     "disconnect-link": _link, "link-failed": _link, "node-failed": _node_failed,
     "scheduler-elected": _elected, "partition": _partition, "state-diverged": _diverged,
     "state-restored": _state, "state-lost": _state, "job-failed": _job_failed,
     "round-stuck": _stuck, "snapshot-failed": _snapshot_failed,
+    "policy-changed": _policy_changed,
 }
 
 

@@ -388,6 +388,7 @@ class Trainer:
                         self._version = pub.version
                         break  # the agreement committed the result we held for this round
                 t1 = self._clock.monotonic()
+                self._s.poller.elements = flat.numel()  # the controller's bytes per round
                 # The reused result buffer must never be the one a held result lives in.
                 out = self._stepper.result if self._replica.held is None else None
                 res = self.reducer.allreduce(flat, rn, step=self._replica.round_step() + 1,

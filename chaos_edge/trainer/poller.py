@@ -32,6 +32,8 @@ log = logging.getLogger("chaos.trainer")
 # both processes a wake-up and a JSON round trip: at 20 ms an idle member spent about 4.5% of a
 # core on polling here, at 50 ms under 2%. Reports do not wait for it (:meth:`Poller.wake`).
 POLL_S = 0.05
+#: Weight of the newest step in the moving average of a step's compute (about ten steps).
+COMPUTE_WEIGHT = 0.1
 
 
 class Poller:
@@ -68,6 +70,9 @@ class Poller:
         self._error: ControlFailure | None = None
         self._known = -1  # newest policy version fetched
         self._sync_ms: list[float] = []  # collective times of the steps since the last poll
+        self._compute_ms: float | None = None  # moving average of a step's own compute
+        #: Elements of the vector the rounds all-reduce (0: no round yet).
+        self.elements = 0
         self._news = threading.Event()
         self._stop = threading.Event()
         self._wake = threading.Event()  # poll now: stop, or a report queued
@@ -98,6 +103,13 @@ class Poller:
         with self._lock:
             self._sync_ms.append(round(ms, 3))
             del self._sync_ms[:-1000]
+
+    def record_compute(self, ms: float) -> None:
+        """A step's time outside the collectives (the script's work and the optimizer step),
+        averaged over about ten steps; every poll carries the average. Safe from any thread."""
+        with self._lock:
+            old = self._compute_ms
+            self._compute_ms = ms if old is None else old + COMPUTE_WEIGHT * (ms - old)
 
     def take(self) -> tuple[list[SyncPolicy], list[WorkerCommand], bool]:
         """New policies, commands (each once) and whether chaosd asked us to leave.
@@ -143,7 +155,10 @@ class Poller:
         step, state = self.position
         with self._lock:
             sync, self._sync_ms = self._sync_ms, []
+            compute = self._compute_ms
         args: dict[str, Any] = {"step": step, "state": state, "policy_version": self._known}
+        if compute is not None and self.elements:
+            args["compute_ms"], args["elements"] = round(compute, 3), self.elements
         if self.version >= 0:
             args["committed_version"] = self.version  # whose policies we train under
         if sync:

@@ -81,17 +81,25 @@ class StallMeter:
         self._s, self._clock = session, clock
         self.stalls = StepLog()
         self._timed_version = 0  # policy version of the step accounted last
+        self._ended: float | None = None  # when the last update() returned
 
     def account(self, t0: float, spent: float, reruns: int, reason: str, *, step: int,
                 version: int, optimizer_s: float = 0.0) -> None:  # fmt: skip
         """One ``update()`` that began at ``t0``, spent ``spent`` seconds in collectives
         (``optimizer_s`` in the optimizer step) and committed ``step`` under policy
         ``version`` after ``reruns`` reruns (the last one for ``reason``)."""
-        total_ms = (self._clock.monotonic() - t0) * 1e3
+        now = self._clock.monotonic()
+        total_ms = (now - t0) * 1e3
         stall_ms = max(0.0, total_ms - spent * 1e3)
         self.stalls.append(StepTiming(step, stall_ms, reruns, total_ms, spent * 1e3,
                                       min(stall_ms, optimizer_s * 1e3)))
         self._s.poller.record_sync(spent * 1e3)
+        if self._ended is not None:
+            # The script's own work since the last update() returned (data, forward,
+            # backward) and the optimizer step: what a step costs this box without the
+            # collectives, the controller's compute (daemon.cluster.controller).
+            self._s.poller.record_compute((t0 - self._ended + optimizer_s) * 1e3)
+        self._ended = now
         # The scheduler adds a stall to the event that made its policy, so only the first
         # step under a new policy (or a rerun) says something. Reporting every slow step
         # charged every event with the worst step of its whole policy, and cost each step a

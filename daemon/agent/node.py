@@ -288,7 +288,9 @@ class NodeAgent:
                          mem_percent=res.mem_percent, battery_percent=res.battery_percent,
                          policy_version=self.worker.version if self.worker.attached else -1,
                          leader=self.election.leader or "", snapshot=self._snapshot_step(),
-                         holds=self.worker.step if self.worker.attached else -1)
+                         holds=self.worker.step if self.worker.attached else -1,
+                         compute_ms=self.worker.compute_ms if self.worker.attached else -1.0,
+                         elements=self.worker.elements if self.worker.attached else -1)
 
     def _start_from(self) -> Holding:
         """What a scheduler elected here would start from: the cluster's snapshot (the

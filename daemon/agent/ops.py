@@ -219,6 +219,11 @@ def worker_poll(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     w.step = agent.step = _int(args, "step", agent.step)
     if "committed_version" in args:  # from the first committed round on
         w.version = _int(args, "committed_version")
+    if "compute_ms" in args:  # the policy controller's inputs (daemon.cluster.controller)
+        compute = args["compute_ms"]
+        if isinstance(compute, bool) or not isinstance(compute, (int, float)) or compute < 0:
+            raise ControlError("'compute_ms' must be a number >= 0")
+        w.compute_ms, w.elements = float(compute), max(0, _int(args, "elements"))
     state = member(args.get("state", w.state), WORKER_STATES)
     if state is not None and state != "standby":
         w.state = state

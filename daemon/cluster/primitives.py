@@ -378,11 +378,17 @@ class Negotiator:
         """Steps ahead at which a planned change takes effect: STEP_MARGIN, or more when
         the cluster steps so fast that the policy could not reach every worker in time (a
         worker that starts the round under the old policy makes everyone rerun it)."""
-        if len(self._progress) < 2:
+        rate = self.step_rate()
+        if rate is None:
             return STEP_MARGIN
-        (t0, s0), (t1, s1) = self._progress[0], self._progress[-1]
-        rate = max(0, s1 - s0) / max(t1 - t0, 1e-3)
         return max(STEP_MARGIN, math.ceil(rate * POLICY_LEAD_S))
+
+    def step_rate(self) -> float | None:
+        """The cluster's steps per second over the last RATE_WINDOW_S (None: not measured)."""
+        if len(self._progress) < 2:
+            return None
+        (t0, s0), (t1, s1) = self._progress[0], self._progress[-1]
+        return max(0, s1 - s0) / max(t1 - t0, 1e-3)
 
     # --- policy ---------------------------------------------------------------------------
     def publish_policy(self, effective_step: int) -> SyncPolicy | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol, cast
 
+from daemon.cluster.adapter import Adapter
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election
 from daemon.cluster.keepers import Keepers
@@ -76,6 +77,9 @@ class SchedulerRole:
                               if snaps.enabled and snaps.copies > 0 else None,
                               shelf_of=self._shelf_of)
         self._cmd_seq = 0
+        # After the view's policy is known: a new scheduler goes on under the wire in force.
+        self.adapter = Adapter(self.sched, self.neg, agent.cfg.adaptive, agent.cfg.training,
+                               agent.clock) if agent.cfg.adaptive.enabled else None
         # The snapshot's step lags (it is published on changes, not every step); the members'
         # last heartbeats said newer ones. Resumed from the snapshot alone, a joiner behind
         # them that took the seat started the cluster over from its older state while the
@@ -157,6 +161,8 @@ class SchedulerRole:
         self.neg.observe_worker(hb.node, hb.state, hb.holds, attached=hb.holds >= 0,
                                snapshot=hb.snapshot, policy_version=hb.policy_version)
         self.neg.observe_progress()
+        if self.adapter is not None:
+            self.adapter.heard(hb)
         self.flush()
 
     def take_own(self, st: Status) -> None:
@@ -203,6 +209,8 @@ class SchedulerRole:
         """Every tick: fail every admitted node that is not ``live``, and let the negotiator
         decide what waits on time (a join held for a holder of the state)."""
         self.neg.tick()
+        if self.adapter is not None:
+            self.adapter.tick()
         self.flush()
         agent = self.agent
         for node in self.sched.live():

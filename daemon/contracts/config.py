@@ -516,10 +516,6 @@ def _check_adaptive(ad: AdaptiveConfig, tr: TrainingConfig) -> None:
     if tr.sync == "diloco" and tr.inner_steps > ad.max_inner_steps:
         raise ConfigError(f"config: training.inner_steps = {tr.inner_steps} is above "
                           f"adaptive.max_inner_steps = {ad.max_inner_steps}")
-    # Refused, not ignored: a controller the operator turned on and that never acts would let
-    # them believe the cluster adapts.
-    raise ConfigError("config: adaptive.enabled = true is not available yet: the scheduler "
-                      "does not act on the policy controller, so [training] holds for the run")
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> Config:

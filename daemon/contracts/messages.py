@@ -101,6 +101,10 @@ class Heartbeat:
     # The step the attached worker holds (-1: no worker attached). Not policy_version: a
     # worker that restored a snapshot, or rejoins, holds a state before it commits a round.
     holds: int = -1
+    # The attached worker's step time outside the collectives, averaged, and the elements its
+    # rounds all-reduce (-1: not known): the policy controller's inputs.
+    compute_ms: float = -1.0
+    elements: int = -1
 
 
 @dataclass(frozen=True)

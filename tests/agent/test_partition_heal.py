@@ -176,6 +176,22 @@ async def test_heartbeats_name_the_policy_the_worker_last_committed_under() -> N
         worker_poll(agent, {"step": 4, "state": "active", "committed_version": -3})
 
 
+async def test_heartbeats_carry_the_workers_compute_and_vector_size() -> None:
+    """The policy controller's inputs (issue 24): a step's own compute and the elements a
+    round all-reduces, as the worker's polls say them; unknown (-1) until it does."""
+    agent, bus, _ = await elected("m")
+    await worker_attach(agent, {"port": 7001, "pid": os.getpid(), "host": "127.0.0.1"})
+    await agent.heartbeat()
+    hb = bus.published(T.hb("m"))[-1][1]
+    assert (hb.compute_ms, hb.elements) == (-1.0, -1)
+    worker_poll(agent, {"step": 3, "state": "active", "compute_ms": 42.5, "elements": 9000})
+    await agent.heartbeat()
+    hb = bus.published(T.hb("m"))[-1][1]
+    assert (hb.compute_ms, hb.elements) == (42.5, 9000)
+    with pytest.raises(ControlError, match="compute_ms"):
+        worker_poll(agent, {"step": 4, "state": "active", "compute_ms": "fast"})
+
+
 async def test_a_contesting_scheduler_holds_requests_until_the_contest_is_decided() -> None:
     """While a better claim holds our seat in doubt we act on nothing; the requests that came
     meanwhile are done if we win and handed to the winner if we lose. Found by the simulator

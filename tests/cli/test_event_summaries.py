@@ -15,10 +15,13 @@ import pytest
 from chaosctl.views import event_summary
 from daemon.agent import views as daemon_views
 from daemon.agent.node import NodeAgent
+from daemon.cluster.adapter import Adapter
 from daemon.cluster.primitives import HOLD_S, Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import FakeClock
+from daemon.contracts.config import AdaptiveConfig, TrainingConfig
 from daemon.contracts.kinds import EVENT_KINDS
+from daemon.contracts.messages import Heartbeat, LinkRecord
 from daemon.contracts.protocol import (
     Replicated,
     RoundStuck,
@@ -62,6 +65,16 @@ def real_events() -> list[dict[str, Any]]:
     neg.stall("node-1", Stall(step=101, ms=41.5, policy_version=sched.policy_version))
     neg.link("node-4", "node-3", up=False, failed=True)
     neg.link("node-4", "node-3", up=True)
+    # The links turn slow: the policy controller switches the wire (role.py's Adapter).
+    adapter = Adapter(sched, neg, AdaptiveConfig(enabled=True, dwell=1), TrainingConfig(),
+                      clock)
+    sched.links = [LinkRecord(a, b, "up", rtt_ms=1.0, bandwidth_mbps=5.0) for a, b in
+                   sched.policy.edges] if sched.policy else []
+    for n in sched.policy.members if sched.policy else ():
+        adapter.heard(Heartbeat(node=n, seq=1, incarnation=1, step=100, state="active",
+                                cpu_percent=0.0, mem_percent=0.0, compute_ms=50.0,
+                                elements=100_000))
+    assert adapter.tick()
     neg.leave("node-4", 200)
     neg.gone("node-2", "worker-unresponsive")
     sched.fail("node-2", "heartbeat", 2.1)
@@ -135,6 +148,9 @@ def test_the_other_kinds() -> None:
                                      "/srv/old-venv/bin/python: No such file or directory")
     assert summary["snapshot-failed"] == ("no more snapshots: /var/lib/chaos/snapshots: "
                                           "[Errno 28] No space left on device")
+    assert summary["policy-changed"].startswith(
+        "every-step/fp32 -> every-step/int8 at step ")
+    assert " a step predicted, against " in summary["policy-changed"]
     assert summary["round-stuck"] == ("step 121 waiting 2.0 min: last abort: timed out after "
                                       "waiting for neighbours ['node-3']")
     ins = [event_summary(ev) for ev in by_kind(events, "scale-in")]
@@ -149,6 +165,15 @@ def test_the_other_kinds() -> None:
                           "steps_lost": None}) == "from step 280 of node-1; steps lost unknown"
     stalled = [ev for ev in events if ev.get("stall_ms")]
     assert stalled and event_summary(stalled[0]).endswith("; stall 42 ms")
+
+
+def test_a_policy_change_says_how_far_off_the_model_was_for_the_policy_it_left() -> None:
+    ev = {"kind": "policy-changed", "previous": "every-step/int8", "policy": "every-step/fp32",
+          "effective_step": 540, "predicted_step_ms": 51.1, "previous_step_ms": 51.5,
+          "previous_chosen_ms": 60.0, "previous_measured_ms": 50.0}
+    assert event_summary(ev) == ("every-step/int8 -> every-step/fp32 at step 540: 51 ms a "
+                                 "step predicted, against 52 ms; the policy left ran 50 ms "
+                                 "(+20% off)")
 
 
 def test_odd_or_unknown_events_still_read() -> None:

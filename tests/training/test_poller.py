@@ -118,3 +118,22 @@ def test_a_queued_report_wakes_the_poller_instead_of_waiting_for_the_next_tick(
         poller.stop()
         fake.close()
         client.close()
+
+
+def test_polls_carry_the_compute_average_and_vector_size_once_both_are_known() -> None:
+    """The policy controller's inputs (issue 24), averaged over about ten steps."""
+    calls: list[dict[str, object]] = []
+
+    class Recorder:
+        def call(self, op: str, args: dict[str, object]) -> dict[str, object]:
+            calls.append(dict(args))
+            return {}
+
+    poller = Poller(Recorder(), lambda: None)  # type: ignore[arg-type]
+    poller.record_compute(10.0)
+    poller.poll_once()
+    assert "compute_ms" not in calls[-1]  # no round yet: its size is not known
+    poller.elements = 4096
+    poller.record_compute(20.0)
+    poller.poll_once()
+    assert calls[-1]["compute_ms"] == 11.0 and calls[-1]["elements"] == 4096

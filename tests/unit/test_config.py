@@ -72,7 +72,6 @@ def test_broker_urls(tmp_path: Path) -> None:
          "training.inner_steps = 500 is above adaptive.max_inner_steps = 100"),
         ('[adaptive]\nenabled = true\nsyncs = ["diloco"]\n',
          "training.sync = 'every-step' is not in adaptive.syncs"),
-        ('[adaptive]\nenabled = true\n', "adaptive.enabled = true is not available yet"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:

@@ -1,0 +1,135 @@
+"""The policy controller inside the scheduler role (issue 24): heartbeats and link rates in,
+a policy in the new wire format and a ``policy-changed`` event out; a failover keeps it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from daemon.cluster.adapter import OBSERVE_EVERY_S, tree_depth
+from daemon.cluster.role import SchedulerRole
+from daemon.contracts.clock import FakeClock
+from daemon.contracts.config import AdaptiveConfig
+from daemon.contracts.messages import Heartbeat, LinkRecord
+from daemon.contracts.policy import SyncPolicy
+from tests.cluster.test_role import FakeHost, join
+
+pytestmark = pytest.mark.timeout(30)
+MEMBERS = ("a", "b", "c")
+LOOPBACK = 40_000.0  # Mbit/s, about what iperf3 measures between two boxes' loopback peers
+ELEMENTS = 100_000  # a 400 kB gradient
+
+
+def adaptive_host(clock: FakeClock | None = None, **cfg: object) -> FakeHost:
+    host = FakeHost(clock or FakeClock())
+    ad = AdaptiveConfig(enabled=True, min_interval_s=0.0, **cfg)  # type: ignore[arg-type]
+    host.cfg = replace(host.cfg, adaptive=ad)
+    return host
+
+
+def beat(role: SchedulerRole, node: str, compute_ms: float = 50.0) -> None:
+    role.on_heartbeat(Heartbeat(node=node, seq=2, incarnation=1, step=10, state="active",
+                                cpu_percent=0.0, mem_percent=0.0, compute_ms=compute_ms,
+                                elements=ELEMENTS), f"10.0.0.{node}")
+
+
+def links(role: SchedulerRole, mbps: float) -> None:
+    """Every pair of nodes linked at ``mbps``, as the probes would have said."""
+    nodes = sorted(role.sched.nodes)
+    role.sched.links = [LinkRecord(a, b, "up", rtt_ms=1.0, bandwidth_mbps=mbps)
+                        for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+
+
+def ticks(host: FakeHost, role: SchedulerRole, n: int) -> None:
+    for _ in range(n):
+        host.time.advance(OBSERVE_EVERY_S)
+        for m in role.sched.nodes:
+            beat(role, m)
+        role.judge(set(role.sched.nodes))
+
+
+def changes(role: SchedulerRole) -> list[dict[str, object]]:
+    return [e.detail for e in role.sched.events if e.kind == "policy-changed"]
+
+
+def test_slow_links_switch_the_wire_and_fast_ones_switch_it_back() -> None:
+    host = adaptive_host(hysteresis=0.005)
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, LOOPBACK)
+    ticks(host, role, 5)
+    assert changes(role) == [] and role.sched.policy.wire == "fp32"
+    links(role, 5.0)  # the evening uplink: 64 ms of fp32 gradient a step
+    ticks(host, role, 3)
+    [slow] = changes(role)
+    policy = role.sched.policy
+    assert policy.wire == "int8" and slow["policy_version"] == policy.version
+    assert slow["previous"] == "every-step/fp32" and slow["policy"] == "every-step/int8"
+    # A lead ahead, like any planned change: no round already started changes its wire.
+    assert slow["effective_step"] == policy.effective_step > role.neg.max_step()
+    assert slow["predicted_step_ms"] < slow["previous_step_ms"] / 3
+    assert slow["previous_chosen_ms"] is None  # the start was configured, not predicted
+    # DiLoCo would be cheaper still, but a worker cannot switch its sync mode mid-run yet.
+    assert slow["ruled_out"] > 0
+    # Joins after the switch keep the wire: every policy of the term is built with it.
+    join(host, role, "d")
+    assert role.sched.policy.wire == "int8"
+    links(role, LOOPBACK)
+    ticks(host, role, 3)
+    back = changes(role)[-1]
+    assert back["policy"] == "every-step/fp32" and role.sched.policy.wire == "fp32"
+    assert back["previous_chosen_ms"] == slow["predicted_step_ms"]
+
+
+def test_without_a_rate_for_every_tree_link_or_a_compute_for_every_member_nothing_moves(
+        ) -> None:
+    host = adaptive_host()
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    ticks(host, role, 5)  # no link probed yet
+    assert changes(role) == []
+    links(role, 5.0)
+    a, b = role.sched.policy.edges[0]  # one tree link not measured yet
+    role.sched.links = [replace(lk, bandwidth_mbps=None) if {lk.a, lk.b} == {a, b} else lk
+                        for lk in role.sched.links]
+    ticks(host, role, 5)
+    assert changes(role) == []
+    links(role, 5.0)
+    assert role.adapter is not None and role.adapter.measured() is not None
+    role.adapter.compute_s.pop("c")  # a member whose worker has not said its compute
+    assert role.adapter.measured() is None
+
+
+def test_a_new_scheduler_goes_on_under_the_wire_in_force() -> None:
+    clock = FakeClock()
+    first = adaptive_host(clock)
+    old = first.elect()
+    join(first, old, *MEMBERS)
+    links(old, 5.0)
+    ticks(first, old, 3)
+    assert old.sched.policy.wire == "int8"
+    host = adaptive_host(clock)
+    host.cfg = first.cfg
+    host.view = old.snapshot()
+    host.election.term = host.view.term
+    role = host.elect()
+    assert role.adapter is not None and role.adapter.ctl.current.wire == "int8"
+    join(host, role, "d")
+    assert role.sched.policy.wire == "int8"  # not [training]'s fp32
+
+
+def test_off_the_wire_is_the_configured_one_for_the_whole_run() -> None:
+    host = FakeHost(FakeClock())
+    role = host.elect()
+    assert role.adapter is None
+    join(host, role, *MEMBERS)
+    links(role, 5.0)
+    ticks(host, role, 5)
+    assert changes(role) == [] and role.sched.policy.wire == "fp32"
+
+
+def test_the_tree_depth() -> None:
+    star = SyncPolicy.build(1, ["a", "b", "c"], [("a", "b"), ("a", "c")], "a", 0)
+    line = SyncPolicy.build(1, ["a", "b", "c"], [("a", "b"), ("b", "c")], "a", 0)
+    assert tree_depth(star) == 1 and tree_depth(line) == 2
