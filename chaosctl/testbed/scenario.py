@@ -103,6 +103,8 @@ def load(path: str | Path) -> Scenario:
         parse_bw(str(tb.get("bw", "100-1000")))
     except TopologyError as exc:
         raise ScenarioError(f"scenario: 'testbed.bw': {exc}") from None
+    if not isinstance(tb.get("config", ""), str):
+        raise ScenarioError("scenario: 'testbed.config' must be a string of chaosd.toml text")
     tr = _need(doc, "training", dict, "")
     command = _need(tr, "command", list, "training.")
     start = _need(tr, "start", list, "training.")
@@ -242,7 +244,7 @@ class Runner:
                      bw=parse_bw(str(spec.get("bw", "100-1000"))),
                      seed=int(spec.get("seed", 0)),
                      redraw_period_s=float(spec.get("redraw_period_s", 0)),
-                     run_id=self.run_id) as tb:
+                     run_id=self.run_id, config=str(spec.get("config", ""))) as tb:
             self.say("building the testbed")
             tb.up(wait_s=60.0)
             self.say(f"testbed up: {len(tb.nodes)} nodes, links {tb.links}")

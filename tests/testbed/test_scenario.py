@@ -48,6 +48,7 @@ def test_a_good_scenario_loads_in_time_order(tmp_path: Path) -> None:
     (('start = ["n1", "n2"]', 'start = ["n9"]'), "training.start"),
     (("duration_s = 10", ""), "missing 'duration_s'"),
     (('command = ["python", "w.py", "--out", "{out}"]', "command = 3"), "training.command"),
+    (("nodes = 3", "nodes = 3\nconfig = 5"), "'testbed.config' must be a string"),
 ])
 def test_bad_scenarios_name_the_key(tmp_path: Path, change: tuple[str, str],
                                     needle: str) -> None:
