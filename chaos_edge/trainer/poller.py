@@ -105,8 +105,9 @@ class Poller:
             del self._sync_ms[:-1000]
 
     def record_compute(self, ms: float) -> None:
-        """A step's time outside the collectives (the script's work and the optimizer step),
-        averaged over about ten steps; every poll carries the average. Safe from any thread."""
+        """A step's time outside the collectives (the script's work, the optimizer step and
+        the framework's), averaged over about ten steps; every poll carries the average.
+        Safe from any thread."""
         with self._lock:
             old = self._compute_ms
             self._compute_ms = ms if old is None else old + COMPUTE_WEIGHT * (ms - old)

@@ -95,10 +95,11 @@ class StallMeter:
                                       min(stall_ms, optimizer_s * 1e3)))
         self._s.poller.record_sync(spent * 1e3)
         if self._ended is not None:
-            # The script's own work since the last update() returned (data, forward,
-            # backward) and the optimizer step: what a step costs this box without the
-            # collectives, the controller's compute (daemon.cluster.controller).
-            self._s.poller.record_compute((t0 - self._ended + optimizer_s) * 1e3)
+            # The whole step but the collectives: the script's own work since the last
+            # update() returned (data, forward, backward), the optimizer step and the
+            # framework's own cost. What a step takes this box whatever the wire: the
+            # controller's compute (daemon.cluster.controller).
+            self._s.poller.record_compute((now - self._ended - spent) * 1e3)
         self._ended = now
         # The scheduler adds a stall to the event that made its policy, so only the first
         # step under a new policy (or a rerun) says something. Reporting every slow step

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import tracemalloc
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
-from chaos_edge.trainer.timing import StepLog, StepTiming
+from chaos_edge.trainer.timing import StallMeter, StepLog, StepTiming
+from daemon.contracts.clock import FakeClock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,3 +48,23 @@ def test_appending_allocates_nothing() -> None:
         tracemalloc.stop()
     assert grown < 64 << 10, grown  # a list of tuples kept about 2 MiB
     assert log[-1].step == 124_999 and len(log) == 10_000
+
+
+def test_a_steps_compute_is_its_whole_cycle_but_the_collectives() -> None:
+    """The policy controller's compute (issue 24): from one update()'s return to the next
+    one's, less the time in the collectives (waits for peers are theirs, not ours)."""
+    computed: list[float] = []
+    poller = SimpleNamespace(record_sync=lambda _ms: None, record_compute=computed.append)
+    session = SimpleNamespace(poller=poller, report=lambda _r: None)
+    clock = FakeClock()
+    meter = StallMeter(cast(Any, session), clock)
+    clock.advance(0.5)  # before the first update(): nothing to measure against yet
+    t0 = clock.monotonic()
+    clock.advance(0.2)
+    meter.account(t0, 0.15, 0, "", step=1, version=1)
+    assert computed == []
+    clock.advance(0.03)  # the script's forward and backward
+    t0 = clock.monotonic()
+    clock.advance(0.1)  # 0.08 s in the collectives, 0.02 s the optimizer and the framework
+    meter.account(t0, 0.08, 0, "", step=2, version=1)
+    assert computed == [pytest.approx(50.0)]
