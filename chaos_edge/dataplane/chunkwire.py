@@ -85,7 +85,9 @@ class BufferPool:
 class Feedback:
     """This node's int8 error-feedback residuals: one for the partial sums it sends up, one
     for the final chunks it encodes as the root (their units differ). Rebuilt, at zero, when
-    the format or the lossy prefix changes."""
+    the format or the lossy prefix changes, and dropped by a round in another format: kept
+    through fp32 rounds (the policy controller switches the wire mid-run), a residual would be
+    added back to a gradient long after the round that lost it."""
 
     def __init__(self) -> None:
         self._key: tuple[str, int] | None = None
@@ -95,6 +97,7 @@ class Feedback:
     def for_plan(self, plan: WirePlan) -> tuple[ErrorFeedback | None, ErrorFeedback | None]:
         """``(up, root)`` residuals for a round under ``plan``; both None without feedback."""
         if plan.identity or plan.codec.name != "int8":
+            self._key, self.up, self.root = None, None, None
             return None, None
         key = (plan.codec.name, plan.lossy)
         if key != self._key:

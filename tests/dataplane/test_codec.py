@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from chaos_edge.dataplane.chunkwire import Feedback
 from chaos_edge.dataplane.codec import INT8_BLOCK, Codec, codec_for
 from chaos_edge.dataplane.wireplan import ErrorFeedback, WirePlan
 from daemon.contracts.policy import WIRE_FORMATS
@@ -369,3 +370,20 @@ def test_a_compressed_tree_round_is_bit_identical_everywhere(name: str) -> None:
     tol = {"fp16": 2e-3, "bf16": 2e-2, "int8": 0.1}[name]
     assert err[:lossy].max() <= tol
     assert err[lossy:].max() <= 1e-6
+
+
+def test_a_round_in_another_format_drops_the_int8_residual() -> None:
+    """The policy controller switches the wire mid-run: int8, fp32, then int8 again must
+    start from a zero residual, not add back what a round long ago lost."""
+    fb = Feedback()
+    int8 = WirePlan(codec_for("int8"), 4096, 4096, 1024)
+    up, _ = fb.for_plan(int8)
+    assert up is not None
+    x = np.linspace(-1, 1, 4096, dtype=np.float32)
+    up.encode(0, 4096, x, np.zeros(int8.codec.wire_bytes(4096), np.uint8), tag=1)
+    fb.commit(1)
+    assert np.abs(up.residual).max() > 0
+    assert fb.for_plan(int8)[0] is up  # the same format: the residual goes on
+    assert fb.for_plan(WirePlan(codec_for("fp32"), 4096, 4096, 1024)) == (None, None)
+    again, _ = fb.for_plan(int8)
+    assert again is not up and not np.abs(again.residual).any()
