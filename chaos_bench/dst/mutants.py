@@ -21,7 +21,7 @@ from daemon.cluster import primitives
 from daemon.cluster.detector import PhiAccrualDetector
 from daemon.cluster.election import Election, Heard, Holding
 from daemon.cluster.role import SchedulerRole
-from daemon.contracts.messages import Request, Status
+from daemon.contracts.messages import Heartbeat, Request, Status
 from daemon.contracts.protocol import Bootstrap, parse_request
 
 
@@ -204,19 +204,38 @@ def _stale_active_done() -> list[tuple[Any, str, Any]]:
     observe = primitives.Negotiator.__dict__["observe_worker"]
 
     def done_on_any_active(self: primitives.Negotiator, node: str, state: str, step: int,
-                           attached: bool = True, snapshot: int = -1) -> None:
+                           attached: bool = True, snapshot: int = -1,
+                           policy_version: int | None = None) -> None:
         join = self.joins.get(node)
         if join is None or state != "active":
-            observe(self, node, state, step, attached, snapshot)
+            observe(self, node, state, step, attached, snapshot, policy_version)
             return
-        # The fix undone: an "active" heartbeat ends the join, whatever its step.
+        # The fix undone: an "active" heartbeat ends the join, whatever its step (and the
+        # policy its rounds were under, a later guard that sees the same thawed member).
         saved = join.command
         join.command = replace(saved, version_step=min(saved.version_step, step))
         try:
-            observe(self, node, state, step, attached, snapshot)
+            observe(self, node, state, step, attached, snapshot, None)
         finally:
             join.command = saved
     return [(primitives.Negotiator, "observe_worker", done_on_any_active)]
+
+
+def _old_policy_done() -> list[tuple[Any, str, Any]]:
+    observe = primitives.Negotiator.__dict__["observe_worker"]
+
+    def any_policy(self: primitives.Negotiator, node: str, state: str, step: int,
+                   attached: bool = True, snapshot: int = -1,
+                   policy_version: int | None = None) -> None:
+        # The fix undone: the policy the joiner's rounds were committed under is not asked.
+        observe(self, node, state, step, attached, snapshot, None)
+    return [(primitives.Negotiator, "observe_worker", any_policy)]
+
+
+def _own_disk_unread() -> list[tuple[Any, str, Any]]:
+    def unread(self: SchedulerRole, hb: Heartbeat) -> None:
+        return None  # the fix undone: our own box is known when its heartbeat's echo comes
+    return [(SchedulerRole, "take_own_heartbeat", unread)]
 
 
 def _ahead_of_members_only() -> list[tuple[Any, str, Any]]:
@@ -431,10 +450,12 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "contested", _contest_acts),
     # These three lose the state the way the silent wait (014ad8e) also guards against: a
     # joiner starting over beside a holder not heard yet. That wait masks each at its seed, so
-    # each takes it away too, as deaf-judges takes both guards against a deaf judge.
+    # each takes it away too, as deaf-judges takes both guards against a deaf judge. So does
+    # the election-time read of our own box (own-disk-unread): the holder not heard at seeds
+    # 98 and 164 is the new scheduler's own worker.
     Mutant("keep-joiners", "7101caa", "the partition rule keeps a part of joiners over one "
-           "holding the state (and no silent member is waited for)",
-           lambda: [*_keep_joiners(), *_silent_unawaited()]),
+           "holding the state (and no silent member nor our own box is waited for)",
+           lambda: [*_keep_joiners(), *_silent_unawaited(), *_own_disk_unread()]),
     Mutant("no-hold", "510fffc", "with no member left, any joiner starts the cluster over at "
            "once", _no_hold),
     Mutant("no-heal", "36028e4", "the overlay is not healed when a member goes", _no_heal),
@@ -452,16 +473,17 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "from a cut contests it", _unchallenged),
     Mutant("last-leave-lost", "164cf3b", "a new scheduler marks a member whose daemon left "
            "before its election as left, with no policy, and the last member leaves at once "
-           "while it is the source of a join (seed 319 needed both)",
-           lambda: [*_presence_unacted(), *_leave_drops_state()]),
+           "while it is the source of a join (seed 319 needed both; our own box is not read at "
+           "election)",
+           lambda: [*_presence_unacted(), *_leave_drops_state(), *_own_disk_unread()]),
     Mutant("extrapolated-hold", "5e2e34c", "a partitioned node linked back holds its step "
            "extrapolated at its old rate, not the one it said", _extrapolated_hold),
     Mutant("unheard-bootstrap", "31c57f8", "with no member, a joiner starts the cluster over "
            "before the nodes up are heard, and a newer state their workers hold does not "
            "count", _unheard_bootstrap),
     Mutant("tie-lower-id", "dbc3381", "a tied partition keeps the lower id, not the "
-           "scheduler's own part (and no silent member is waited for)",
-           lambda: [*_tie_lower_id(), *_silent_unawaited()]),
+           "scheduler's own part (and no silent member nor our own box is waited for)",
+           lambda: [*_tie_lower_id(), *_silent_unawaited(), *_own_disk_unread()]),
     Mutant("stale-replicate", "7b9202f", "a joiner keeps waiting on a replicate command a "
            "newer one replaced", _stale_replicate),
     Mutant("inferred-bootstrap", "630920a", "the first node infers its bootstrap from a policy "
@@ -517,6 +539,11 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("older-plan-joins", "d78989a", "a joiner's report of an older plan's state ends the "
            "join, and a policy of a newer plan admits a joiner holding the older state",
            _older_plan_joins),
+    Mutant("old-policy-done", "2a56fa0", "a joiner heard active past its replica's step, under "
+           "a policy older than the one adding it, is taken to have finished its join",
+           _old_policy_done),
+    Mutant("own-disk-unread", "2a56fa0", "a new scheduler knows its own worker and disk only "
+           "when its heartbeat's echo comes back through the broker", _own_disk_unread),
     Mutant("paused-view-kept", "18b8d69", "a scheduler elected on a view from before its "
            "daemon's pause has its own member train on from it, though the others may have "
            "set it aside meanwhile", _paused_view_kept),

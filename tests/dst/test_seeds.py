@@ -47,10 +47,17 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "behind-train-on": (2290, 200.0, frozenset({"split"})),
     # Simulator fault 29's seed, found by 200 fresh long seeds (stop 49), fixed in stop 50.
     "paused-view-kept": (3367, 200.0, frozenset({"split"})),
+    # Stop 51's power cut with the broker (e2e), fixed in 2a56fa0; 1 of 1,500 seeds at 60 s.
+    "own-disk-unread": (1064, 60.0, frozenset({"split", "state-lost"})),
 }
 
 # Mutants no seed catches any more, and why (each was caught once; BENCHMARKS.md).
 UNCAUGHT: dict[str, str] = {
+    # Stop 51's fix of the e2e power cut with the broker (2a56fa0): a member set aside that
+    # trained on under its old policy, heard active past its replica's step. Hunted: none in
+    # 0..1499 at 60 s nor 0..299 at 200 s. Unit-tested (tests/unit/test_primitives.py: a
+    # member set aside that trained on under its old policy has not joined).
+    "old-policy-done": "found by test_power_cut (stop 50's venv run); none in 1,800 seeds",
     # Stop 34's changes (a source refuses a request no command explains; the simulated workers
     # are their supervisor's children, killed when hung) moved four pins. Hunted on the new
     # code: no-heal 1400..1549 and silent-empty 700..849 at 60 s, first-holds 500..619 and
