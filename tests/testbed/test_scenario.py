@@ -75,3 +75,10 @@ def test_invariants_catch_divergence_lost_and_repeated_steps() -> None:
     assert any("again" in f for f in check({"n1": again}))
     rising = [{"step": s, "digest": f"d{s}", "loss": float(s)} for s in range(1, 50)]
     assert any("did not fall" in f for f in check({"n1": rising}))
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).resolve().parents[2] / "scenarios")
+                                        .glob("*.toml")), ids=lambda p: p.stem)
+def test_the_shipped_scenarios_load(path: Path) -> None:
+    sc = load(path)
+    assert sc.events and sc.start
