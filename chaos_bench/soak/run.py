@@ -418,6 +418,7 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
     chaos = Chaos(tb, opts, records, say, random.Random(opts.seed))
     sampler = Sampler(tb, chaos)
     error, interrupted = "", False
+    torn: float | None = None  # when the teardown began (wall clock)
     try:
         with _unwinds_on_sigterm():
             _cluster(tb, chaos, sampler, opts, say)
@@ -436,6 +437,7 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
                     with contextlib.suppress(ControlFailure, OSError, TestbedError):
                         chaos._signal(node, signal.SIGCONT)
             say("tearing down")
+            torn = time.time()
             tb.down(grace_s=5.0)
             if interrupted:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -443,12 +445,13 @@ def run(opts: Options, out: Path, say: Say, keep: Path | None = None,
     rows = soak_report.load_records(records)
     doc = soak_report.analyse(rows, sampler.rows, opts.warmup,
                               (chaos.t0_wall, chaos.t0_wall + opts.minutes * 60), opts.limits,
-                              chaos.outages)
+                              chaos.outages, until=torn)
     doc["violations"] += [f"leaked process {w}" for w in sampler.leaks.values()]
     doc["violations"] += [f"left after teardown: {x}" for x in left]
     if error:
         doc["violations"].insert(0, f"the run did not complete: {error}")
     doc.update(window=[chaos.t0_wall, chaos.t0_wall + opts.minutes * 60],  # to check again
+               teardown=torn,
                options={**asdict(opts), "warmup_s": opts.warmup}, timeline=chaos.timeline,
                leftovers=left, outages=[(round(a - chaos.t0_wall, 3), round(b - chaos.t0_wall, 3))
                                         for a, b in chaos.outages])
