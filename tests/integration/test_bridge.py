@@ -291,7 +291,9 @@ def test_the_larger_part_keeps_its_scheduler_when_the_cut_heals(sites: MakeSites
     c, ids = s.c, s.c.node_ids
     hub = ["node-1", "node-2"]
     sched, term = train_all(r)
-    assert sched == "node-1"  # on the hub, with node-2
+    # On the hub: node-1 as a rule; node-2 when a loaded box started node-1 late (this
+    # stop's suite run). Either is the hub's part, and that part keeps its scheduler.
+    assert sched in hub
     assert s.relay is not None
     s.relay.cut()
     wait_until(lambda: leaders(c).get("node-3", 0) > term, 90, "the site to elect")
@@ -309,7 +311,7 @@ def test_the_larger_part_keeps_its_scheduler_when_the_cut_heals(sites: MakeSites
         wait_until(lambda: c.agreed(ids) and len(leaders(c)) == 1, 30,
                    "one scheduler after the bridge healed")
     new, new_term = c.agreed(ids) or ("", 0)
-    assert new == "node-1" and new_term > site_term
+    assert new == sched and new_term > site_term
     outbid = [e for e in r.events("scheduler-elected") if e.get("contest")]
     assert outbid and outbid[-1]["contest"]["own"] > outbid[-1]["contest"]["rival"]
     wait_until(lambda: r.active(ids), 60, "the site's node a member again")
