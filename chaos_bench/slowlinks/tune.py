@@ -52,7 +52,7 @@ def simulate(h: int, outer_lr: float, outer_momentum: float, seed: int, *, steps
     models = [model(seed) for _ in range(nodes)]
     opts = [torch.optim.Adam(m.parameters(), lr=lr) for m in models]
     gens = [batch_generator(seed, i + 1) for i in range(nodes)]  # the testbed's n1..nN
-    outers = [Outer(list(m.parameters()), h) for m in models]
+    outers = [Outer(list(m.parameters()), mode) for m in models]
     pseudo = torch.empty_like(outers[0].synced)
     for step in range(1, steps + 1):
         for m, opt, gen in zip(models, opts, gens, strict=True):
@@ -64,11 +64,11 @@ def simulate(h: int, outer_lr: float, outer_momentum: float, seed: int, *, steps
             continue
         avg = torch.zeros_like(pseudo)
         for o in outers:
-            o.pseudo_gradient(pseudo)
+            o.pseudo_gradient(step, pseudo)
             avg.add_(pseudo)
         avg.div_(nodes)
         for o in outers:
-            o.step(avg, mode)
+            o.step(step, avg, mode)
     return data.evaluate(models[0], "val")
 
 

@@ -148,6 +148,7 @@ class AllReducer(FrameRouter):
         timeout: float | None = None,
         out: Any = None,
         lossy: int | None = None,
+        lane: int = 0,
         feed: InputFeed | None = None,
     ) -> ReduceResult:
         """Average ``grad`` over the policy's members, weighted by sample counts; commit.
@@ -170,6 +171,8 @@ class AllReducer(FrameRouter):
                 gradients); the rest travel exact as float32. Default: all of them. With
                 ``int8`` the node's error feedback is staged and applied only when this
                 round's result is (it commits here, or a later :meth:`agree` applies it).
+            lane: Which part of the caller's state the lossy values are (a streaming
+                DiLoCo round's fragment): each lane keeps its own int8 error feedback.
             feed: The input is still being written (:class:`InputFeed`): each chunk is
                 reduced once the feed covers it. The caller must not change a value the
                 feed already covers until the round ends.
@@ -191,6 +194,7 @@ class AllReducer(FrameRouter):
             raise DataPlaneError(f"lossy must be in [0, {inp.size}], not {lossy}")
         out = np.empty_like(inp) if out is None else as_out_buffer(out, inp)
         tag = (policy.version, attempt, step)
+        self._use_lane(lane)
         plan = self._plans.get(policy.wire, inp.size, inp.size if lossy is None else lossy,
                                policy.chunk_kib)
         parent, children = policy.parent(self.node_id), policy.children(self.node_id)

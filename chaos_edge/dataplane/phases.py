@@ -78,7 +78,14 @@ class PhaseRunner:
         # that child's reader, and a round ends only once nothing reduces from them any more.
         self._pool = BufferPool()
         self._plans = Plans(self.chunk_elems)
-        self._feedback = Feedback()  # int8 residuals, staged until a result is applied
+        # int8 residuals, staged until a result is applied: one set per lane (a streaming
+        # round's fragment), the last round's in ``_feedback``.
+        self._feedback = Feedback()
+        self._lanes: dict[int, Feedback] = {0: self._feedback}
+
+    def _use_lane(self, lane: int) -> None:
+        """The next round's lossy values are lane ``lane``'s: stage in its residuals."""
+        self._feedback = self._lanes.setdefault(lane, Feedback())
 
     # -- agreement -------------------------------------------------------------------------
     def _run_agreement(self, ag: Agreement, own: Summary, deadline: float) -> None:

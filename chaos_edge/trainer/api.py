@@ -375,8 +375,8 @@ class Trainer:
             if feed is not None and not overlap:
                 feed.feed.complete.wait()  # the whole gradient first (see ``feed``)
             ready = feed.feed if overlap and feed is not None else None
-            flat = self._gather(pub, rn, grads=not overlap)
-            self._replica.round_input(flat, rn)  # diloco: the pseudo-gradient
+            flat, lossy = self._replica.round_input(self._gather(pub, rn, grads=not overlap),
+                                                    rn)  # diloco: the pseudo-gradient
             try:
                 # Our digest is local work, so it is timed as stall, not as the collective.
                 digest = self._own_digest() if epochs.compares(pub) else b""
@@ -388,12 +388,16 @@ class Trainer:
                         self._version = pub.version
                         break  # the agreement committed the result we held for this round
                 t1 = self._clock.monotonic()
-                self._s.poller.elements = flat.numel()  # the controller's bytes per round
-                # The reused result buffer must never be the one a held result lives in.
-                out = self._stepper.result if self._replica.held is None else None
+                # The controller's bytes per round: the whole layout (a streaming round's
+                # vector is one fragment of it; the controller knows the fragments).
+                self._s.poller.elements = self._stepper.size
+                # The reused result buffer must never be the one a held result lives in (nor
+                # a streaming round's, which carries one fragment).
+                out = (self._stepper.result if self._replica.held is None
+                       and flat is self._stepper.flat else None)  # fmt: skip
                 res = self.reducer.allreduce(flat, rn, step=self._replica.round_step() + 1,
                                              policy=pub, attempt=epoch[1], out=out,
-                                             lossy=self._stepper.n_grad,
+                                             lossy=lossy, lane=self._replica.lane(),
                                              feed=ready)  # fmt: skip
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
@@ -482,10 +486,11 @@ class Trainer:
     def _apply(self, values: Any, version: int) -> None:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
         mode = self._mode_of(version) if self._replica.outer is not None else None
+        lead = self._replica.lead()  # the round's gradients' segment, before commit moves on
         self._replica.commit(values, mode)
         pub = self._s.book.get(version)  # the round's members lay out its speed slots
         self._shares.committed(pub.members if pub is not None else None,
-                               self._stepper.speeds(values))
+                               self._stepper.speeds(values, lead))
 
     def _mode_of(self, version: int) -> SyncMode:
         """The sync mode of the policy a round ran under (the newest if it is forgotten)."""
@@ -542,9 +547,9 @@ class Trainer:
         now, so the round reruns under it at once: after a failure the policy without the
         silent node takes effect at once, and the round must not wait for its timeout. The
         links to the neighbours it dropped close, so a send blocked on one returns."""
-        e, h = pub.effective_step, pub.sync.inner_steps
-        # The data plane counts rounds: in diloco mode, outer steps (epochs.py).
-        neighbours = self.reducer.supersede(pub.version, -(-e // h) if pub.sync.diloco else e)
+        e, h = pub.effective_step, pub.sync.period
+        # The data plane counts rounds: in diloco mode, outer rounds (epochs.py).
+        neighbours = self.reducer.supersede(pub.version, -(-e // h))
         if neighbours and self.node_id in pub.members:
             gone = [p for p in neighbours if p not in pub.members]
             if gone:

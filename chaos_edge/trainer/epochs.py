@@ -8,7 +8,8 @@ guard compared, and whether the guard found this member out of line.
 
 The data plane counts *rounds*: in ``every-step`` mode a round is a step, so its step is
 ``trainer.step``; in ``diloco`` mode only the outer steps are rounds, and the data plane's step
-is ``trainer.step // inner_steps`` (:meth:`Replica.round_step`). With it the agreement's rule
+is ``trainer.step // period`` (:meth:`Replica.round_step`; the period is ``inner_steps``, or
+``inner_steps / fragments`` in ``streaming`` mode). With it the agreement's rule
 is the same in both modes: members differ by at most one round, and one behind applies the
 result it holds (a member that committed an outer step may have run inner steps past it
 meanwhile; it still counts as one round ahead, not ``inner_steps`` steps).
@@ -113,7 +114,7 @@ class Epochs:
         if every <= 0 or self._replica.step <= 0:
             return False
         if outer is not None:
-            every = max(1, round(every / outer.inner_steps))
+            every = max(1, round(every / outer.period))
         return r % every == 0 and self._checked != r
 
     def agree(self, pub: SyncPolicy, attempt: int, digest: bytes) -> bool:

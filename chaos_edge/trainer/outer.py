@@ -14,6 +14,14 @@ vector in the layout of the round's gradient segment), the outer momentum, and w
 were made with. The inner optimizer's state (Adam's moments, say) stays each member's own, as
 in DiLoCo: it is never averaged, compared or replicated. A joiner starts with a fresh inner
 state from the synced parameters (docs/training-protocol.md, "Sync modes", says why).
+
+In ``streaming`` mode ("Streaming DiLoCo with overlapping communication") the flat vector is
+cut into ``fragments`` contiguous parts of (nearly) equal size, and each round syncs one of
+them in turn: round ``k`` (at step ``k * period``, ``period = H / fragments``) syncs fragment
+``k % fragments``, so every parameter still has an outer step every H steps, but a round
+carries a ``fragments``-th of the bytes. Each fragment has its own window of samples. When a
+fragment's outer step lands, the member's own value of it becomes
+``merge * local + (1 - merge) * synced`` (``merge`` 0: the synced value, as in DiLoCo).
 """
 
 from __future__ import annotations
@@ -77,22 +85,24 @@ def inner_state_hidden(optimizer: torch.optim.Optimizer) -> Iterator[torch.optim
 
 
 class Outer:
-    """The outer state of a member in ``diloco`` mode.
+    """The outer state of a member in ``diloco`` or ``streaming`` mode.
 
     Args:
         params: The model's parameters, in the Stepper's order.
-        inner_steps: H of the cluster's mode.
+        mode: The cluster's sync mode (H, and in ``streaming`` mode the fragments).
         synced: The synced parameters (default: the parameters now).
         momentum: The outer momentum (default: zeros).
-        count: Outer steps the cluster applied so far (shared state: a step lost or applied
-            twice anywhere shows in it).
+        count: Outer rounds the cluster applied so far (shared state: a round lost or
+            applied twice anywhere shows in it).
     """
 
-    def __init__(self, params: Sequence[torch.nn.Parameter], inner_steps: int,
+    def __init__(self, params: Sequence[torch.nn.Parameter], mode: SyncMode,
                  synced: torch.Tensor | None = None, momentum: torch.Tensor | None = None,
                  count: int = 0) -> None:  # fmt: skip
         self.params = list(params)
-        self.inner_steps = inner_steps
+        self.mode = mode
+        self.inner_steps, self.fragments, self.period = (mode.inner_steps, mode.fragments,
+                                                         mode.period)
         self.synced = flat_params(self.params) if synced is None else synced.clone()
         self.momentum = torch.zeros_like(self.synced) if momentum is None else momentum.clone()
         if self.momentum.shape != self.synced.shape:
@@ -101,39 +111,69 @@ class Outer:
         # carry them twice. Any other dtype rounds them, so they travel as their own tensor.
         self.exact = all(p.dtype == torch.float32 and p.device.type == "cpu"
                          for p in self.params)  # fmt: skip
-        self.samples = 0  # this member's samples since the last outer step
+        n = self.synced.numel()
+        self.bounds = [(f * n // self.fragments, (f + 1) * n // self.fragments)
+                       for f in range(self.fragments)]  # fmt: skip
+        # This member's samples since each fragment's last outer step (its window).
+        self.windows = [0] * self.fragments
         self.count = count
         self._scratch: torch.Tensor | None = None
 
     def outer_round(self, step: int) -> bool:
-        """Whether round ``step`` (made by ``update()`` at ``step - 1``) is an outer step."""
-        return step % self.inner_steps == 0
+        """Whether ``step`` ends with a round (made by ``update()`` at ``step - 1``)."""
+        return step % self.period == 0
 
-    def pseudo_gradient(self, out: torch.Tensor) -> None:
-        """Write ``synced - current`` into ``out`` (the round's gradient segment)."""
+    def fragment(self, step: int) -> tuple[int, int]:
+        """The ``[lo, hi)`` slice of the flat parameters that the round of ``step`` syncs."""
+        return self.bounds[step // self.period % self.fragments]
+
+    def add_samples(self, n: int) -> None:
+        """An inner step on ``n`` samples: it counts in every fragment's window."""
+        self.windows = [w + n for w in self.windows]
+
+    def samples(self, step: int) -> int:
+        """This member's samples behind the pseudo-gradient of the round of ``step``."""
+        return self.windows[step // self.period % self.fragments]
+
+    def pseudo_gradient(self, step: int, out: torch.Tensor) -> None:
+        """Write ``synced - current`` of the round of ``step``'s fragment into ``out``."""
         if self._scratch is None or self._scratch.shape != self.synced.shape:
             self._scratch = torch.empty_like(self.synced)
-        torch.sub(self.synced, flat_params(self.params, out=self._scratch), out=out)
+        lo, hi = self.fragment(step)
+        current = flat_params(self.params, out=self._scratch)
+        torch.sub(self.synced[lo:hi], current[lo:hi], out=out)
 
-    def step(self, avg: torch.Tensor, mode: SyncMode) -> None:
-        """Apply the averaged pseudo-gradient of a committed round, load the result into the
-        model, and open the next window."""
-        outer_step(self.synced, self.momentum, avg, mode)
-        self.settle()
-
-    def settle(self) -> None:
-        """End the window: the model holds the synced parameters, one more outer step."""
-        self.load()
-        self.samples = 0
+    def step(self, step: int, avg: torch.Tensor | None, mode: SyncMode) -> None:
+        """Apply the averaged pseudo-gradient of the committed round of ``step`` (None: no
+        member had samples, the synced values stand) to its fragment, merge the result into
+        the model, and open the fragment's next window."""
+        lo, hi = self.fragment(step)
+        if avg is not None:
+            outer_step(self.synced[lo:hi], self.momentum[lo:hi], avg, mode)
+        self.load(lo, hi, mode.merge if mode.mode == "streaming" else 0.0)
+        self.windows[step // self.period % self.fragments] = 0
         self.count += 1
 
-    def load(self) -> None:
-        """Copy the synced parameters into the model (the inner loop starts from them)."""
+    def load(self, lo: int = 0, hi: int | None = None, merge: float = 0.0) -> None:
+        """Copy the synced values of ``[lo, hi)`` (default: all) into the model, keeping a
+        ``merge`` share of each member's own value."""
+        hi = self.synced.numel() if hi is None else hi
         at = 0
         with torch.no_grad():
             for p in self.params:
                 n = p.numel()
-                p.copy_(self.synced[at : at + n].view_as(p))
+                a, b = max(lo, at), min(hi, at + n)
+                if a < b:
+                    src = self.synced[a:b].to(dtype=p.dtype, device=p.device)
+                    dst: torch.Tensor
+                    if b - a == n:  # the whole tensor: any layout
+                        dst, src = p, src.view_as(p)
+                    else:
+                        dst = p.view(-1)[a - at : b - at]
+                    if merge:
+                        dst.mul_(merge).add_(src, alpha=1 - merge)
+                    else:
+                        dst.copy_(src)
                 at += n
 
     def model_state(self, model: torch.nn.Module, state: Mapping[str, torch.Tensor]
@@ -158,9 +198,9 @@ class Outer:
         return extra
 
     @classmethod
-    def restore(cls, params: Sequence[torch.nn.Parameter], inner_steps: int,
+    def restore(cls, params: Sequence[torch.nn.Parameter], mode: SyncMode,
                 extra: Mapping[str, Any]) -> Outer:  # fmt: skip
         """The outer state of a replicated snapshot (the model already holds its parameters)."""
         synced = extra.get(SYNCED)
-        return cls(params, inner_steps, synced=synced, momentum=extra[MOMENTUM],
+        return cls(params, mode, synced=synced, momentum=extra[MOMENTUM],
                    count=int(extra[COUNT][0]))

@@ -68,13 +68,13 @@ class Replica:
     # -- rounds ----------------------------------------------------------------------------
     def round_step(self) -> int:
         """The data plane's step: the last committed round (in diloco mode, outer step)."""
-        return self.step if self.outer is None else self.step // self.outer.inner_steps
+        return self.step if self.outer is None else self.step // self.outer.period
 
     def last_round_step(self) -> int:
-        """The step of our last round: the last step, or the last outer step."""
+        """The step of our last round: the last step, or the last outer round."""
         if self.outer is None:
             return self.step
-        return self.step // self.outer.inner_steps * self.outer.inner_steps
+        return self.step // self.outer.period * self.outer.period
 
     def inner_step(self, pub: SyncPolicy, n: int) -> bool:
         """In ``diloco`` mode, this ``update()``'s inner step; True if no round follows it
@@ -103,16 +103,18 @@ class Replica:
         if self.outer is None:
             # Entering diloco: the parameters are agreed at this step boundary (a fresh
             # cluster, an every-step cluster switching, or a joiner's restored state).
-            self.outer = Outer(self.stepper.params, mode.inner_steps)
-        elif self.outer.inner_steps != mode.inner_steps:
-            raise TrainerError(f"the cluster's inner_steps changed from "
-                               f"{self.outer.inner_steps} to {mode.inner_steps} at step "
-                               f"{self.step + 1}; restart the training to change it")
+            self.outer = Outer(self.stepper.params, mode)
+        elif ((self.outer.mode.mode, self.outer.inner_steps, self.outer.fragments)
+              != (mode.mode, mode.inner_steps, mode.fragments)):
+            was = self.outer.mode
+            raise TrainerError(f"the cluster's sync mode changed from {_shape(was)} to "
+                               f"{_shape(mode)} at step {self.step + 1}; restart the "
+                               f"training to change it")
         if n > 0:
             self.stepper.step()  # clip, transform, the script's optimizer.step(), zero
         else:
             self.optimizer.zero_grad(set_to_none=True)  # a leaver's drain: nothing to step
-        self.outer.samples += n
+        self.outer.add_samples(n)
         if self.outer.outer_round(self.step + 1):
             return False
         self.step += 1
@@ -120,12 +122,43 @@ class Replica:
 
     def round_samples(self, n: int) -> int:
         """Samples behind this round's input: the window's in diloco mode."""
-        return n if self.outer is None else self.outer.samples
+        return n if self.outer is None else self.outer.samples(self.step + 1)
 
-    def round_input(self, flat: torch.Tensor, n: int) -> None:
-        """Put the pseudo-gradient into the gradient segment of an outer round's input."""
-        if self.outer is not None and n:
-            self.outer.pseudo_gradient(flat[: self.stepper.n_grad])
+    def lead(self) -> int:
+        """The length of the gradients' segment of round ``step + 1``'s vector."""
+        if self.outer is None:
+            return self.stepper.n_grad
+        lo, hi = self.outer.fragment(self.step + 1)
+        return hi - lo
+
+    def lane(self) -> int:
+        """The round ``step + 1``'s lane: its fragment in streaming mode, else 0 (the data
+        plane keeps each lane's int8 error feedback apart)."""
+        if self.outer is None:
+            return 0
+        return (self.step + 1) // self.outer.period % self.outer.fragments
+
+    def round_input(self, flat: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
+        """The round's input and how many of its leading values are the gradients' segment
+        (those travel in the wire format). Every-step: ``flat`` as gathered; diloco: the
+        pseudo-gradient in that segment; streaming: the pseudo-gradient of the round's
+        fragment, then the rest of ``flat`` (buffers, live flag, speeds)."""
+        out, grads = self.outer, self.stepper.n_grad
+        if out is None:
+            return flat, grads
+        step = self.step + 1
+        lo, hi = out.fragment(step)
+        if hi - lo == grads:
+            if n:
+                out.pseudo_gradient(step, flat[:grads])
+            return flat, grads
+        vec = torch.empty(hi - lo + flat.numel() - grads, dtype=flat.dtype)
+        if n:
+            out.pseudo_gradient(step, vec[: hi - lo])
+        else:
+            vec[: hi - lo].zero_()
+        vec[hi - lo :].copy_(flat[grads:])
+        return vec, hi - lo
 
     def commit(self, values: torch.Tensor, mode: SyncMode | None) -> None:
         """Apply the committed result of round ``step + 1``; ``mode`` is the sync mode of the
@@ -134,14 +167,14 @@ class Replica:
         if self.outer is None:
             self.stepper.apply(values)
         else:
-            # The agreed buffers, then the outer step (skipped when no member had samples)
-            # and the synced parameters into the model.
-            self.stepper.apply_buffers(values)
-            if float(values[self.stepper.live_at]) > 0:
-                assert mode is not None
-                self.outer.step(values[: self.stepper.n_grad], mode)
-            else:
-                self.outer.settle()
+            # The agreed buffers, then the outer step of the round's fragment (skipped when
+            # no member had samples) and the synced values into the model.
+            assert mode is not None
+            step = self.step + 1
+            lo, hi = self.outer.fragment(step)
+            self.stepper.apply_buffers(values, lead=hi - lo)
+            live = self.stepper.live(values, lead=hi - lo)
+            self.outer.step(step, values[: hi - lo] if live else None, mode)
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.held = None
@@ -187,7 +220,7 @@ class Replica:
             tensors.append(("held", self.held))
             runtime["held_version"] = self.held_version
         if self.outer is not None:
-            runtime["outer"] = {"inner_steps": self.outer.inner_steps}
+            runtime["outer"] = self.outer.mode.to_dict()
         with self._shared(self.stepper.model_state(), tensors) as (opt, state, extra):
             return StateSpace.capture(self.model, opt, runtime, model_state=state, extra=extra,
                                       rng=False, hashed=hashed)  # fmt: skip
@@ -212,7 +245,7 @@ class Replica:
         self.stepper.restored()
         doc = runtime.get("outer")
         self.outer = None if not doc else Outer.restore(
-            self.stepper.params, int(doc["inner_steps"]), loaded.extra)
+            self.stepper.params, SyncMode.from_dict({"mode": "diloco", **doc}), loaded.extra)
         self.step = int(runtime["step"])
         held = loaded.extra.get("held")
         self.held = None if held is None else held.clone()
@@ -221,3 +254,10 @@ class Replica:
     def start_alone(self) -> None:
         """Bootstrap from our own state: nobody is left to settle a held result with."""
         self.held = None
+
+
+def _shape(mode: SyncMode) -> str:
+    """A sync mode's name and the parts of it a running cluster cannot change."""
+    if mode.mode == "streaming":
+        return f"streaming H={mode.inner_steps} fragments={mode.fragments}"
+    return f"{mode.mode} H={mode.inner_steps}" if mode.diloco else mode.mode

@@ -150,11 +150,22 @@ class Stepper:
                 self.flat[self.speeds_at + slot] = speed / samples
         return self.flat
 
-    def speeds(self, values: torch.Tensor) -> torch.Tensor | None:
-        """The speed slots of a result (relative speeds of the members), if carried."""
-        if values.numel() <= self.speeds_at:
+    def speeds(self, values: torch.Tensor, lead: int | None = None) -> torch.Tensor | None:
+        """The speed slots of a result (relative speeds of the members), if carried.
+        ``lead``: the length of the result's gradients' segment, if not :attr:`n_grad` (a
+        streaming round carries one fragment)."""
+        at = self.speeds_at + self._shift(lead)
+        if values.numel() <= at:
             return None
-        return values[self.speeds_at :].clone()
+        return values[at:].clone()
+
+    def live(self, values: torch.Tensor, lead: int | None = None) -> bool:
+        """Whether any member had samples in the round of ``values`` (``lead``: as for
+        :meth:`speeds`)."""
+        return float(values[self.live_at + self._shift(lead)]) > 0
+
+    def _shift(self, lead: int | None) -> int:
+        return 0 if lead is None else lead - self.n_grad
 
     def apply(self, values: torch.Tensor) -> None:
         """Apply a committed result: gradients, buffers, then the step (module docstring),
@@ -178,10 +189,11 @@ class Stepper:
             p.grad = values[at : at + n].view_as(p)
             at += n
 
-    def apply_buffers(self, values: torch.Tensor) -> None:
-        """Take the buffers of a committed result (a DiLoCo outer round has no inner step)."""
-        if self.buffers and float(values[self.live_at]) > 0:
-            at = self.n_grad
+    def apply_buffers(self, values: torch.Tensor, lead: int | None = None) -> None:
+        """Take the buffers of a committed result (a DiLoCo outer round has no inner step;
+        ``lead``: as for :meth:`speeds`)."""
+        if self.buffers and self.live(values, lead):
+            at = self.n_grad + self._shift(lead)
             with torch.no_grad():
                 for k, b in self.buffers.items():
                     n = b.numel()

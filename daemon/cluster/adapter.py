@@ -29,7 +29,8 @@ OBSERVE_EVERY_S = 2.0
 def running(policy: SyncPolicy) -> Candidate:
     """The candidate a policy in force is."""
     sync = policy.sync
-    return Candidate(sync.mode, policy.wire, sync.inner_steps if sync.mode == "diloco" else 1)
+    return Candidate(sync.mode, policy.wire, sync.inner_steps if sync.diloco else 1,
+                     sync.fragments)
 
 
 def tree_depth(policy: SyncPolicy) -> int:
@@ -70,7 +71,7 @@ class Adapter:
 
     def _cannot(self, c: Candidate) -> str | None:
         cur = self.ctl.current
-        if (c.sync, c.inner_steps) != (cur.sync, cur.inner_steps):
+        if (c.sync, c.inner_steps, c.fragments) != (cur.sync, cur.inner_steps, cur.fragments):
             return "a worker cannot change its sync mode or H during a run yet"
         return None
 

@@ -28,6 +28,8 @@ from daemon.contracts.policy import WIRE_FORMATS, WIRE_RANK
 INT8_BLOCK = 2048
 #: The H the controller tries for DiLoCo (those up to ``max_inner_steps``, and the configured one).
 INNER_STEPS_GRID = (5, 10, 20, 50, 100, 200, 500)
+#: The fragments of a streaming candidate when ``[training]`` does not name streaming's.
+STREAMING_FRAGMENTS = 5
 
 
 def bytes_per_element(wire: str) -> float:
@@ -41,13 +43,21 @@ def bytes_per_element(wire: str) -> float:
 class Candidate:
     """A policy the controller may choose."""
 
-    sync: str  # every-step | diloco
+    sync: str  # every-step | diloco | streaming
     wire: str  # fp32 | fp16 | bf16 | int8
     inner_steps: int = 1  # DiLoCo's H (1 for every-step)
+    fragments: int = 1  # streaming's (1 otherwise)
 
     def label(self) -> str:
-        mode = self.sync if self.sync == "every-step" else f"diloco H={self.inner_steps}"
+        mode = self.sync if self.sync == "every-step" else f"{self.sync} H={self.inner_steps}"
+        if self.sync == "streaming":
+            mode += f" P={self.fragments}"
         return f"{mode}/{self.wire}"
+
+    @property
+    def period(self) -> int:
+        """Steps between two rounds."""
+        return self.inner_steps // self.fragments
 
 
 @dataclass(frozen=True)
@@ -65,7 +75,7 @@ class Measured:
     compute_s: Mapping[str, float]  # per member: seconds of forward, backward and step
     hops: Sequence[Hop]  # the tree's edges (none: a lone member)
     depth: int  # hops from the root to the deepest member
-    elements: int  # elements the all-reduce carries (the gradient, or DiLoCo's delta)
+    elements: int  # elements of the round layout (the gradient, or DiLoCo's whole delta)
 
 
 @dataclass(frozen=True)
@@ -87,7 +97,8 @@ class QualityPrior:
     per_inner_step: float = 0.002
 
     def extra(self, c: Candidate) -> float:
-        drift = self.diloco + self.per_inner_step * c.inner_steps if c.sync == "diloco" else 0.0
+        # Streaming DiLoCo is charged as DiLoCo: its paper reports the same quality.
+        drift = 0.0 if c.sync == "every-step" else self.diloco + self.per_inner_step * c.inner_steps
         return self.wire.get(c.wire, 0.0) + drift
 
 
@@ -97,7 +108,9 @@ class CostModel:
     Synchronous data parallelism waits for the slowest member's compute. The all-reduce is
     pipelined in chunks down and up the tree, so the vector crosses the slowest hop once each
     way, the two directions at once, plus a round trip per level for the first chunk.
-    DiLoCo pays the round once every H steps (not overlapped with the inner steps).
+    DiLoCo pays the round once every H steps (not overlapped with the inner steps);
+    streaming DiLoCo a ``fragments``-th of it every ``H / fragments`` steps: the same bytes,
+    one more latency per fragment.
     """
 
     def __init__(self, prior: QualityPrior | None = None) -> None:
@@ -106,15 +119,14 @@ class CostModel:
     def round_s(self, c: Candidate, m: Measured) -> float:
         if not m.hops:
             return 0.0
-        nbytes = m.elements * bytes_per_element(c.wire)
+        nbytes = m.elements / c.fragments * bytes_per_element(c.wire)
         slowest = min(h.rate_mbps for h in m.hops)
         latency = m.depth * max(h.rtt_ms for h in m.hops) / 1000.0
         return nbytes * 8.0 / (slowest * 1e6) + latency
 
     def step_s(self, c: Candidate, m: Measured) -> float:
         compute = max(m.compute_s.values(), default=0.0)
-        every = c.inner_steps if c.sync == "diloco" else 1
-        return compute + self.round_s(c, m) / every
+        return compute + self.round_s(c, m) / c.period
 
     def cost(self, c: Candidate, m: Measured) -> float:
         """Seconds per unit of progress: the step time, times the extra steps needed."""
@@ -140,6 +152,8 @@ class Decision:
 
 def configured(tr: TrainingConfig) -> Candidate:
     """The policy ``[training]`` names: where the controller starts, and what pins keep."""
+    if tr.sync == "streaming":
+        return Candidate(tr.sync, tr.wire, tr.inner_steps, tr.fragments)
     return Candidate(tr.sync, tr.wire, tr.inner_steps if tr.sync == "diloco" else 1)
 
 
@@ -173,9 +187,13 @@ class Controller:
                 hs = [pin.inner_steps]
             else:
                 hs = sorted({h for h in INNER_STEPS_GRID if h <= cfg.max_inner_steps}
-                            | ({pin.inner_steps} if pin.sync == "diloco"
+                            | ({pin.inner_steps} if pin.sync != "every-step"
                                and pin.inner_steps <= cfg.max_inner_steps else set()))
-            out.extend(Candidate(sync, w, h) for w in wires for h in hs)
+            parts = 1
+            if sync == "streaming":
+                parts = pin.fragments if pin.sync == "streaming" else STREAMING_FRAGMENTS
+                hs = [h for h in hs if h % parts == 0]
+            out.extend(Candidate(sync, w, h, parts) for w in wires for h in hs)
         return sorted(out)
 
     def observe(self, m: Measured) -> Decision | None:

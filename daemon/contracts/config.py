@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 from daemon.contracts.control import DEFAULT_SOCKET
 from daemon.contracts.errors import ConfigError
 from daemon.contracts.policy import (
+    MAX_FRAGMENTS,
     MAX_INNER_STEPS,
     OUTER_OPTIMIZERS,
     SYNC_MODES,
@@ -145,14 +146,21 @@ class TrainingConfig:
     # every-step: all-reduce the gradients of every step. diloco: each member steps its own
     # optimizer for inner_steps steps, then the members all-reduce the change of the
     # parameters and apply it with the outer optimizer (far fewer bytes on slow links).
+    # streaming: diloco whose parameters are synced a fragment at a time, one fragment every
+    # inner_steps / fragments steps (the same bytes, a fragments-th of the peak).
     sync: str = "every-step"
-    inner_steps: int = 50  # DiLoCo's H (diloco only)
+    inner_steps: int = 50  # DiLoCo's H (diloco and streaming)
     outer_optimizer: str = "nesterov"  # nesterov (SGD with Nesterov momentum) or sgd
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    fragments: int = 5  # streaming only: must divide inner_steps
+    merge: float = 0.0  # streaming only: the share of its local value a member keeps
 
     def sync_mode(self) -> SyncMode:
         """The sync mode the scheduler puts in every policy."""
+        if self.sync == "streaming":
+            return SyncMode(self.sync, self.inner_steps, self.outer_optimizer, self.outer_lr,
+                            self.outer_momentum, self.fragments, self.merge)
         return SyncMode(self.sync, self.inner_steps if self.sync == "diloco" else 1,
                         self.outer_optimizer, self.outer_lr, self.outer_momentum)
 
@@ -484,6 +492,15 @@ def _check_training(tr: TrainingConfig) -> None:
     if not 0 <= tr.outer_momentum < 1:
         raise ConfigError(f"config: training.outer_momentum must be in [0, 1), "
                           f"not {tr.outer_momentum:g}")
+    if tr.sync == "streaming":
+        if not 2 <= tr.fragments <= MAX_FRAGMENTS:
+            raise ConfigError(f"config: training.fragments must be 2..{MAX_FRAGMENTS}, "
+                              f"not {tr.fragments}")
+        if tr.inner_steps % tr.fragments:
+            raise ConfigError(f"config: training.fragments = {tr.fragments} does not divide "
+                              f"training.inner_steps = {tr.inner_steps}")
+        if not 0 <= tr.merge < 1:
+            raise ConfigError(f"config: training.merge must be in [0, 1), not {tr.merge:g}")
 
 
 def _check_adaptive(ad: AdaptiveConfig, tr: TrainingConfig) -> None:
@@ -513,7 +530,7 @@ def _check_adaptive(ad: AdaptiveConfig, tr: TrainingConfig) -> None:
     if tr.sync not in ad.syncs:
         raise ConfigError(f"config: training.sync = {tr.sync!r} is not in adaptive.syncs = "
                           f"{list(ad.syncs)!r}")
-    if tr.sync == "diloco" and tr.inner_steps > ad.max_inner_steps:
+    if tr.sync != "every-step" and tr.inner_steps > ad.max_inner_steps:
         raise ConfigError(f"config: training.inner_steps = {tr.inner_steps} is above "
                           f"adaptive.max_inner_steps = {ad.max_inner_steps}")
 

@@ -7,7 +7,7 @@ the tree from measured links. Every holder keeps the newest :data:`POLICY_KEEP` 
 A policy also names the cluster's gradient wire format (:data:`WIRE_FORMATS`), so every
 member of a round encodes and decodes alike (``chaos_edge.dataplane.codec``), and its sync mode
 (:class:`SyncMode`): an all-reduce every step, or DiLoCo's local steps with an outer step
-every ``inner_steps`` (docs/training-protocol.md, "Sync modes").
+every ``inner_steps``, whole or fragment by fragment (docs/training-protocol.md, "Sync modes").
 """
 
 from __future__ import annotations
@@ -44,8 +44,12 @@ WIRE_RANK: dict[str, int] = {"fp32": 2, "fp16": 1, "bf16": 1, "int8": 0}
 #: Sync modes: ``every-step`` all-reduces the gradients of every step (the default);
 #: ``diloco`` steps each member's own optimizer locally and all-reduces the parameter change
 #: every ``inner_steps`` steps ("DiLoCo: Distributed Low-Communication Training of Language
-#: Models").
-SYNC_MODES: tuple[str, ...] = ("every-step", "diloco")
+#: Models"); ``streaming`` is DiLoCo whose parameters are split into ``fragments`` that are
+#: synced in turn, one every ``inner_steps / fragments`` steps ("Streaming DiLoCo with
+#: overlapping communication: Towards a Distributed Free Lunch"): the same bytes per step,
+#: a ``fragments``-th of the peak.
+SYNC_MODES: tuple[str, ...] = ("every-step", "diloco", "streaming")
+MAX_FRAGMENTS = 64
 #: Outer optimizers of ``diloco``: SGD with Nesterov momentum (the paper's) or heavy-ball SGD.
 OUTER_OPTIMIZERS: tuple[str, ...] = ("nesterov", "sgd")
 MAX_INNER_STEPS = 1_000_000
@@ -57,14 +61,21 @@ def _norm(a: str, b: str) -> Edge:
 
 @dataclass(frozen=True)
 class SyncMode:
-    """How members synchronise: every step, or DiLoCo's outer step every ``inner_steps``.
+    """How members synchronise: every step, or DiLoCo's outer step every ``inner_steps``
+    (``streaming``: one fragment of the parameters every ``inner_steps / fragments``).
 
     Attributes:
         mode: One of :data:`SYNC_MODES`.
-        inner_steps: DiLoCo's H: local steps per outer step (1 for ``every-step``).
+        inner_steps: DiLoCo's H: local steps per outer step of each parameter (1 for
+            ``every-step``).
         outer: The outer optimizer (:data:`OUTER_OPTIMIZERS`).
         outer_lr: Its learning rate (DiLoCo: 0.7).
         outer_momentum: Its momentum (DiLoCo: 0.9; 0 is plain SGD).
+        fragments: ``streaming``: parts the parameters are split into, each synced on its
+            own round (2..:data:`MAX_FRAGMENTS`, dividing ``inner_steps``); 1 otherwise.
+        merge: ``streaming``: how much of its local value a member keeps when a fragment's
+            outer step lands (the paper's alpha): ``merge * local + (1 - merge) * synced``;
+            0 loads the synced value, as DiLoCo does.
     """
 
     mode: str = "every-step"
@@ -72,11 +83,18 @@ class SyncMode:
     outer: str = "nesterov"
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    fragments: int = 1
+    merge: float = 0.0
 
     @property
     def diloco(self) -> bool:
-        """Whether members step locally between outer steps."""
-        return self.mode == "diloco"
+        """Whether members step locally between outer steps (``diloco`` or ``streaming``)."""
+        return self.mode in ("diloco", "streaming")
+
+    @property
+    def period(self) -> int:
+        """Steps between two rounds: 1, H, or H / fragments (``streaming``)."""
+        return self.inner_steps // self.fragments
 
     def validate(self) -> None:
         """Raise PolicyError for an unknown mode or optimizer, or a value out of range."""
@@ -91,11 +109,20 @@ class SyncMode:
             raise PolicyError(f"outer_lr must be in (0, 10], not {self.outer_lr}")
         if not 0 <= self.outer_momentum < 1:
             raise PolicyError(f"outer_momentum must be in [0, 1), not {self.outer_momentum}")
+        if self.mode != "streaming" and (self.fragments, self.merge) != (1, 0.0):
+            raise PolicyError(f"fragments and merge are streaming's, not {self.mode}'s")
+        if self.mode == "streaming":
+            if not 2 <= self.fragments <= MAX_FRAGMENTS or self.inner_steps % self.fragments:
+                raise PolicyError(f"fragments must be 2..{MAX_FRAGMENTS} and divide "
+                                  f"inner_steps ({self.inner_steps}), not {self.fragments}")
+            if not 0 <= self.merge < 1:
+                raise PolicyError(f"merge must be in [0, 1), not {self.merge}")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
         return {"mode": self.mode, "inner_steps": self.inner_steps, "outer": self.outer,
-                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+                "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
+                "fragments": self.fragments, "merge": self.merge}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any] | None) -> SyncMode:
@@ -109,7 +136,8 @@ class SyncMode:
         try:
             mode = cls(str(doc.get("mode", "every-step")), int(doc.get("inner_steps", 1)),
                        str(doc.get("outer", "nesterov")), float(doc.get("outer_lr", 0.7)),
-                       float(doc.get("outer_momentum", 0.9)))
+                       float(doc.get("outer_momentum", 0.9)), int(doc.get("fragments", 1)),
+                       float(doc.get("merge", 0.0)))
         except (TypeError, ValueError, AttributeError) as exc:
             raise PolicyError(f"malformed sync mode: {exc!r}") from None
         mode.validate()

@@ -3,9 +3,10 @@
 The CNN with BatchNorm and Dropout of ``_full_worker.py`` on scikit-learn's digits, AdamW,
 a OneCycleLR and a JSON counter registered in ``state=``, ``clip_grad_norm=1.0``; plain mode
 (``--batch`` samples per member and step). The cluster's ``[training] sync = "diloco"`` makes
-the Trainer step locally and sync every ``inner_steps``.
+the Trainer step locally and sync every ``inner_steps`` (``"streaming"``: one fragment every
+``inner_steps / fragments``).
 
-One JSON line per ``update()``: ``step``, ``pid``, ``loss``, ``members``; after an outer step
+One JSON line per ``update()``: ``step``, ``pid``, ``loss``, ``members``; after an outer round
 also ``outer``: a digest of the synced parameters, the outer momentum, the buffers, the
 scheduler, the lr, the counter, the Trainer's state digest and the outer ``count``.
 
@@ -89,7 +90,7 @@ def train(args: argparse.Namespace) -> int:
             idx = perm[(pos * 3 + sh.index * args.batch + torch.arange(args.batch)) % n]
             loss = nn.functional.cross_entropy(model(x_all[idx]), y_all[idx])
             loss.backward()
-            h = trainer._outer.inner_steps if trainer._outer is not None else 0
+            h = trainer._outer.period if trainer._outer is not None else 0
             if args.die_in_outer and arm.exists() and not marker.exists() and h and (
                     (trainer.step + 1) % h == 0):
                 arm_kill(trainer, marker)
@@ -100,7 +101,7 @@ def train(args: argparse.Namespace) -> int:
             row: dict[str, Any] = {"step": trainer.step, "pid": os.getpid(),
                                    "loss": float(loss.detach()), "members": list(sh.members)}
             o = trainer._outer
-            if o is not None and trainer.step % o.inner_steps == 0:
+            if o is not None and trainer.step % o.period == 0:
                 row["outer"] = {
                     "synced": digest(o.synced), "params": digest(dict(model.named_parameters())),
                     "momentum": digest(o.momentum), "count": o.count,

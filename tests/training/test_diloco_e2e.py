@@ -1,12 +1,15 @@
-"""Issue 13: diloco mode keeps the elasticity and the guarantees of every-step mode.
+"""Issues 13 and 24: diloco and streaming modes keep the elasticity and the guarantees of
+every-step mode.
 
 Real mosquitto, three chaosd and their workers (``_diloco_worker.py``, the same script as in
-every-step mode) with ``[training] sync = "diloco"`` and ``inner_steps = 4``. The cluster goes
-through a scale-out, a graceful leave and a worker SIGKILLed in the middle of an outer round
-(restarted by chaosd, it rejoins). At every outer step that two or more nodes committed, the
-synced parameters, the outer momentum, the buffers, the registered objects and the Trainer's
-digest are equal on all of them; every outer record's count is ``step // 4`` (no outer step
-lost or applied twice anywhere); each worker's steps follow one another.
+every-step mode) with ``[training] sync = "diloco"`` and ``inner_steps = 4`` (or
+``"streaming"`` with 2 fragments: a round every 2 steps, each syncing half the parameters).
+The cluster goes through a scale-out, a graceful leave and a worker SIGKILLed in the middle of
+an outer round (restarted by chaosd, it rejoins). At every outer round that two or more nodes
+committed, the synced parameters, the outer momentum, the buffers, the registered objects and
+the Trainer's digest are equal on all of them; every outer record's count is
+``step // period`` (no outer round lost or applied twice anywhere); each worker's steps
+follow one another.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ pytestmark = pytest.mark.timeout(240)
 WORKER = Path(__file__).with_name("_diloco_worker.py")
 H = 4
 CONFIG = f'[training]\nsync = "diloco"\ninner_steps = {H}\n'
+STREAMING = f'[training]\nsync = "streaming"\ninner_steps = {H}\nfragments = 2\nmerge = 0.5\n'
+PERIOD = {CONFIG: H, STREAMING: H // 2}  # steps between rounds
 Row = dict[str, Any]
 
 
@@ -40,9 +45,9 @@ def outer_rows(r: Run, node: str) -> list[Row]:
     return [row for row in r.records(node) if "outer" in row]
 
 
-def assert_outer_identical(r: Run, nodes: list[str]) -> int:
-    """Every part of the outer state is equal on the nodes that committed an outer step;
-    returns how many outer steps two or more nodes committed."""
+def assert_outer_identical(r: Run, nodes: list[str], period: int = H) -> int:
+    """Every part of the outer state is equal on the nodes that committed an outer round;
+    returns how many outer rounds two or more nodes committed."""
     table: dict[int, dict[str, Row]] = {}
     for node in nodes:
         for row in outer_rows(r, node):
@@ -50,12 +55,15 @@ def assert_outer_identical(r: Run, nodes: list[str]) -> int:
     shared, bad = 0, []
     for step, rows in sorted(table.items()):
         for node, o in rows.items():
-            assert o["count"] == step // H, (
-                f"{node} at step {step} has applied {o['count']} outer steps, not {step // H}")
+            assert o["count"] == step // period, (
+                f"{node} at step {step} has applied {o['count']} outer rounds, not "
+                f"{step // period}")
         if len(rows) < 2:
             continue
         shared += 1
         for part in next(iter(rows.values())):
+            if part == "params" and period != H:
+                continue  # streaming keeps a merge share of each member's own values
             seen = {n: o[part] for n, o in sorted(rows.items())}
             if len({json.dumps(v) for v in seen.values()}) > 1:
                 bad.append(f"step {step}: {part} differs: {seen}")
@@ -73,8 +81,10 @@ def assert_steps_follow(r: Run, node: str) -> None:
             f"{node} (pid {pid}) skipped or repeated steps: {jumps}")
 
 
-def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any) -> None:
-    r = run(3, CONFIG)
+@pytest.mark.parametrize("config", [CONFIG, STREAMING], ids=["diloco", "streaming"])
+def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any, config: str) -> None:
+    period = PERIOD[config]
+    r = run(3, config)
     n1, n2, n3 = r.c.node_ids
     for node in (n1, n2):
         join(r, node)
@@ -97,8 +107,8 @@ def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any) -> None:
              f"{n3} back")
     r.advance([n1, n3], 3 * H)
 
-    shared = assert_outer_identical(r, [n1, n2, n3])
-    assert shared >= 8, f"only {shared} outer steps were committed by two or more nodes"
+    shared = assert_outer_identical(r, [n1, n2, n3], period)
+    assert shared >= 8, f"only {shared} outer rounds were committed by two or more nodes"
     for node in (n1, n2, n3):
         assert_steps_follow(r, node)
     assert not r.events("state-diverged"), r.events("state-diverged")
@@ -107,25 +117,26 @@ def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any) -> None:
         assert not path.exists(), path.read_text()
     # The kill happened in the middle of an outer round, and n1 committed that round once.
     kill_step = int(killed.read_text().split()[-1])
-    assert kill_step % H == 0
+    assert kill_step % period == 0
     n1_steps = [row["step"] for row in outer_rows(r, n1)]
-    assert n1_steps.count(kill_step) == 1, f"{n1} committed outer step {kill_step} " \
+    assert n1_steps.count(kill_step) == 1, f"{n1} committed outer round {kill_step} " \
         f"{n1_steps.count(kill_step)} times"
     # A joiner starts from the synced parameters: n3's first outer step matches n1's.
     assert r.records(n3)[0]["step"] > 3 * H
 
 
-def test_diloco_pseudo_gradients_travel_in_the_clusters_wire_format(
+def test_streaming_pseudo_gradients_travel_in_the_clusters_wire_format(
         run: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``[training] wire`` applies to the pseudo-gradients: with int8 on the wire, the outer
-    state is still equal on every member at every outer step (the same decoded average on
-    all of them), and no outer step is lost or applied twice."""
+    """``[training] wire`` applies to the pseudo-gradients (here of streaming's fragments,
+    each with its own int8 error feedback): with int8 on the wire, the outer state is still
+    equal on every member at every outer round (the same decoded average on all of them),
+    and no outer round is lost or applied twice."""
     monkeypatch.setenv("CHAOS_WORKER_LOG", "INFO")  # the worker says which format it uses
-    r = run(2, CONFIG + 'wire = "int8"\n')
+    r = run(2, STREAMING + 'wire = "int8"\n')
     for node in r.c.node_ids:
         join(r, node)
         r.c.wait(functools.partial(r.active, [node]), 60, f"{node} active")
     r.advance(r.c.node_ids, 4 * H)
-    assert assert_outer_identical(r, r.c.node_ids) >= 3
+    assert assert_outer_identical(r, r.c.node_ids, PERIOD[STREAMING]) >= 6
     logs = [p.read_text(errors="replace") for p in tmp_path.rglob("worker.log")]
     assert len(logs) == 2 and all("rounds travel as int8" in text for text in logs)

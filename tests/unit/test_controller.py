@@ -154,3 +154,23 @@ def test_the_slowest_member_sets_the_compute_time() -> None:
     even, straggler = links(1000.0), links(1000.0, slow=4.0)
     assert model.step_s(EVERY_FP32, straggler) - model.step_s(EVERY_FP32, even) == \
         pytest.approx(0.15)
+
+
+def test_streaming_costs_diloco_bytes_plus_a_latency_per_fragment() -> None:
+    """Without overlap streaming DiLoCo sends DiLoCo's bytes a fragment at a time: the model
+    predicts the same bytes per step and one more round trip per fragment, so it never
+    predicts streaming faster than DiLoCo at the same H (its gain is the peak, not the time).
+    A cluster configured for streaming is offered its own fragments, at H they divide."""
+    model = CostModel()
+    m = links(20.0, rtt_ms=10.0)
+    for h in (10, 20, 50):
+        dil, st = Candidate("diloco", "int8", h), Candidate("streaming", "int8", h, 5)
+        assert model.round_s(st, m) < model.round_s(dil, m) / 4  # a fifth of the bytes
+        gap = model.step_s(st, m) - model.step_s(dil, m)
+        assert gap == pytest.approx(4 * 0.010 / h)  # 5 round trips every H instead of one
+    ctl, _ = make(AdaptiveConfig(enabled=True, syncs=("streaming", "diloco")),
+                  TrainingConfig(sync="streaming", inner_steps=20, fragments=4))
+    streaming = [c for c in ctl.candidates() if c.sync == "streaming"]
+    assert streaming and all(c.fragments == 4 and c.inner_steps % 4 == 0 for c in streaming)
+    assert ctl.current == Candidate("streaming", "fp32", 20, 4)
+    assert ctl.current.label() == "streaming H=20 P=4/fp32"
