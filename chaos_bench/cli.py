@@ -592,12 +592,18 @@ def slowlinks(
     = "fp32,int8",
     tune_steps: Annotated[int, typer.Option(min=10, max=10_000, help="Steps of each chunk "
                                             "trial.")] = 60,
+    fragments: Annotated[str, typer.Option(help="Streaming DiLoCo's fragment counts, "
+                                           "comma-separated; each runs at every H it "
+                                           "divides (none: no streaming runs).")] = "",
+    outer_wire: Annotated[str, typer.Option(help="The wire format of DiLoCo's and "
+                                            "streaming's pseudo-gradients.")] = "fp32",
     out: Annotated[Path, typer.Option(help="Where slowlinks.json and slowlinks.png go.")]
     = Path("slowlinks"),
 ) -> None:
     """Every-step sync (its fastest chunking, each wire format) against DiLoCo (its outer
-    optimizer chosen on a validation split) on links shaped to each rate (netns testbed,
-    root): wall time, time to a target accuracy, bytes per node, test accuracy and loss."""
+    optimizer chosen on a validation split) and streaming DiLoCo on links shaped to each rate
+    (netns testbed, root): wall time, time to a target accuracy, bytes per node, the largest
+    round, test accuracy and loss."""
     import importlib.util
 
     from chaos_bench.slowlinks import report as slowlinks_report
@@ -613,6 +619,12 @@ def slowlinks(
     if formats[0] != "fp32":
         raise CtlUsageError("--wires must begin with fp32: the exact every-step run is the "
                             "baseline every ratio is against")
+    parts = tuple(_ints(fragments, "--fragments", 2, 64)) if fragments.strip() else ()
+    if parts and not any(h % p == 0 for h in hs for p in parts):
+        raise CtlUsageError(f"--fragments: no value divides an H of --inner-steps ({inner_steps})")
+    owire = outer_wire.strip()
+    if owire not in WIRE_FORMATS:
+        raise CtlUsageError(f"--outer-wire: {owire} is not one of {', '.join(WIRE_FORMATS)}")
     sizes = tuple(_ints(chunks, "--chunks", 0, 16 << 20))
     if any(c % 4 for c in sizes):
         raise CtlUsageError("--chunks: each size must be a multiple of 4 bytes (0: default)")
@@ -622,7 +634,7 @@ def slowlinks(
         outer_momenta=_floats(outer_momentum, "--outer-momentum", 0.0, 0.999),
         seeds=tuple(_ints(seeds, "--seeds", 0, 99)),
         chunks=sizes, wires=formats,
-        tune_steps=tune_steps)
+        tune_steps=tune_steps, fragments=parts, outer_wire=owire)
     if importlib.util.find_spec("sklearn") is None:
         raise ClusterError("the slow-links task needs scikit-learn: pip install "
                            "'chaos-edge[examples]'")

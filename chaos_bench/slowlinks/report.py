@@ -12,6 +12,12 @@ The goal (issue 13), checked at 50 Mbit/s for every DiLoCo H, on the seeds' mean
 test accuracy within 1 point of every-step's, test loss within 2 % of it (both stated, the
 goal met only with both), at least 10x fewer bytes, and less wall time than the fastest
 every-step run in every seed.
+
+Per run also ``round_mb_max`` and ``round_s_max``: the most bytes any node sent in one
+``update()`` that ran a round, and the longest such call (the peak a link must carry at once,
+and the longest stall). The streaming goal (issue 24), checked at 20 Mbit/s for every streaming
+mode on the seeds' means: at least 100x fewer bytes than the fastest every-step run, a
+validation loss within 1 % of that run's, and a smaller peak than DiLoCo at the same H.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from chaos_bench.output import Output
 from chaos_bench.progress import Say
 
 GOAL_RATE = 50.0
+STREAMING_RATE = 20.0
 BASE = "every-step"
 SPREAD = ("wall_s", "to_target_s", "mb_per_node", "acc", "loss", "val_acc", "val_loss",
           "bytes_x_fewer", "time_x_faster", "time_x_best", "acc_pts_vs_every_step",
-          "loss_pct_vs_every_step")
+          "loss_pct_vs_every_step", "round_mb_max", "round_s_max", "bytes_x_fewer_best",
+          "val_loss_pct_vs_best")
 
 
 def _row(run: dict[str, Any], target: float) -> dict[str, Any]:
@@ -39,6 +47,9 @@ def _row(run: dict[str, Any], target: float) -> dict[str, Any]:
     tx = [d["tx_bytes"] for d in nodes.values()]
     late = {n: d["began"] - d["start"] for n, d in nodes.items() if d["began"] != d["start"]}
     keys = ("step", "t", "tx", "loss", "acc", "val_loss", "val_acc")
+    peaks = [d.get("rounds") or {} for d in nodes.values()]
+    sent = [p["bytes_max"] for p in peaks if p.get("n")]
+    stalls = [p["s_max"] for p in peaks if p.get("n")]
     return {
         "rate_mbps": run["rate_mbps"], "mode": run["mode"], "inner_steps": run["inner_steps"],
         "seed": run.get("seed", 0), "config": run.get("config", {}),
@@ -46,6 +57,8 @@ def _row(run: dict[str, Any], target: float) -> dict[str, Any]:
         "mb_per_node": sum(tx) / len(tx) / 1e6, "mb_max_node": max(tx) / 1e6,
         "acc": final["acc"], "loss": final["loss"], "val_acc": final.get("val_acc"),
         "val_loss": final.get("val_loss"), "late_starts": late,
+        "round_mb_max": max(sent) / 1e6 if sent else None,
+        "round_s_max": max(stalls) if stalls else None,
         "curve": [{k: e[k] for k in keys if k in e} for e in evals],
     }
 
@@ -71,6 +84,11 @@ def _ratios(rows: list[dict[str, Any]]) -> None:
         r["time_x_best"] = min(x["wall_s"] for x in same) / r["wall_s"] if r["wall_s"] else None
         r["acc_pts_vs_every_step"] = 100 * (r["acc"] - b["acc"])
         r["loss_pct_vs_every_step"] = 100 * (r["loss"] / b["loss"] - 1) if b["loss"] else None
+        best = min(same, key=lambda x: x["wall_s"])  # the fastest every-step run
+        r["bytes_x_fewer_best"] = (best["mb_per_node"] / r["mb_per_node"]
+                                   if r["mb_per_node"] else None)
+        r["val_loss_pct_vs_best"] = (100 * (r["val_loss"] / best["val_loss"] - 1)
+                                     if r["val_loss"] is not None and best["val_loss"] else None)
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -104,13 +122,35 @@ def goal(rows: list[dict[str, Any]], summary: list[dict[str, Any]]) -> list[dict
     return verdicts
 
 
+def streaming_goal(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 24's streaming goal at STREAMING_RATE for every streaming mode (means over the
+    seeds): 100x fewer bytes than the fastest every-step run, a validation loss within 1 % of
+    it, and a smaller peak (bytes of one round) than DiLoCo at the same H and wire."""
+    verdicts = []
+    by_mode = {s["mode"]: s for s in summary if s["rate_mbps"] == STREAMING_RATE}
+    for mode, s in by_mode.items():
+        if not mode.startswith("streaming") or s["bytes_x_fewer_best"] is None:
+            continue
+        words = mode.split()
+        dil = by_mode.get(" ".join(["diloco", words[1], *words[3:]]))
+        peak, dil_peak = s["round_mb_max"], dil["round_mb_max"] if dil else None
+        loss = s["val_loss_pct_vs_best"]
+        checks = {"bytes_100x": s["bytes_x_fewer_best"]["mean"] >= 100.0,
+                  "val_loss_1pct": loss is not None and loss["mean"] <= 1.0,
+                  "peak_below_diloco": (peak is not None and dil_peak is not None
+                                        and peak["mean"] < dil_peak["mean"])}
+        verdicts.append({"mode": mode, **checks, "met": all(checks.values())})
+    return verdicts
+
+
 def analyse(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
-    """Rows with ratios, the summary over seeds and the goal's verdicts."""
+    """Rows with ratios, the summary over seeds and the goals' verdicts."""
     rows = [_row(r, target) for r in runs]
     _ratios(rows)
     summary = summarise(rows)
     return {"target_acc": target, "rows": rows, "summary": summary,
-            "goal_at_50mbps": goal(rows, summary)}
+            "goal_at_50mbps": goal(rows, summary),
+            "streaming_goal_at_20mbps": streaming_goal(summary)}
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -132,7 +172,7 @@ def table(doc: dict[str, Any]) -> str:
     head = (f"{'Mbit/s':>6}  {'mode':<16} {'seeds':>5}  {'wall s':<18} "
             f"{'s to ' + format(doc['target_acc'], 'g'):<18} {'MB/node':>8} "
             f"{'bytes x':>7}  {'time x (vs fastest)':<22} {'test acc %':<19} "
-            f"{'test loss':<21} {'val loss':>8}")
+            f"{'test loss':<21} {'val loss':>8} {'MB/round':>8} {'round s':>7}")
     lines = [head, "-" * len(head)]
     for s in doc["summary"]:
         acc = s["acc"]
@@ -145,11 +185,17 @@ def table(doc: dict[str, Any]) -> str:
             f"{_med(s, 'bytes_x_fewer', '.1f', False):>7}  "
             f"{_med(s, 'time_x_faster', '.2f', False):>6} ({_med(s, 'time_x_best', '.2f')})"
             f"{'':<1} {acc_text:<19} {_med(s, 'loss', '.3f'):<21} "
-            f"{_med(s, 'val_loss', '.3f', False):>8}")
+            f"{_med(s, 'val_loss', '.3f', False):>8} "
+            f"{_med(s, 'round_mb_max', '.3f', False):>8} "
+            f"{_med(s, 'round_s_max', '.2f', False):>7}")
     for g in doc["goal_at_50mbps"]:
         verdict = "met" if g["met"] else "NOT met (" + ", ".join(
             k for k in ("accuracy", "loss", "bytes_10x", "less_time") if not g[k]) + ")"
         lines.append(f"goal at 50 Mbit/s, {g['mode']}: {verdict}")
+    for g in doc.get("streaming_goal_at_20mbps", []):
+        verdict = "met" if g["met"] else "NOT met (" + ", ".join(
+            k for k in ("bytes_100x", "val_loss_1pct", "peak_below_diloco") if not g[k]) + ")"
+        lines.append(f"streaming goal at 20 Mbit/s, {g['mode']}: {verdict}")
     return "\n".join(lines)
 
 

@@ -1,4 +1,5 @@
-"""Training over slow links: every-step sync against DiLoCo (issue 13).
+"""Training over slow links: every-step sync against DiLoCo and streaming DiLoCo (issues 13
+and 24).
 
     chaosctl bench slowlinks --rates 20,50,100 --seeds 0,1,2 --out bench/results/slowlinks
 
@@ -10,6 +11,9 @@ Each side gets its best shot before anything is reported:
 - Every-step's all-reduce chunk is chosen by timing each of ``--chunks`` on the testbed at the
   slowest rate (``tune_steps`` steps each); every-step also runs in each ``--wires`` format
   (int8: a quarter of the bytes), each a row of its own.
+- Streaming DiLoCo (``--fragments``, at every H a fragment count divides) runs with the outer
+  optimizer chosen for DiLoCo at its H: a handicap, if any, of the challenger, not of the
+  baselines. DiLoCo's and streaming's pseudo-gradients travel in ``--outer-wire``.
 
 Then for every link rate, seed and mode a fresh netns testbed of ``--nodes`` chaosd (a full
 mesh of data links, all shaped to the rate with tbf; MQTT on the unshaped management bridge)
@@ -76,11 +80,14 @@ class Options:
     chunks: tuple[int, ...] = (0,)
     wires: tuple[str, ...] = ("fp32",)
     tune_steps: int = 60
+    fragments: tuple[int, ...] = ()
+    outer_wire: str = "fp32"
 
 
 @dataclass(frozen=True)
 class Mode:
-    """One sync configuration: every-step in a wire format, or DiLoCo at one H."""
+    """One sync configuration: every-step in a wire format, or DiLoCo at one H (streaming:
+    in ``fragments`` parts)."""
 
     name: str
     inner_steps: int = 1
@@ -88,6 +95,7 @@ class Mode:
     chunk: int = 0
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    fragments: int = 1
 
 
 def modes(opts: Options, chunk: int = 0,
@@ -96,20 +104,28 @@ def modes(opts: Options, chunk: int = 0,
     bytes), then DiLoCo at each H with its outer (lr, momentum) from ``outer``."""
     out = [Mode("every-step" if w == "fp32" else f"every-step {w}", 1, w, chunk)
            for w in opts.wires]
+    wire = "" if opts.outer_wire == "fp32" else f" {opts.outer_wire}"
     for h in opts.inner_steps:
         lr, mu = (outer or {}).get(h, (opts.outer_lrs[0], opts.outer_momenta[0]))
-        out.append(Mode(f"diloco H={h}", h, outer_lr=lr, outer_momentum=mu))
+        out.append(Mode(f"diloco H={h}{wire}", h, opts.outer_wire, outer_lr=lr,
+                        outer_momentum=mu))
+        out.extend(Mode(f"streaming H={h} P={p}{wire}", h, opts.outer_wire, outer_lr=lr,
+                        outer_momentum=mu, fragments=p)
+                   for p in opts.fragments if h % p == 0)
     return out
 
 
 def config_of(mode: Mode) -> str:
     """The chaosd.toml tables of a run (after the testbed's secret)."""
-    text = "[probe]\nbandwidth_period_s = 86400.0\n"
+    text = "[probe]\nbandwidth_period_s = 86400.0\n[training]\n"
     if mode.inner_steps > 1:
-        text += (f'[training]\nsync = "diloco"\ninner_steps = {mode.inner_steps}\n'
+        sync = "streaming" if mode.fragments > 1 else "diloco"
+        text += (f'sync = "{sync}"\ninner_steps = {mode.inner_steps}\n'
                  f"outer_lr = {mode.outer_lr}\nouter_momentum = {mode.outer_momentum}\n")
-    elif mode.wire != "fp32":
-        text += f'[training]\nwire = "{mode.wire}"\n'
+        if mode.fragments > 1:
+            text += f"fragments = {mode.fragments}\n"
+    if mode.wire != "fp32":
+        text += f'wire = "{mode.wire}"\n'
     return text
 
 

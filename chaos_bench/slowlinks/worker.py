@@ -12,18 +12,23 @@ The run is the same task in every mode: until the global step ``START`` (read fr
 train alone, and at ``START`` it clears Adam's state (warm-up rounds stepped it on zeros);
 from ``START`` to ``START + --steps`` every member takes ``--batch`` samples of its own per
 step. The worker of ``--eval-node`` evaluates the model on the validation and test splits
-every ``--eval-every`` steps and at the end (at the steps where every member holds the same
-parameters: every step, or the outer steps). Each worker writes ``<dir>/<node>.json`` at the
-end: its evaluations with the wall time since ``START`` (evaluation time excluded) and the
-bytes its data links sent, read from ``/proc/net/dev`` of its namespace (every interface but
-``lo`` and the testbed's ``mgmt``).
+every ``--eval-every`` steps and at the end (every step in every-step mode; in DiLoCo modes
+every H steps, on the synced parameters, the model every member shares: in streaming mode a
+member's own parameters are never all synced at once). Each worker writes
+``<dir>/<node>.json`` at the end: its evaluations with the wall time since ``START``
+(evaluation time excluded) and the bytes its data links sent, read from ``/proc/net/dev`` of
+its namespace (every interface but ``lo`` and the testbed's ``mgmt``), and ``rounds``: the
+largest and the median bytes and seconds of one ``update()`` that ran a round (the peak a
+link must carry at once, and the longest stall).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -83,14 +88,19 @@ def main(argv: list[str] | None = None) -> int:
     def evaluate() -> None:
         nonlocal spent_eval
         t = time.monotonic()
-        loss, acc = data.evaluate(model, "test")
-        val_loss, val_acc = data.evaluate(model, "val")
+        shared = model
+        if trainer._outer is not None:  # the bench's one look inside: the synced parameters
+            shared = copy.deepcopy(model)
+            torch.nn.utils.vector_to_parameters(trainer._outer.synced, shared.parameters())
+        loss, acc = data.evaluate(shared, "test")
+        val_loss, val_acc = data.evaluate(shared, "val")
         evals.append({"step": trainer.step - start, "t": round(t - t0 - spent_eval, 4),
                       "tx": data_tx_bytes() - tx0, "loss": loss, "acc": acc,
                       "val_loss": val_loss, "val_acc": val_acc})
         spent_eval += time.monotonic() - t
 
     outer, started = 1, False
+    rounds: list[tuple[int, float]] = []  # (bytes sent, seconds) of each update() with a round
     while end < 0 or trainer.step < end:
         if start < 0 and (run / "start").exists():
             start = int((run / "start").read_text())
@@ -114,10 +124,14 @@ def main(argv: list[str] | None = None) -> int:
         xb, yb = data.batch(gen, args.batch)
         loss = torch.nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
+        u0, b0 = time.monotonic(), data_tx_bytes()
         trainer.update()
+        du, db = time.monotonic() - u0, data_tx_bytes() - b0
         trainer.check_state_replication()
-        o = trainer._outer  # the bench's one look inside: evaluate only synced parameters
+        o = trainer._outer
         outer = 1 if o is None else o.inner_steps
+        if trainer.step % (1 if o is None else o.period) == 0:
+            rounds.append((db, du))
         synced = trainer.step % outer == 0
         if me == args.eval_node and synced and (
                 (trainer.step - start) % args.eval_every == 0 or outer > 1
@@ -126,13 +140,23 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0 - spent_eval
     doc = {"node": me, "seed": args.seed, "chunk": args.chunk, "start": start, "began": began,
            "steps": args.steps, "inner_steps": outer,
-           "wall_s": round(wall, 4), "tx_bytes": data_tx_bytes() - tx0, "evals": evals}
+           "wall_s": round(wall, 4), "tx_bytes": data_tx_bytes() - tx0, "evals": evals,
+           "rounds": _peaks(rounds)}
     tmp = run / f".{me}.json"
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, run / f"{me}.json")
     time.sleep(1.0)  # the last round's COMMIT reaches every member before our links close
     trainer.close()
     return 0
+
+
+def _peaks(rounds: list[tuple[int, float]]) -> dict[str, float | int]:
+    """The largest and the median bytes and seconds of the rounds."""
+    if not rounds:
+        return {"n": 0}
+    sent, secs = [b for b, _ in rounds], [s for _, s in rounds]
+    return {"n": len(rounds), "bytes_max": max(sent), "bytes_median": statistics.median(sent),
+            "s_max": round(max(secs), 4), "s_median": round(statistics.median(secs), 4)}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ the report's arithmetic and goal verdicts on a fixed set of runs."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +32,9 @@ def test_help() -> None:
     (["--inner-steps", "1"], "--inner-steps"),
     (["--steps", "90", "--inner-steps", "20"], "multiple of every H"),
     (["--outer-momentum", "0.5,1.5"], "--outer-momentum: each value must be between"),
+    (["--fragments", "3", "--inner-steps", "20,50"], "--fragments: no value divides"),
+    (["--fragments", "1"], "--fragments"),
+    (["--outer-wire", "fp64"], "fp64 is not one of"),
 ])
 def test_bad_values_are_one_line(args: list[str], needle: str) -> None:
     line = assert_one_line_error(run_ctl("bench", "slowlinks", *args), 2)
@@ -83,18 +87,71 @@ def test_report_ratios_spread_and_goal() -> None:
     assert "40.0 (38.0..42.0)" in text
 
 
-def test_modes_and_their_config() -> None:
+def test_the_streaming_goal_compares_bytes_loss_and_the_peak() -> None:
+    """At 20 Mbit/s a streaming mode must send 100x fewer bytes than the fastest every-step
+    run, end within 1 % of its validation loss, and carry less in one round than DiLoCo at
+    the same H; each verdict is reported on its own."""
+    def with_peak(run: dict[str, Any], peak: int) -> dict[str, Any]:
+        for d in run["nodes"].values():
+            d["rounds"] = {"n": 6, "bytes_max": peak, "bytes_median": peak, "s_max": 0.3,
+                           "s_median": 0.2}
+        return run
+
+    runs = []
+    for seed in (0, 1, 2):
+        runs += [with_peak(_run(20, "every-step", 1, 100.0, 280_000_000, 0.97, 0.10, seed),
+                           1_000_000),
+                 with_peak(_run(20, "every-step int8", 1, 30.0, 70_000_000, 0.97, 0.10,
+                                seed), 250_000),
+                 with_peak(_run(20, "diloco H=50", 50, 5.0, 600_000, 0.97, 0.10, seed),
+                           700_000),
+                 with_peak(_run(20, "streaming H=50 P=5", 50, 5.0, 600_000, 0.97, 0.1005,
+                                seed), 150_000),
+                 with_peak(_run(20, "streaming H=50 P=2", 50, 5.0, 1_000_000, 0.97, 0.102,
+                                seed), 400_000)]
+    doc = slowlinks_report.analyse(runs, 0.95)
+    verdicts = {g["mode"]: g for g in doc["streaming_goal_at_20mbps"]}
+    assert set(verdicts) == {"streaming H=50 P=5", "streaming H=50 P=2"}
+    assert verdicts["streaming H=50 P=5"]["met"]
+    p2 = verdicts["streaming H=50 P=2"]
+    assert not p2["bytes_100x"] and not p2["val_loss_1pct"] and p2["peak_below_diloco"]
+    row = next(r for r in doc["rows"] if r["mode"] == "streaming H=50 P=5")
+    assert row["bytes_x_fewer_best"] == pytest.approx(70 / 0.6)  # against int8, the fastest
+    assert row["round_mb_max"] == pytest.approx(0.15)
+    text = slowlinks_report.table(doc)
+    assert "streaming goal at 20 Mbit/s, streaming H=50 P=2: NOT met (bytes_100x, " \
+        "val_loss_1pct)" in text
+
+
+def test_modes_and_their_config(tmp_path: Path) -> None:
     opts = slowlinks.Options(wires=("fp32", "int8"), outer_lrs=(0.7,), outer_momenta=(0.5,))
     ms = slowlinks.modes(opts, chunk=32768, outer={50: (1.0, 0.0)})
     assert [m.name for m in ms] == ["every-step", "every-step int8", "diloco H=20",
                                     "diloco H=50"]
     assert [m.chunk for m in ms] == [32768, 32768, 0, 0]
     fp32, int8, h20, h50 = (slowlinks.config_of(m) for m in ms)
-    assert "[training]" not in fp32 and 'wire = "int8"' in int8
+    assert "wire" not in fp32 and "sync" not in fp32 and 'wire = "int8"' in int8
     assert 'sync = "diloco"' in h20 and "inner_steps = 20" in h20
     assert "outer_momentum = 0.5" in h20  # no tuned value for H=20: the first of the grid
     assert "outer_lr = 1.0" in h50 and "outer_momentum = 0.0" in h50
     assert all("bandwidth_period_s" in t for t in (fp32, int8, h20, h50))
+    # Streaming runs at every H its fragment count divides, on DiLoCo's tuned outer step,
+    # and the pseudo-gradients of both take --outer-wire.
+    opts = slowlinks.Options(fragments=(4, 5), outer_wire="int8")
+    ms = slowlinks.modes(opts, outer={50: (1.0, 0.0)})
+    assert [m.name for m in ms][1:] == [
+        "diloco H=20 int8", "streaming H=20 P=4 int8", "streaming H=20 P=5 int8",
+        "diloco H=50 int8", "streaming H=50 P=5 int8"]
+    text = slowlinks.config_of(ms[-1])
+    for line in ('sync = "streaming"', "inner_steps = 50", "fragments = 5", 'wire = "int8"',
+                 "outer_lr = 1.0"):
+        assert line in text
+    from daemon.contracts.config import load_config
+
+    for m in ms:  # every mode's chaosd.toml loads
+        path = tmp_path / "c.toml"
+        path.write_text('insecure = true\n' + slowlinks.config_of(m))
+        assert load_config(path).training.sync_mode().fragments == m.fragments
 
 
 def test_tuning_runs_the_packages_outer_step_and_picks_the_least_validation_loss() -> None:
