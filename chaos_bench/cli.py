@@ -597,6 +597,9 @@ def slowlinks(
                                            "divides (none: no streaming runs).")] = "",
     outer_wire: Annotated[str, typer.Option(help="The wire format of DiLoCo's and "
                                             "streaming's pseudo-gradients.")] = "fp32",
+    overlap: Annotated[bool, typer.Option(help="Also run each streaming mode with its rounds "
+                                          "beside the next step ([training] overlap).")]
+    = False,
     out: Annotated[Path, typer.Option(help="Where slowlinks.json and slowlinks.png go.")]
     = Path("slowlinks"),
 ) -> None:
@@ -634,7 +637,7 @@ def slowlinks(
         outer_momenta=_floats(outer_momentum, "--outer-momentum", 0.0, 0.999),
         seeds=tuple(_ints(seeds, "--seeds", 0, 99)),
         chunks=sizes, wires=formats,
-        tune_steps=tune_steps, fragments=parts, outer_wire=owire)
+        tune_steps=tune_steps, fragments=parts, outer_wire=owire, overlap=overlap)
     if importlib.util.find_spec("sklearn") is None:
         raise ClusterError("the slow-links task needs scikit-learn: pip install "
                            "'chaos-edge[examples]'")

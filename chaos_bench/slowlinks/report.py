@@ -131,7 +131,7 @@ def streaming_goal(summary: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for mode, s in by_mode.items():
         if not mode.startswith("streaming") or s["bytes_x_fewer_best"] is None:
             continue
-        words = mode.split()
+        words = [w for w in mode.split() if w != "overlap"]
         dil = by_mode.get(" ".join(["diloco", words[1], *words[3:]]))
         peak, dil_peak = s["round_mb_max"], dil["round_mb_max"] if dil else None
         loss = s["val_loss_pct_vs_best"]

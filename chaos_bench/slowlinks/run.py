@@ -13,7 +13,9 @@ Each side gets its best shot before anything is reported:
   (int8: a quarter of the bytes), each a row of its own.
 - Streaming DiLoCo (``--fragments``, at every H a fragment count divides) runs with the outer
   optimizer chosen for DiLoCo at its H: a handicap, if any, of the challenger, not of the
-  baselines. DiLoCo's and streaming's pseudo-gradients travel in ``--outer-wire``.
+  baselines. DiLoCo's and streaming's pseudo-gradients travel in ``--outer-wire``. With
+  ``--overlap`` each streaming mode also runs with ``[training] overlap`` (each round beside
+  the next step's compute), a row of its own.
 
 Then for every link rate, seed and mode a fresh netns testbed of ``--nodes`` chaosd (a full
 mesh of data links, all shaped to the rate with tbf; MQTT on the unshaped management bridge)
@@ -82,6 +84,7 @@ class Options:
     tune_steps: int = 60
     fragments: tuple[int, ...] = ()
     outer_wire: str = "fp32"
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class Mode:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     fragments: int = 1
+    overlap: bool = False
 
 
 def modes(opts: Options, chunk: int = 0,
@@ -109,9 +113,12 @@ def modes(opts: Options, chunk: int = 0,
         lr, mu = (outer or {}).get(h, (opts.outer_lrs[0], opts.outer_momenta[0]))
         out.append(Mode(f"diloco H={h}{wire}", h, opts.outer_wire, outer_lr=lr,
                         outer_momentum=mu))
-        out.extend(Mode(f"streaming H={h} P={p}{wire}", h, opts.outer_wire, outer_lr=lr,
-                        outer_momentum=mu, fragments=p)
-                   for p in opts.fragments if h % p == 0)
+        for p in (p for p in opts.fragments if h % p == 0):
+            out.append(Mode(f"streaming H={h} P={p}{wire}", h, opts.outer_wire, outer_lr=lr,
+                            outer_momentum=mu, fragments=p))
+            if opts.overlap and h // p >= 2:
+                out.append(Mode(f"streaming H={h} P={p}{wire} overlap", h, opts.outer_wire,
+                                outer_lr=lr, outer_momentum=mu, fragments=p, overlap=True))
     return out
 
 
@@ -124,6 +131,8 @@ def config_of(mode: Mode) -> str:
                  f"outer_lr = {mode.outer_lr}\nouter_momentum = {mode.outer_momentum}\n")
         if mode.fragments > 1:
             text += f"fragments = {mode.fragments}\n"
+        if mode.overlap:
+            text += "overlap = true\n"
     if mode.wire != "fp32":
         text += f'wire = "{mode.wire}"\n'
     return text

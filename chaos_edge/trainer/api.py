@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from chaos_edge.dataplane import AllReducer, RoundAborted
+from chaos_edge.dataplane import AllReducer, InputFeed, RoundAborted
 from chaos_edge.trainer.control import (
     StateDiverged,
     StateMismatch,
@@ -55,6 +55,7 @@ from chaos_edge.trainer.control import (
     UnserialisableState,
 )
 from chaos_edge.trainer.epochs import Epochs
+from chaos_edge.trainer.inflight import InFlight
 from chaos_edge.trainer.joiner import Joiner
 from chaos_edge.trainer.membership import Membership
 from chaos_edge.trainer.objects import Registry
@@ -193,6 +194,7 @@ class Trainer:
         self._snapshot_due = False  # a commit the script's own step completes (step_optimizer)
         self._writing: GradFeed | None = None  # the feed of an update() beside backward
         self._background: BackgroundRound | None = None  # overlap: this backward's round
+        self._inflight: InFlight | None = None  # streaming overlap: our last round's all-reduce
         try:
             # Before the join: a worker started again after a power cut (or any restart)
             # holds the newest snapshot of its box, and its join says which step that is.
@@ -217,7 +219,8 @@ class Trainer:
                                   digest_every=digest_every, poll=self._poll,
                                   commit=self._apply)  # fmt: skip
             self._membership = Membership(me, self._s, self._joiner, self._clock,
-                                          join_timeout=join_timeout, step=lambda: self.step,
+                                          join_timeout=join_timeout,
+                                          step=lambda: self._replica.step,
                                           poll=self._poll, joined=self._joined)  # fmt: skip
             self._s.poller.on_policy = self._on_policy
             self._s.poller.on_command = self._on_command
@@ -237,8 +240,10 @@ class Trainer:
 
     @property
     def step(self) -> int:
-        """The number of committed updates, the same on every member (module docstring)."""
-        return self._replica.step
+        """The number of committed updates, the same on every member (module docstring).
+        A streaming round still in flight (``overlap``) counts: its step is done here, and
+        its result lands in the next ``update()``."""
+        return self._replica.step + (self._inflight is not None)
 
     @property
     def stalls(self) -> Sequence[StepTiming]:
@@ -347,20 +352,38 @@ class Trainer:
         self.update(feed=feed)
 
     def _update(self, samples: int | None, feed: GradFeed | None) -> None:
+        landed = self._land() if self._inflight is not None else (0.0, 0, "")
         t0 = self._clock.monotonic()
         n = self._shares.samples(self.step + 1, self._next_policy) if samples is None else samples
         self._shares.began(t0, n)
         self._poll()
         alarm = StepAlarm(self._s, self._clock, self.timeout)
-        reruns, spent, reason = 0, 0.0, ""
-        epochs, joins = self._epochs, self._membership.joins
+        joins = self._membership.joins
         pub = self._membership.policy(alarm)
         # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
         if self._replica.inner_step(pub, n if self._membership.joins == joins else 0):
-            self._meter.account(t0, 0.0, 0, "", step=self.step, version=self._version,
-                                optimizer_s=self._stepper.take_step_s())
-            self._shares.ended(self._clock.monotonic())
+            self._account(t0, *landed)
             return
+        if self._launch(pub, n):  # streaming with overlap: the round runs beside our next step
+            self._account(t0, *landed)
+            return
+        spent, reruns, reason = self._round(n, feed, alarm, joins)
+        self._account(t0, spent + landed[0], reruns + landed[1], reason or landed[2])
+
+    def _round(self, n: int, feed: GradFeed | None, alarm: StepAlarm, joins: int,
+               aborted: tuple[SyncPolicy, RoundAborted] | None = None
+               ) -> tuple[float, int, str]:  # fmt: skip
+        """Run round ``step + 1`` until it commits (``aborted``: its first attempt, run in
+        flight under that policy, aborted so); returns the seconds spent in collectives, the
+        reruns and the last abort's reason."""
+        reruns, spent, reason = 0, 0.0, ""
+        epochs = self._epochs
+        if aborted is not None:
+            pub, exc = aborted
+            reruns, reason = 1, exc.reason
+            if self._aborted(pub, alarm, exc):
+                self._committed(pub)
+                return spent, reruns, reason
         while True:
             book = self._membership.policy(alarm)
             self._source.before_round(book, self._version, alarm.at)
@@ -388,30 +411,48 @@ class Trainer:
                         self._version = pub.version
                         break  # the agreement committed the result we held for this round
                 t1 = self._clock.monotonic()
-                # The controller's bytes per round: the whole layout (a streaming round's
-                # vector is one fragment of it; the controller knows the fragments).
-                self._s.poller.elements = self._stepper.size
-                # The reused result buffer must never be the one a held result lives in (nor
-                # a streaming round's, which carries one fragment).
-                out = (self._stepper.result if self._replica.held is None
-                       and flat is self._stepper.flat else None)  # fmt: skip
-                res = self.reducer.allreduce(flat, rn, step=self._replica.round_step() + 1,
-                                             policy=pub, attempt=epoch[1], out=out,
-                                             lossy=lossy, lane=self._replica.lane(),
-                                             feed=ready)  # fmt: skip
+                res = self._allreduce(flat, rn, lossy, pub, epoch[1], ready)
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
                 self._apply(res.values, pub.version)
                 break
             except RoundAborted as exc:
                 reruns, reason = reruns + 1, exc.reason
-                if exc.result is not None:
-                    self._replica.held, self._replica.held_version = exc.result, exc.policy_version
-                self._s.report(protocol.RoundAborted(step=self.step + 1, reason=exc.reason[:200]))
-                nxt = epochs.next_epoch(pub, alarm, exc)
-                if nxt is not None and epochs.catch_up(nxt):
-                    self._version = pub.version
+                if self._aborted(pub, alarm, exc):
                     break  # the peers' next epoch committed the result we held
+        self._committed(pub)
+        return spent, reruns, reason
+
+    def _allreduce(self, flat: Any, n: int, lossy: int, pub: SyncPolicy, attempt: int,
+                   feed: InputFeed | None = None, own_buffer: bool = True) -> Any:
+        """The all-reduce of round ``step + 1`` (``own_buffer`` False: the result goes to a
+        fresh buffer, as one still in flight when the next round starts must)."""
+        # The controller's bytes per round: the whole layout (a streaming round's vector is
+        # one fragment of it; the controller knows the fragments).
+        self._s.poller.elements = self._stepper.size
+        # The reused result buffer must never be the one a held result lives in (nor a
+        # streaming round's, which carries one fragment).
+        out = (self._stepper.result if own_buffer and self._replica.held is None
+               and flat is self._stepper.flat else None)  # fmt: skip
+        return self.reducer.allreduce(flat, n, step=self._replica.round_step() + 1,
+                                      policy=pub, attempt=attempt, out=out, lossy=lossy,
+                                      lane=self._replica.lane(), feed=feed)  # fmt: skip
+
+    def _aborted(self, pub: SyncPolicy, alarm: StepAlarm, exc: RoundAborted) -> bool:
+        """After an abort of round ``step + 1`` under ``pub``: keep an uncertain result, say
+        so, and wait for the next epoch; True if catching up in it committed the round."""
+        if exc.result is not None:
+            self._replica.held, self._replica.held_version = exc.result, exc.policy_version
+        self._s.report(protocol.RoundAborted(step=self._replica.step + 1,
+                                             reason=exc.reason[:200]))
+        nxt = self._epochs.next_epoch(pub, alarm, exc)
+        if nxt is not None and self._epochs.catch_up(nxt):
+            self._version = pub.version
+            return True
+        return False
+
+    def _committed(self, pub: SyncPolicy) -> None:
+        """Round ``step`` committed under ``pub`` (or a later policy)."""
         # Every member of the epoch that committed has its state: it needs no offer any more.
         self._source.withdraw(pub.members)
         if self._snapshots is not None:
@@ -419,9 +460,50 @@ class Trainer:
                 self._snapshots.committed()
             else:  # the state of this step is complete only after the script's step
                 self._snapshot_due = True
+
+    def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
         self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version,
                             optimizer_s=self._stepper.take_step_s())
         self._shares.ended(self._clock.monotonic())
+
+    def _launch(self, pub: SyncPolicy, n: int) -> bool:
+        """Start round ``step + 1`` in flight if its policy overlaps rounds and it is a plain
+        one: its epoch agreed, no guard comparison due, no new node to serve before it, no
+        uncertain result, this member active and in line. True if started."""
+        rep, epochs = self._replica, self._epochs
+        if (not pub.sync.overlap or rep.outer is None or rep.held is not None
+                or self._membership.state != "active" or epochs.diverged
+                or pub.version != self._version or epochs.governing(pub) is not pub
+                or epochs.epoch(pub) != epochs.agreed or epochs.check_due()):
+            return False
+        rn = rep.round_samples(n)
+        flat, lossy = rep.round_input(self._gather(pub, rn), rn)
+        attempt = epochs.epoch(pub)[1]
+        self._inflight = InFlight(pub, n, lambda: self._allreduce(flat, rn, lossy, pub, attempt,
+                                                                   own_buffer=False))
+        return True
+
+    def _land(self, rerun: bool = True) -> tuple[float, int, str]:
+        """Land the round in flight: apply its result, or (``rerun``) run it again here if
+        its all-reduce aborted. Returns as :meth:`_round` does."""
+        fl, t1 = self._inflight, self._clock.monotonic()
+        assert fl is not None
+        fl.wait()
+        self._inflight = None
+        waited = self._clock.monotonic() - t1
+        if fl.error is None:
+            self._version = fl.pub.version
+            self._apply(fl.result.values, fl.pub.version)
+            self._committed(fl.pub)
+            return waited, 0, ""
+        if not isinstance(fl.error, RoundAborted):
+            raise fl.error
+        if not rerun:
+            return waited, 0, fl.error.reason
+        alarm = StepAlarm(self._s, self._clock, self.timeout)
+        spent, reruns, reason = self._round(fl.n, None, alarm, self._membership.joins,
+                                            aborted=(fl.pub, fl.error))
+        return waited + spent, reruns, reason
 
     def grad_feed(self) -> GradFeed:
         """A feed for ``update(feed=...)``: hand it each parameter as backward finishes its
@@ -436,6 +518,8 @@ class Trainer:
         """Leave gracefully (scale-in), then close the links. Until the policy without us
         governs our next round we take part in the rounds with no samples, so the leave
         costs the others no stall (:meth:`Membership.leave`)."""
+        if self._inflight is not None:
+            self._land()  # the leave names our last committed step: every round landed
         try:
             self._membership.leave(self.timeout, self._empty_round,
                                    lambda: sum(self._source.rendezvous.serving().values()))
@@ -443,8 +527,10 @@ class Trainer:
             self.close()
 
     def close(self) -> None:
-        """Close links and the control connection (idempotent); a snapshot being written is
-        finished first."""
+        """Close links and the control connection (idempotent); a round in flight and a
+        snapshot being written are finished first (the round is not rerun if it aborted)."""
+        if self._inflight is not None:
+            self._land(rerun=False)
         if self._snapshots is not None:
             self._snapshots.close()
         self.reducer.close()
@@ -457,7 +543,10 @@ class Trainer:
 
     def state_digest(self) -> str:
         """SHA-256 of the whole state: parameters, buffers (as agreed at the last step),
-        optimizer state and every registered object. Equal on every member at a step."""
+        optimizer state and every registered object. Equal on every member at a step (a
+        round in flight lands first)."""
+        if self._inflight is not None:
+            self._land()
         return self._replica.digest().hex()
 
     # -- the round's parts -----------------------------------------------------------------
@@ -512,13 +601,15 @@ class Trainer:
         if self._snapshot_due and self._snapshots is not None:
             self._snapshot_due = False
             self._snapshots.committed()
-        self._s.poll(self.step, self._membership.state, self._version)
-        self._s.settle(self.step + 1)
+        committed = self._replica.step  # a round in flight keeps its links and its state
+        self._s.poll(committed, self._membership.state, self._version)
+        self._s.settle(committed + 1)
         for cmd in self._s.take_replications():
             # Ours to fetch (the joiner keeps it for the join under way or the next one), or
             # another node's, which we may be a source of.
             (self._joiner if cmd.new == self.node_id else self._source).offer(cmd)
-        self._source.serve_due()
+        if self._inflight is None:  # a new node gets a state with every round landed
+            self._source.serve_due()
 
     def _joined(self, restored: bool) -> None:
         """(After each join.) A fresh epoch, nothing the guard held against us, and no

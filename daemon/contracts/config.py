@@ -155,12 +155,14 @@ class TrainingConfig:
     outer_momentum: float = 0.9
     fragments: int = 5  # streaming only: must divide inner_steps
     merge: float = 0.0  # streaming only: the share of its local value a member keeps
+    # streaming only: a round runs while the next step computes; it lands in the next update()
+    overlap: bool = False
 
     def sync_mode(self) -> SyncMode:
         """The sync mode the scheduler puts in every policy."""
         if self.sync == "streaming":
             return SyncMode(self.sync, self.inner_steps, self.outer_optimizer, self.outer_lr,
-                            self.outer_momentum, self.fragments, self.merge)
+                            self.outer_momentum, self.fragments, self.merge, self.overlap)
         return SyncMode(self.sync, self.inner_steps if self.sync == "diloco" else 1,
                         self.outer_optimizer, self.outer_lr, self.outer_momentum)
 
@@ -501,6 +503,13 @@ def _check_training(tr: TrainingConfig) -> None:
                               f"training.inner_steps = {tr.inner_steps}")
         if not 0 <= tr.merge < 1:
             raise ConfigError(f"config: training.merge must be in [0, 1), not {tr.merge:g}")
+        if tr.overlap and tr.inner_steps // tr.fragments < 2:
+            raise ConfigError(f"config: training.overlap needs training.inner_steps / "
+                              f"training.fragments of 2 or more, not "
+                              f"{tr.inner_steps} / {tr.fragments}")
+    elif tr.overlap:
+        raise ConfigError(f'config: training.overlap is for sync = "streaming", not '
+                          f"{tr.sync!r}")
 
 
 def _check_adaptive(ad: AdaptiveConfig, tr: TrainingConfig) -> None:

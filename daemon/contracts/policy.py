@@ -76,6 +76,9 @@ class SyncMode:
         merge: ``streaming``: how much of its local value a member keeps when a fragment's
             outer step lands (the paper's alpha): ``merge * local + (1 - merge) * synced``;
             0 loads the synced value, as DiLoCo does.
+        overlap: ``streaming``: a round runs while the step after it computes, and its result
+            lands at the start of the next ``update()`` (the paper's tau = 1); needs a period
+            of at least 2 steps.
     """
 
     mode: str = "every-step"
@@ -85,6 +88,7 @@ class SyncMode:
     outer_momentum: float = 0.9
     fragments: int = 1
     merge: float = 0.0
+    overlap: bool = False
 
     @property
     def diloco(self) -> bool:
@@ -109,8 +113,14 @@ class SyncMode:
             raise PolicyError(f"outer_lr must be in (0, 10], not {self.outer_lr}")
         if not 0 <= self.outer_momentum < 1:
             raise PolicyError(f"outer_momentum must be in [0, 1), not {self.outer_momentum}")
-        if self.mode != "streaming" and (self.fragments, self.merge) != (1, 0.0):
-            raise PolicyError(f"fragments and merge are streaming's, not {self.mode}'s")
+        if self.mode != "streaming" and (self.fragments, self.merge, self.overlap) != (1, 0.0,
+                                                                                      False):
+            raise PolicyError(f"fragments, merge and overlap are streaming's, not "
+                              f"{self.mode}'s")
+        if self.overlap and self.period < 2:
+            raise PolicyError(f"overlap needs 2 or more steps between rounds, not "
+                              f"{self.period} (inner_steps {self.inner_steps}, fragments "
+                              f"{self.fragments})")
         if self.mode == "streaming":
             if not 2 <= self.fragments <= MAX_FRAGMENTS or self.inner_steps % self.fragments:
                 raise PolicyError(f"fragments must be 2..{MAX_FRAGMENTS} and divide "
@@ -122,7 +132,7 @@ class SyncMode:
         """A JSON-ready dict."""
         return {"mode": self.mode, "inner_steps": self.inner_steps, "outer": self.outer,
                 "outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum,
-                "fragments": self.fragments, "merge": self.merge}
+                "fragments": self.fragments, "merge": self.merge, "overlap": self.overlap}
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any] | None) -> SyncMode:
@@ -137,11 +147,17 @@ class SyncMode:
             mode = cls(str(doc.get("mode", "every-step")), int(doc.get("inner_steps", 1)),
                        str(doc.get("outer", "nesterov")), float(doc.get("outer_lr", 0.7)),
                        float(doc.get("outer_momentum", 0.9)), int(doc.get("fragments", 1)),
-                       float(doc.get("merge", 0.0)))
+                       float(doc.get("merge", 0.0)), _flag(doc.get("overlap", False)))
         except (TypeError, ValueError, AttributeError) as exc:
             raise PolicyError(f"malformed sync mode: {exc!r}") from None
         mode.validate()
         return mode
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"overlap must be true or false, not {value!r}")
+    return value
 
 
 EVERY_STEP = SyncMode()

@@ -108,11 +108,14 @@ def test_the_streaming_goal_compares_bytes_loss_and_the_peak() -> None:
                  with_peak(_run(20, "streaming H=50 P=5", 50, 5.0, 600_000, 0.97, 0.1005,
                                 seed), 150_000),
                  with_peak(_run(20, "streaming H=50 P=2", 50, 5.0, 1_000_000, 0.97, 0.102,
-                                seed), 400_000)]
+                                seed), 400_000),
+                with_peak(_run(20, "streaming H=50 P=5 overlap", 50, 4.0, 600_000, 0.97,
+                               0.1005, seed), 150_000)]
     doc = slowlinks_report.analyse(runs, 0.95)
     verdicts = {g["mode"]: g for g in doc["streaming_goal_at_20mbps"]}
-    assert set(verdicts) == {"streaming H=50 P=5", "streaming H=50 P=2"}
-    assert verdicts["streaming H=50 P=5"]["met"]
+    assert set(verdicts) == {"streaming H=50 P=5", "streaming H=50 P=2",
+                             "streaming H=50 P=5 overlap"}
+    assert verdicts["streaming H=50 P=5"]["met"] and verdicts["streaming H=50 P=5 overlap"]["met"]
     p2 = verdicts["streaming H=50 P=2"]
     assert not p2["bytes_100x"] and not p2["val_loss_1pct"] and p2["peak_below_diloco"]
     row = next(r for r in doc["rows"] if r["mode"] == "streaming H=50 P=5")
@@ -137,14 +140,15 @@ def test_modes_and_their_config(tmp_path: Path) -> None:
     assert all("bandwidth_period_s" in t for t in (fp32, int8, h20, h50))
     # Streaming runs at every H its fragment count divides, on DiLoCo's tuned outer step,
     # and the pseudo-gradients of both take --outer-wire.
-    opts = slowlinks.Options(fragments=(4, 5), outer_wire="int8")
+    opts = slowlinks.Options(fragments=(4, 5), outer_wire="int8", overlap=True)
     ms = slowlinks.modes(opts, outer={50: (1.0, 0.0)})
     assert [m.name for m in ms][1:] == [
-        "diloco H=20 int8", "streaming H=20 P=4 int8", "streaming H=20 P=5 int8",
-        "diloco H=50 int8", "streaming H=50 P=5 int8"]
+        "diloco H=20 int8", "streaming H=20 P=4 int8", "streaming H=20 P=4 int8 overlap",
+        "streaming H=20 P=5 int8", "streaming H=20 P=5 int8 overlap",
+        "diloco H=50 int8", "streaming H=50 P=5 int8", "streaming H=50 P=5 int8 overlap"]
     text = slowlinks.config_of(ms[-1])
     for line in ('sync = "streaming"', "inner_steps = 50", "fragments = 5", 'wire = "int8"',
-                 "outer_lr = 1.0"):
+                 "outer_lr = 1.0", "overlap = true"):
         assert line in text
     from daemon.contracts.config import load_config
 

@@ -10,6 +10,11 @@ One JSON line per ``update()``: ``step``, ``pid``, ``loss``, ``members``; after 
 also ``outer``: a digest of the synced parameters, the outer momentum, the buffers, the
 scheduler, the lr, the counter, the Trainer's state digest and the outer ``count``.
 
+``--check-overlap``: every all-reduce that runs off the training thread (a streaming round in
+flight, ``[training] overlap``) first waits until the ``update()`` that started it has
+returned, and writes ``<out>.overlap-violations`` if it waited 30 s (that ``update()`` waited
+for the round instead); the rows count such rounds in ``in_flight``.
+
 ``--die-in-outer``: once the file ``<out>.arm`` exists, the worker SIGKILLs itself in the
 middle of its next outer round (from the all-reduce's fault hook, at its first send), once per
 ``--out`` (a marker file keeps the restarted worker alive).
@@ -23,6 +28,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,6 +50,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--digest-every", type=int, default=8)
     ap.add_argument("--die-in-outer", action="store_true")
+    ap.add_argument("--check-overlap", action="store_true")
     return ap.parse_args(argv)
 
 
@@ -66,10 +73,49 @@ def arm_kill(trainer: Trainer, marker: Path) -> None:
     """SIGKILL this process at the all-reduce's next send: mid outer round."""
 
     def hook(event: str, index: int) -> None:
-        marker.write_text(f"{os.getpid()} {event} step {trainer.step + 1}")
+        # The round's step (trainer.step already counts a streaming round in flight).
+        marker.write_text(f"{os.getpid()} {event} step {trainer._replica.step + 1}")
         os.kill(os.getpid(), signal.SIGKILL)
 
     trainer.reducer.fault_hook = hook
+
+
+class Updates:
+    """How many update() calls began and how many returned."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.begun = self.done = 0
+
+    def begin(self) -> None:
+        with self.cond:
+            self.begun += 1
+
+    def end(self) -> None:
+        with self.cond:
+            self.done += 1
+            self.cond.notify_all()
+
+
+def watch_overlap(trainer: Trainer, out: str, updates: Updates) -> list[int]:
+    """Make a round in flight wait for the update() that started it to return (see
+    ``--check-overlap``); returns the count of such rounds."""
+    count = [0]
+    allreduce = trainer.reducer.allreduce
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            count[0] += 1
+            with updates.cond:
+                mine = updates.begun  # the update() that started this round
+                if not updates.cond.wait_for(lambda: updates.done >= mine, 30):
+                    with open(out + ".overlap-violations", "a") as f:
+                        f.write(f"step {trainer._replica.step + 1}: update() waited for "
+                                f"its round\n")
+        return allreduce(*args, **kwargs)
+
+    trainer.reducer.allreduce = wrapped  # type: ignore[method-assign]
+    return count
 
 
 def train(args: argparse.Namespace) -> int:
@@ -81,6 +127,8 @@ def train(args: argparse.Namespace) -> int:
                       clip_grad_norm=1.0, digest_every=args.digest_every,
                       samples_per_step=args.batch, timeout=60.0)
     arm, marker = Path(args.out + ".arm"), Path(args.out + ".killed")
+    updates = Updates()
+    in_flight = watch_overlap(trainer, args.out, updates) if args.check_overlap else [0]
     with open(args.out, "a") as out:
         while trainer.step < args.steps:
             sh = trainer.shard
@@ -94,14 +142,19 @@ def train(args: argparse.Namespace) -> int:
             if args.die_in_outer and arm.exists() and not marker.exists() and h and (
                     (trainer.step + 1) % h == 0):
                 arm_kill(trainer, marker)
+            updates.begin()
             trainer.update()
+            updates.end()
             sched.step()
             trainer.state["counters"]["pos"] += args.batch
             trainer.check_state_replication()
             row: dict[str, Any] = {"step": trainer.step, "pid": os.getpid(),
+                                   "in_flight": in_flight[0],
                                    "loss": float(loss.detach()), "members": list(sh.members)}
             o = trainer._outer
-            if o is not None and trainer.step % o.period == 0:
+            # After each outer round: in streaming mode with overlap, once it has landed (in
+            # the next update()), so that no reading of the state lands it early.
+            if o is not None and trainer.step % o.period == int(o.mode.overlap):
                 row["outer"] = {
                     "synced": digest(o.synced), "params": digest(dict(model.named_parameters())),
                     "momentum": digest(o.momentum), "count": o.count,

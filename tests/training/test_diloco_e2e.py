@@ -3,7 +3,8 @@ every-step mode.
 
 Real mosquitto, three chaosd and their workers (``_diloco_worker.py``, the same script as in
 every-step mode) with ``[training] sync = "diloco"`` and ``inner_steps = 4`` (or
-``"streaming"`` with 2 fragments: a round every 2 steps, each syncing half the parameters).
+``"streaming"`` with 2 fragments: a round every 2 steps, each syncing half the parameters,
+and running while the next step computes).
 The cluster goes through a scale-out, a graceful leave and a worker SIGKILLed in the middle of
 an outer round (restarted by chaosd, it rejoins). At every outer round that two or more nodes
 committed, the synced parameters, the outer momentum, the buffers, the registered objects and
@@ -31,8 +32,10 @@ pytestmark = pytest.mark.timeout(240)
 WORKER = Path(__file__).with_name("_diloco_worker.py")
 H = 4
 CONFIG = f'[training]\nsync = "diloco"\ninner_steps = {H}\n'
-STREAMING = f'[training]\nsync = "streaming"\ninner_steps = {H}\nfragments = 2\nmerge = 0.5\n'
-PERIOD = {CONFIG: H, STREAMING: H // 2}  # steps between rounds
+PLAIN_STREAMING = (f'[training]\nsync = "streaming"\ninner_steps = {H}\nfragments = 2\n'
+                   f"merge = 0.5\n")
+STREAMING = PLAIN_STREAMING + "overlap = true\n"  # each round beside the next step
+PERIOD = {CONFIG: H, STREAMING: H // 2, PLAIN_STREAMING: H // 2}  # steps between rounds
 Row = dict[str, Any]
 
 
@@ -45,9 +48,10 @@ def outer_rows(r: Run, node: str) -> list[Row]:
     return [row for row in r.records(node) if "outer" in row]
 
 
-def assert_outer_identical(r: Run, nodes: list[str], period: int = H) -> int:
-    """Every part of the outer state is equal on the nodes that committed an outer round;
-    returns how many outer rounds two or more nodes committed."""
+def assert_outer_identical(r: Run, nodes: list[str], period: int = H,
+                           skip: tuple[str, ...] = ()) -> int:
+    """Every part of the outer state (but ``skip``) is equal on the nodes that committed an
+    outer round; returns how many outer rounds two or more nodes committed."""
     table: dict[int, dict[str, Row]] = {}
     for node in nodes:
         for row in outer_rows(r, node):
@@ -62,8 +66,8 @@ def assert_outer_identical(r: Run, nodes: list[str], period: int = H) -> int:
             continue
         shared += 1
         for part in next(iter(rows.values())):
-            if part == "params" and period != H:
-                continue  # streaming keeps a merge share of each member's own values
+            if part in skip:
+                continue
             seen = {n: o[part] for n, o in sorted(rows.items())}
             if len({json.dumps(v) for v in seen.values()}) > 1:
                 bad.append(f"step {step}: {part} differs: {seen}")
@@ -107,7 +111,11 @@ def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any, config: 
              f"{n3} back")
     r.advance([n1, n3], 3 * H)
 
-    shared = assert_outer_identical(r, [n1, n2, n3], period)
+    # Streaming keeps a merge share of each member's own values; with overlap a round is
+    # recorded after the next step's forward pass, which moved each member's live buffers
+    # (the agreed ones are in the Trainer's digest).
+    skip = {CONFIG: (), STREAMING: ("params", "buffers")}[config]
+    shared = assert_outer_identical(r, [n1, n2, n3], period, skip)
     assert shared >= 8, f"only {shared} outer rounds were committed by two or more nodes"
     for node in (n1, n2, n3):
         assert_steps_follow(r, node)
@@ -119,8 +127,9 @@ def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any, config: 
     kill_step = int(killed.read_text().split()[-1])
     assert kill_step % period == 0
     n1_steps = [row["step"] for row in outer_rows(r, n1)]
-    assert n1_steps.count(kill_step) == 1, f"{n1} committed outer round {kill_step} " \
-        f"{n1_steps.count(kill_step)} times"
+    landed = kill_step + (config == STREAMING)  # overlap: recorded once it landed, a step on
+    assert n1_steps.count(landed) == 1, f"{n1} committed outer round {kill_step} " \
+        f"{n1_steps.count(landed)} times"
     # A joiner starts from the synced parameters: n3's first outer step matches n1's.
     assert r.records(n3)[0]["step"] > 3 * H
 
@@ -130,13 +139,20 @@ def test_streaming_pseudo_gradients_travel_in_the_clusters_wire_format(
     """``[training] wire`` applies to the pseudo-gradients (here of streaming's fragments,
     each with its own int8 error feedback): with int8 on the wire, the outer state is still
     equal on every member at every outer round (the same decoded average on all of them),
-    and no outer round is lost or applied twice."""
+    and no outer round is lost or applied twice. With ``overlap`` the rounds run while the
+    script computes: each one in flight starts its all-reduce only after the ``update()``
+    that began it has returned (the worker's ``--check-overlap``)."""
     monkeypatch.setenv("CHAOS_WORKER_LOG", "INFO")  # the worker says which format it uses
     r = run(2, STREAMING + 'wire = "int8"\n')
     for node in r.c.node_ids:
-        join(r, node)
+        join(r, node, "--check-overlap")
         r.c.wait(functools.partial(r.active, [node]), 60, f"{node} active")
     r.advance(r.c.node_ids, 4 * H)
-    assert assert_outer_identical(r, r.c.node_ids, PERIOD[STREAMING]) >= 6
+    assert assert_outer_identical(r, r.c.node_ids, PERIOD[STREAMING],
+                                  ("params", "buffers")) >= 6
+    for node in r.c.node_ids:
+        assert not (r.out / f"{node}.jsonl.overlap-violations").exists()
+        # Most rounds ran in flight (the guard's and a join's run in update()).
+        assert r.records(node)[-1]["in_flight"] >= 4, r.records(node)[-1]
     logs = [p.read_text(errors="replace") for p in tmp_path.rglob("worker.log")]
     assert len(logs) == 2 and all("rounds travel as int8" in text for text in logs)

@@ -232,20 +232,29 @@ def test_streaming_validation_names_the_keys(tmp_path: Path) -> None:
     for bad, why in [(SyncMode("streaming", 8, fragments=3), "divide inner_steps"),
                      (SyncMode("streaming", 8, fragments=1), "fragments must be"),
                      (SyncMode("streaming", 8, fragments=2, merge=1.0), "merge"),
-                     (SyncMode("diloco", 8, fragments=2), "streaming's")]:
+                     (SyncMode("diloco", 8, fragments=2), "streaming's"),
+                     (SyncMode("diloco", 8, overlap=True), "streaming's"),
+                     (SyncMode("streaming", 8, fragments=8, overlap=True), "2 or more")]:
         with pytest.raises(PolicyError, match=why):
             bad.validate()
     path = tmp_path / "c.toml"
     for text, msg in [("fragments = 3", "training.fragments = 3 does not divide "
                                         "training.inner_steps = 8"),
                       ("fragments = 1", "training.fragments must be 2..64"),
-                      ("fragments = 4\nmerge = -0.1", "training.merge must be in")]:
+                      ("fragments = 4\nmerge = -0.1", "training.merge must be in"),
+                      ("fragments = 8\noverlap = true", "training.overlap needs "
+                                                         "training.inner_steps / "
+                                                         "training.fragments of 2 or more")]:
         path.write_text(f'[training]\nsync = "streaming"\ninner_steps = 8\n{text}\n')
         with pytest.raises(ConfigError, match=msg):
             load_config(path)
-    path.write_text('[training]\nsync = "streaming"\ninner_steps = 8\nfragments = 4\n')
+    path.write_text('[training]\nsync = "diloco"\noverlap = true\n')
+    with pytest.raises(ConfigError, match=r'training\.overlap is for sync = "streaming"'):
+        load_config(path)
+    path.write_text('[training]\nsync = "streaming"\ninner_steps = 8\nfragments = 4\n'
+                    'overlap = true\n')
     mode = load_config(path).training.sync_mode()
-    assert (mode.mode, mode.period, mode.merge) == ("streaming", 2, 0.0)
+    assert (mode.mode, mode.period, mode.merge, mode.overlap) == ("streaming", 2, 0.0, True)
     pub = SyncPolicy.build(3, ["a", "b"], [("a", "b")], "a", 5, sync=mode)
     assert SyncPolicy.from_json(pub.to_json()).sync == mode
 
