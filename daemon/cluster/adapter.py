@@ -30,7 +30,7 @@ def running(policy: SyncPolicy) -> Candidate:
     """The candidate a policy in force is."""
     sync = policy.sync
     return Candidate(sync.mode, policy.wire, sync.inner_steps if sync.diloco else 1,
-                     sync.fragments)
+                     sync.fragments, sync.overlap)
 
 
 def tree_depth(policy: SyncPolicy) -> int:
@@ -71,7 +71,8 @@ class Adapter:
 
     def _cannot(self, c: Candidate) -> str | None:
         cur = self.ctl.current
-        if (c.sync, c.inner_steps, c.fragments) != (cur.sync, cur.inner_steps, cur.fragments):
+        if (c.sync, c.inner_steps, c.fragments, c.overlap) != (
+                cur.sync, cur.inner_steps, cur.fragments, cur.overlap):
             return "a worker cannot change its sync mode or H during a run yet"
         return None
 

@@ -47,11 +47,12 @@ class Candidate:
     wire: str  # fp32 | fp16 | bf16 | int8
     inner_steps: int = 1  # DiLoCo's H (1 for every-step)
     fragments: int = 1  # streaming's (1 otherwise)
+    overlap: bool = False  # streaming's: each round beside the next step's compute
 
     def label(self) -> str:
         mode = self.sync if self.sync == "every-step" else f"{self.sync} H={self.inner_steps}"
         if self.sync == "streaming":
-            mode += f" P={self.fragments}"
+            mode += f" P={self.fragments}" + (" overlap" if self.overlap else "")
         return f"{mode}/{self.wire}"
 
     @property
@@ -110,7 +111,8 @@ class CostModel:
     way, the two directions at once, plus a round trip per level for the first chunk.
     DiLoCo pays the round once every H steps (not overlapped with the inner steps);
     streaming DiLoCo a ``fragments``-th of it every ``H / fragments`` steps: the same bytes,
-    one more latency per fragment.
+    one more latency per fragment; with overlap a round runs beside one step's compute, so
+    only what it takes beyond that step stalls.
     """
 
     def __init__(self, prior: QualityPrior | None = None) -> None:
@@ -126,7 +128,10 @@ class CostModel:
 
     def step_s(self, c: Candidate, m: Measured) -> float:
         compute = max(m.compute_s.values(), default=0.0)
-        return compute + self.round_s(c, m) / c.period
+        round_s = self.round_s(c, m)
+        if c.overlap:
+            round_s = max(0.0, round_s - compute)
+        return compute + round_s / c.period
 
     def cost(self, c: Candidate, m: Measured) -> float:
         """Seconds per unit of progress: the step time, times the extra steps needed."""
@@ -153,7 +158,7 @@ class Decision:
 def configured(tr: TrainingConfig) -> Candidate:
     """The policy ``[training]`` names: where the controller starts, and what pins keep."""
     if tr.sync == "streaming":
-        return Candidate(tr.sync, tr.wire, tr.inner_steps, tr.fragments)
+        return Candidate(tr.sync, tr.wire, tr.inner_steps, tr.fragments, tr.overlap)
     return Candidate(tr.sync, tr.wire, tr.inner_steps if tr.sync == "diloco" else 1)
 
 
@@ -189,11 +194,12 @@ class Controller:
                 hs = sorted({h for h in INNER_STEPS_GRID if h <= cfg.max_inner_steps}
                             | ({pin.inner_steps} if pin.sync != "every-step"
                                and pin.inner_steps <= cfg.max_inner_steps else set()))
-            parts = 1
+            parts, overlap = 1, False
             if sync == "streaming":
                 parts = pin.fragments if pin.sync == "streaming" else STREAMING_FRAGMENTS
-                hs = [h for h in hs if h % parts == 0]
-            out.extend(Candidate(sync, w, h, parts) for w in wires for h in hs)
+                overlap = pin.overlap if pin.sync == "streaming" else True
+                hs = [h for h in hs if h % parts == 0 and (not overlap or h // parts >= 2)]
+            out.extend(Candidate(sync, w, h, parts, overlap) for w in wires for h in hs)
         return sorted(out)
 
     def observe(self, m: Measured) -> Decision | None:

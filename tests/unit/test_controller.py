@@ -168,9 +168,17 @@ def test_streaming_costs_diloco_bytes_plus_a_latency_per_fragment() -> None:
         assert model.round_s(st, m) < model.round_s(dil, m) / 4  # a fifth of the bytes
         gap = model.step_s(st, m) - model.step_s(dil, m)
         assert gap == pytest.approx(4 * 0.010 / h)  # 5 round trips every H instead of one
+    # With overlap a round hides behind one step's compute: only the rest stalls.
+    lapped = Candidate("streaming", "int8", 20, 5, overlap=True)
+    plain = Candidate("streaming", "int8", 20, 5)
+    compute = 0.05
+    hidden = max(0.0, model.round_s(plain, m) - compute) / 4
+    assert model.step_s(lapped, m) == pytest.approx(compute + hidden)
+    assert model.step_s(lapped, m) < model.step_s(plain, m)
     ctl, _ = make(AdaptiveConfig(enabled=True, syncs=("streaming", "diloco")),
-                  TrainingConfig(sync="streaming", inner_steps=20, fragments=4))
+                  TrainingConfig(sync="streaming", inner_steps=20, fragments=4, overlap=True))
     streaming = [c for c in ctl.candidates() if c.sync == "streaming"]
-    assert streaming and all(c.fragments == 4 and c.inner_steps % 4 == 0 for c in streaming)
-    assert ctl.current == Candidate("streaming", "fp32", 20, 4)
-    assert ctl.current.label() == "streaming H=20 P=4/fp32"
+    assert streaming and all(c.fragments == 4 and c.inner_steps % 4 == 0 and c.overlap
+                             and c.inner_steps // 4 >= 2 for c in streaming)
+    assert ctl.current == Candidate("streaming", "fp32", 20, 4, True)
+    assert ctl.current.label() == "streaming H=20 P=4 overlap/fp32"
