@@ -21,8 +21,10 @@ Then for every link rate, seed and mode a fresh netns testbed of ``--nodes`` cha
 mesh of data links, all shaped to the rate with tbf; MQTT on the unshaped management bridge)
 trains the same task: :mod:`chaos_bench.slowlinks.worker`, the same script in every mode,
 with the mode set in every node's chaosd.toml (``[training] sync``, ``wire``,
-``inner_steps``, ``outer_lr``, ``outer_momentum``). Bandwidth probes are off during the runs
-(``[probe] bandwidth_period_s``), so the data links carry the training alone.
+``inner_steps``, ``outer_lr``, ``outer_momentum``). Background bandwidth probes are off
+(``[probe] bandwidth_period_s = 0``), so the data links carry the training alone. (Until stop
+52 the bench set a day-long period instead; the probe ramp then sent a 16 MiB test on a link
+within seconds of its first, into the timed steps of the short runs.)
 
 Every node joins first; then the bench names the global step ``START`` at which every worker
 begins to train (until then they run no-sample steps that move nothing) and each trains
@@ -124,7 +126,7 @@ def modes(opts: Options, chunk: int = 0,
 
 def config_of(mode: Mode) -> str:
     """The chaosd.toml tables of a run (after the testbed's secret)."""
-    text = "[probe]\nbandwidth_period_s = 86400.0\n[training]\n"
+    text = "[probe]\nbandwidth_period_s = 0.0\n[training]\n"
     if mode.inner_steps > 1:
         sync = "streaming" if mode.fragments > 1 else "diloco"
         text += (f'sync = "{sync}"\ninner_steps = {mode.inner_steps}\n'

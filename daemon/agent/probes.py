@@ -79,8 +79,11 @@ class LinkMonitor:
         self.prober = RttProber(bind_host=host, interval_s=cfg.rtt_interval_s,
                                 fail_after=cfg.fail_after, on_fail=self._on_fail,
                                 on_recover=self._on_recover)
-        self.periodic = PeriodicBandwidthProbe(self.bandwidth, period_s=cfg.bandwidth_period_s,
-                                               on_result=self._on_bandwidth)
+        # A period of 0 turns the background tests off (a metered link, or a bench whose
+        # links must carry nothing but its own traffic); on-demand tests still run.
+        self.periodic = PeriodicBandwidthProbe(
+            self.bandwidth, period_s=cfg.bandwidth_period_s,
+            on_result=self._on_bandwidth) if cfg.bandwidth_period_s > 0 else None
         self._peers: dict[str, PeerEndpoint] = {}
         # Links whose probes failed: the scheduler drops them from the overlay, but we keep
         # probing so that a healed link is reported and connected again.
@@ -112,7 +115,8 @@ class LinkMonitor:
         if not self.bw_port:
             self.bw_port = int(getattr(server, "port", 0))
         await self.prober.start()
-        await self.periodic.start()
+        if self.periodic is not None:
+            await self.periodic.start()
         log.info("probes: rtt on udp/%d, %s on tcp/%d", self.probe_port, self.bandwidth.kind,
                  self.bw_port)
 
@@ -127,12 +131,13 @@ class LinkMonitor:
         peers = {**self._failed, **peers}
         for peer in set(self._peers) - set(peers):
             self.prober.remove_peer(peer)
-            self.periodic.remove_link(peer)
+            if self.periodic is not None:
+                self.periodic.remove_link(peer)
             self.bandwidths.pop(peer, None)
         for peer, ep in peers.items():
             if self._peers.get(peer) != ep and ep.probe_port:
                 self.prober.add_peer(peer, ep.host, ep.probe_port)
-                if ep.bw_port and ep.bw_kind:
+                if ep.bw_port and ep.bw_kind and self.periodic is not None:
                     self.periodic.add_link(peer, ep.host, ep.bw_port,
                                            peer_kind=ep.bw_kind)  # type: ignore[arg-type]
         self._peers = dict(peers)

@@ -106,7 +106,7 @@ class ProbeConfig:
     # A neighbour link is declared failed after this many missed probes in a row, i.e. within
     # rtt_interval_s * fail_after + rtt_interval_s (4 s by default).
     fail_after: int = 3
-    bandwidth_period_s: float = 60.0
+    bandwidth_period_s: float = 60.0  # 0: no background tests (on-demand ones still run)
     iperf3: str = "iperf3"
     bw_port: int = 0  # 0: pick a free port at start-up
 
@@ -405,7 +405,9 @@ def validate(cfg: Config) -> Config:
     if cfg.detector.acceptable_pause_s < 0:
         raise ConfigError("config: detector.acceptable_pause_s must be >= 0")
     _positive("probe.rtt_interval_s", cfg.probe.rtt_interval_s)
-    _positive("probe.bandwidth_period_s", cfg.probe.bandwidth_period_s)
+    if not cfg.probe.bandwidth_period_s >= 0:  # also false for NaN
+        raise ConfigError(f"config: probe.bandwidth_period_s must be >= 0 (0: off), not "
+                          f"{cfg.probe.bandwidth_period_s:g}")
     if not 1 <= cfg.probe.fail_after <= 100:
         raise ConfigError(f"config: probe.fail_after must be 1..100, not {cfg.probe.fail_after}")
     if not 0 <= cfg.probe.bw_port < 65536:

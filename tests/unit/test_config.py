@@ -72,6 +72,7 @@ def test_broker_urls(tmp_path: Path) -> None:
          "training.inner_steps = 500 is above adaptive.max_inner_steps = 100"),
         ('[adaptive]\nenabled = true\nsyncs = ["diloco"]\n',
          "training.sync = 'every-step' is not in adaptive.syncs"),
+        ("[probe]\nbandwidth_period_s = -1\n", "probe.bandwidth_period_s must be >= 0 (0: off)"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, text: str, names: str) -> None:
@@ -85,6 +86,15 @@ def test_the_wire_format_is_fp32_unless_the_file_names_another(tmp_path: Path) -
     assert load_config(None).training.wire == "fp32"
     for wire in ("fp32", "fp16", "bf16", "int8"):
         assert load_config(write(tmp_path, f'[training]\nwire = "{wire}"\n')).training.wire == wire
+
+
+def test_a_bandwidth_period_of_zero_turns_the_background_tests_off(tmp_path: Path) -> None:
+    from daemon.agent.probes import LinkMonitor
+
+    cfg = load_config(write(tmp_path, "[probe]\nbandwidth_period_s = 0\n")).probe
+    assert cfg.bandwidth_period_s == 0
+    assert LinkMonitor(cfg, "127.0.0.1", lambda _m: None).periodic is None
+    assert LinkMonitor(load_config(None).probe, "127.0.0.1", lambda _m: None).periodic
 
 
 def test_missing_file() -> None:
