@@ -71,7 +71,7 @@ from chaos_edge.trainer.stepper import BufferMode, GradFeed, GradTransform, Step
 from chaos_edge.trainer.timing import StallMeter, StepAlarm, StepTiming
 from daemon.contracts import protocol
 from daemon.contracts.clock import Clock, SystemClock
-from daemon.contracts.policy import SyncMode, SyncPolicy
+from daemon.contracts.policy import POLICY_KEEP, SyncMode, SyncPolicy
 
 log = logging.getLogger("chaos.trainer")
 __all__ = ["Shard", "StateDiverged", "StateMismatch", "StepTiming", "Trainer", "TrainerError",
@@ -222,7 +222,11 @@ class Trainer:
                                           join_timeout=join_timeout,
                                           step=lambda: self._replica.step,
                                           poll=self._poll, joined=self._joined)  # fmt: skip
+            # (The poller's thread.) Each policy's effective step and mode: a switch
+            # pending moves where the data plane's rounds fall (_on_policy).
+            self._modes: dict[int, tuple[int, SyncMode]] = {}
             self._s.poller.on_policy = self._on_policy
+            self._s.poller.cannot_diloco = self._replica.cannot_step_locally()
             self._s.poller.on_command = self._on_command
             self._membership.join(self._clock.monotonic() + join_timeout)
             if step_optimizer:
@@ -471,7 +475,10 @@ class Trainer:
         one: its epoch agreed, no guard comparison due, no new node to serve before it, no
         uncertain result, this member active and in line. True if started."""
         rep, epochs = self._replica, self._epochs
+        # A round under a policy of another mode switches the mode when it commits: it runs
+        # here, so the next step follows the new mode.
         if (not pub.sync.overlap or rep.outer is None or rep.held is not None
+                or pub.sync != rep.rhythm.mode
                 or self._membership.state != "active" or epochs.diverged
                 or pub.version != self._version or epochs.governing(pub) is not pub
                 or epochs.epoch(pub) != epochs.agreed or epochs.check_due()):
@@ -574,7 +581,7 @@ class Trainer:
 
     def _apply(self, values: Any, version: int) -> None:
         """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
-        mode = self._mode_of(version) if self._replica.outer is not None else None
+        mode = self._mode_of(version)
         lead = self._replica.lead()  # the round's gradients' segment, before commit moves on
         self._replica.commit(values, mode)
         pub = self._s.book.get(version)  # the round's members lay out its speed slots
@@ -638,9 +645,16 @@ class Trainer:
         now, so the round reruns under it at once: after a failure the policy without the
         silent node takes effect at once, and the round must not wait for its timeout. The
         links to the neighbours it dropped close, so a send blocked on one returns."""
-        e, h = pub.effective_step, pub.sync.period
-        # The data plane counts rounds: in diloco mode, outer rounds (epochs.py).
-        neighbours = self.reducer.supersede(pub.version, -(-e // h))
+        # The data plane counts rounds, where the mode in force puts them (rhythm.py); a
+        # policy of another mode governs the next round of this one, and the switch follows.
+        rhythm = self._replica.rhythm
+        self._modes[pub.version] = (pub.effective_step, pub.sync)
+        for old in sorted(self._modes)[:-POLICY_KEEP]:
+            del self._modes[old]
+        pending = [m.period for e, m in self._modes.values()
+                   if e > rhythm.anchor_step and not rhythm.same_rounds(m)]
+        neighbours = self.reducer.supersede(
+            pub.version, rhythm.fence(pub.effective_step, self._replica.step, pending))
         if neighbours and self.node_id in pub.members:
             gone = [p for p in neighbours if p not in pub.members]
             if gone:

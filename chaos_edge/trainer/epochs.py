@@ -6,10 +6,11 @@ policy, else reruns in the next attempt. :class:`Epochs` keeps what that needs a
 the last epoch agreed and its members, the attempt of each policy version, the last round the
 guard compared, and whether the guard found this member out of line.
 
-The data plane counts *rounds*: in ``every-step`` mode a round is a step, so its step is
-``trainer.step``; in ``diloco`` mode only the outer steps are rounds, and the data plane's step
-is ``trainer.step // period`` (:meth:`Replica.round_step`; the period is ``inner_steps``, or
-``inner_steps / fragments`` in ``streaming`` mode). With it the agreement's rule
+The data plane counts *rounds*: in ``every-step`` mode a round is a step; in ``diloco`` mode
+only the outer steps are rounds, one every ``period`` steps (``inner_steps``, or ``inner_steps
+/ fragments`` in ``streaming`` mode), numbered on across switches of the mode
+(:class:`~chaos_edge.trainer.rhythm.Rhythm`, :meth:`Replica.round_step`). With it the
+agreement's rule
 is the same in both modes: members differ by at most one round, and one behind applies the
 result it holds (a member that committed an outer step may have run inner steps past it
 meanwhile; it still counts as one round ahead, not ``inner_steps`` steps).
@@ -110,11 +111,10 @@ class Epochs:
     def check_due(self) -> bool:
         """Whether this round's epoch compares digests: every ``digest_every`` steps (in
         ``diloco`` mode, every outer step at or past such a multiple)."""
-        every, r, outer = self.digest_every, self._replica.round_step(), self._replica.outer
+        every, r = self.digest_every, self._replica.round_step()
         if every <= 0 or self._replica.step <= 0:
             return False
-        if outer is not None:
-            every = max(1, round(every / outer.period))
+        every = max(1, round(every / self._replica.rhythm.period))
         return r % every == 0 and self._checked != r
 
     def agree(self, pub: SyncPolicy, attempt: int, digest: bytes) -> bool:

@@ -90,6 +90,8 @@ class Outer:
     Args:
         params: The model's parameters, in the Stepper's order.
         mode: The cluster's sync mode (H, and in ``streaming`` mode the fragments).
+        origin: The step the mode took over at (its rounds fall ``period`` steps apart from
+            it: ``chaos_edge.trainer.rhythm``).
         synced: The synced parameters (default: the parameters now).
         momentum: The outer momentum (default: zeros).
         count: Outer rounds the cluster applied so far (shared state: a round lost or
@@ -98,9 +100,9 @@ class Outer:
 
     def __init__(self, params: Sequence[torch.nn.Parameter], mode: SyncMode,
                  synced: torch.Tensor | None = None, momentum: torch.Tensor | None = None,
-                 count: int = 0) -> None:  # fmt: skip
+                 count: int = 0, origin: int = 0) -> None:  # fmt: skip
         self.params = list(params)
-        self.mode = mode
+        self.origin = origin
         self.inner_steps, self.fragments, self.period = (mode.inner_steps, mode.fragments,
                                                          mode.period)
         self.synced = flat_params(self.params) if synced is None else synced.clone()
@@ -121,11 +123,15 @@ class Outer:
 
     def outer_round(self, step: int) -> bool:
         """Whether ``step`` ends with a round (made by ``update()`` at ``step - 1``)."""
-        return step % self.period == 0
+        return (step - self.origin) % self.period == 0
+
+    def _slot(self, step: int) -> int:
+        """The fragment the round of ``step`` syncs (0 but in ``streaming`` mode)."""
+        return (step - self.origin) // self.period % self.fragments
 
     def fragment(self, step: int) -> tuple[int, int]:
         """The ``[lo, hi)`` slice of the flat parameters that the round of ``step`` syncs."""
-        return self.bounds[step // self.period % self.fragments]
+        return self.bounds[self._slot(step)]
 
     def add_samples(self, n: int) -> None:
         """An inner step on ``n`` samples: it counts in every fragment's window."""
@@ -133,7 +139,7 @@ class Outer:
 
     def samples(self, step: int) -> int:
         """This member's samples behind the pseudo-gradient of the round of ``step``."""
-        return self.windows[step // self.period % self.fragments]
+        return self.windows[self._slot(step)]
 
     def pseudo_gradient(self, step: int, out: torch.Tensor) -> None:
         """Write ``synced - current`` of the round of ``step``'s fragment into ``out``."""
@@ -151,7 +157,7 @@ class Outer:
         if avg is not None:
             outer_step(self.synced[lo:hi], self.momentum[lo:hi], avg, mode)
         self.load(lo, hi, mode.merge if mode.mode == "streaming" else 0.0)
-        self.windows[step // self.period % self.fragments] = 0
+        self.windows[self._slot(step)] = 0
         self.count += 1
 
     def load(self, lo: int = 0, hi: int | None = None, merge: float = 0.0) -> None:
@@ -199,8 +205,8 @@ class Outer:
 
     @classmethod
     def restore(cls, params: Sequence[torch.nn.Parameter], mode: SyncMode,
-                extra: Mapping[str, Any]) -> Outer:  # fmt: skip
+                extra: Mapping[str, Any], origin: int = 0) -> Outer:  # fmt: skip
         """The outer state of a replicated snapshot (the model already holds its parameters)."""
         synced = extra.get(SYNCED)
         return cls(params, mode, synced=synced, momentum=extra[MOMENTUM],
-                   count=int(extra[COUNT][0]))
+                   count=int(extra[COUNT][0]), origin=origin)

@@ -73,6 +73,9 @@ class Poller:
         self._compute_ms: float | None = None  # moving average of a step's own compute
         #: Elements of the vector the rounds all-reduce (0: no round yet).
         self.elements = 0
+        #: Why this worker cannot run DiLoCo's local steps ("": it can); the controller keeps
+        #: a cluster with such a member out of the diloco modes.
+        self.cannot_diloco = ""
         self._news = threading.Event()
         self._stop = threading.Event()
         self._wake = threading.Event()  # poll now: stop, or a report queued
@@ -160,6 +163,7 @@ class Poller:
         args: dict[str, Any] = {"step": step, "state": state, "policy_version": self._known}
         if compute is not None and self.elements:
             args["compute_ms"], args["elements"] = round(compute, 3), self.elements
+            args["cannot_diloco"] = self.cannot_diloco
         if self.version >= 0:
             args["committed_version"] = self.version  # whose policies we train under
         if sync:

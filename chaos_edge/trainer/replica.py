@@ -30,6 +30,7 @@ from chaos_edge.replication.state import Loaded, StateSpace, state_digest_bytes,
 from chaos_edge.trainer.control import TrainerError
 from chaos_edge.trainer.objects import Registry
 from chaos_edge.trainer.outer import Outer, inner_state_hidden
+from chaos_edge.trainer.rhythm import Rhythm
 from chaos_edge.trainer.stepper import Stepper
 from daemon.contracts.policy import SyncMode, SyncPolicy
 
@@ -51,6 +52,8 @@ class Replica:
             the result was in), else None; the next agreement settles it.
         held_version: The policy version of the round that produced :attr:`held`.
         outer: The outer state in diloco mode, else None.
+        rhythm: The sync mode in force and where its rounds fall (the data plane's round
+            numbers), part of the shared state.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -61,64 +64,61 @@ class Replica:
         self.held: Any = None
         self.held_version = -1
         self.outer: Outer | None = None
+        self.rhythm = Rhythm()
         # Waits until no backward pass is writing gradients (a round beside backward,
         # :mod:`~chaos_edge.trainer.overlap`): every write of the model below calls it first.
         self.settled: Callable[[], None] = lambda: None
 
     # -- rounds ----------------------------------------------------------------------------
     def round_step(self) -> int:
-        """The data plane's step: the last committed round (in diloco mode, outer step)."""
-        return self.step if self.outer is None else self.step // self.outer.period
+        """The data plane's step: the number of the last committed round."""
+        return self.rhythm.round_at(self.step)
 
     def last_round_step(self) -> int:
         """The step of our last round: the last step, or the last outer round."""
-        if self.outer is None:
-            return self.step
-        return self.step // self.outer.period * self.outer.period
+        return self.rhythm.last_round_step(self.step)
 
     def inner_step(self, pub: SyncPolicy, n: int) -> bool:
         """In ``diloco`` mode, this ``update()``'s inner step; True if no round follows it
         (:attr:`step` has moved on), False if this is an outer round (or every-step mode).
 
+        The mode is the replica's own (:attr:`rhythm`), which a committed round switches; a
+        run that has committed nothing yet starts in ``pub``'s.
+
         Raises:
             TrainerError: A mode this worker cannot follow (see the messages).
         """
-        mode = pub.sync
+        if self.step == 0 and self.rhythm.anchor_step == 0 and self.rhythm.mode != pub.sync:
+            self._switch(pub.sync)  # nothing ran yet: the run starts in the cluster's mode
+        mode = self.rhythm.mode
         if not mode.diloco:
-            if self.outer is not None:
-                # Mid-window the members' parameters differ; every-step rounds would average
-                # gradients of different models. Only a fresh start can switch back.
-                raise TrainerError(f"the cluster's sync mode changed from diloco to "
-                                   f"{mode.mode} at step {self.step + 1} (policy "
-                                   f"v{pub.version}); restart the training to switch back")
             return False
-        if not self.stepper.steps:
-            raise TrainerError("diloco mode needs the Trainer to run the inner steps; the DDP "
-                               "path (chaos_edge.ddp) runs every-step sync only: set "
-                               "[training] sync = \"every-step\" in chaosd.toml")
-        if self.stepper.scaler is not None:
-            raise TrainerError("diloco mode does not support a GradScaler (its scale would "
-                               "be each member's own); drop scaler= or use every-step sync")
+        why = self.cannot_step_locally()
+        if why:
+            raise TrainerError(why)
         self.settled()  # the inner step steps the model
-        if self.outer is None:
-            # Entering diloco: the parameters are agreed at this step boundary (a fresh
-            # cluster, an every-step cluster switching, or a joiner's restored state).
-            self.outer = Outer(self.stepper.params, mode)
-        elif ((self.outer.mode.mode, self.outer.inner_steps, self.outer.fragments)
-              != (mode.mode, mode.inner_steps, mode.fragments)):
-            was = self.outer.mode
-            raise TrainerError(f"the cluster's sync mode changed from {_shape(was)} to "
-                               f"{_shape(mode)} at step {self.step + 1}; restart the "
-                               f"training to change it")
+        assert self.outer is not None
         if n > 0:
             self.stepper.step()  # clip, transform, the script's optimizer.step(), zero
         else:
             self.optimizer.zero_grad(set_to_none=True)  # a leaver's drain: nothing to step
         self.outer.add_samples(n)
-        if self.outer.outer_round(self.step + 1):
+        if self.rhythm.ends_round(self.step + 1):
             return False
         self.step += 1
         return True
+
+    def cannot_step_locally(self) -> str:
+        """Why this member cannot run DiLoCo's local steps ("" if it can): the scheduler's
+        controller never switches a cluster with such a member into a diloco mode."""
+        if not self.stepper.steps:
+            return ("diloco mode needs the Trainer to run the inner steps; the DDP path "
+                    "(chaos_edge.ddp) runs every-step sync only: set [training] sync = "
+                    "\"every-step\" in chaosd.toml")
+        if self.stepper.scaler is not None:
+            return ("diloco mode does not support a GradScaler (its scale would be each "
+                    "member's own); drop scaler= or use every-step sync")
+        return ""
 
     def round_samples(self, n: int) -> int:
         """Samples behind this round's input: the window's in diloco mode."""
@@ -136,7 +136,7 @@ class Replica:
         plane keeps each lane's int8 error feedback apart)."""
         if self.outer is None:
             return 0
-        return (self.step + 1) // self.outer.period % self.outer.fragments
+        return self.rhythm.index(self.step + 1) % self.outer.fragments
 
     def round_input(self, flat: torch.Tensor, n: int) -> tuple[torch.Tensor, int]:
         """The round's input and how many of its leading values are the gradients' segment
@@ -160,16 +160,17 @@ class Replica:
         vec[hi - lo :].copy_(flat[grads:])
         return vec, hi - lo
 
-    def commit(self, values: torch.Tensor, mode: SyncMode | None) -> None:
+    def commit(self, values: torch.Tensor, mode: SyncMode) -> None:
         """Apply the committed result of round ``step + 1``; ``mode`` is the sync mode of the
-        policy it ran under (needed in diloco mode only)."""
+        policy it ran under. The round follows the replica's mode; a policy of another mode
+        switches to it once the round is in (:meth:`_switch`), at the same step on every
+        member, since each commits the same round under the same policy."""
         self.settled()
         if self.outer is None:
             self.stepper.apply(values)
         else:
             # The agreed buffers, then the outer step of the round's fragment (skipped when
             # no member had samples) and the synced values into the model.
-            assert mode is not None
             step = self.step + 1
             lo, hi = self.outer.fragment(step)
             self.stepper.apply_buffers(values, lead=hi - lo)
@@ -178,6 +179,36 @@ class Replica:
             self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         self.held = None
+        if mode != self.rhythm.mode:
+            self._switch(mode)
+
+    def _switch(self, mode: SyncMode) -> None:
+        """Follow ``mode`` from this step (a round boundary) on, from a state every member
+        holds alike.
+
+        Leaving a diloco mode, the members' own parameters differ (streaming: in every
+        fragment but the one just synced), so each takes the synced ones, as a joiner does;
+        entering every-step, the inner optimizer's state, each member's own, starts afresh
+        (Adam's moments, as a joiner's), so that the members hold one state again. Between
+        diloco modes the outer momentum and count carry over; entering one, the parameters
+        now are the synced ones.
+        """
+        was, self.rhythm = self.rhythm, self.rhythm.switched(mode, self.step)
+        old = self.outer
+        if was.same_rounds(mode):
+            return
+        if old is not None:
+            self.settled()
+            old.load()
+        if not mode.diloco:
+            self.outer = None
+            if old is not None:
+                self.optimizer.state.clear()
+            return
+        self.outer = Outer(self.stepper.params, mode, origin=self.step,
+                           synced=None if old is None else old.synced,
+                           momentum=None if old is None else old.momentum,
+                           count=0 if old is None else old.count)
 
     # -- the shared state ------------------------------------------------------------------
     @contextlib.contextmanager
@@ -193,11 +224,13 @@ class Replica:
                    [*extra, *self.outer.tensors()])
 
     def digest(self) -> bytes:
-        """SHA-256 of the shared state (what the divergence guard compares)."""
+        """SHA-256 of the shared state (what the divergence guard compares), the mode in
+        force and its anchor included."""
         tensors, doc = self.objects.capture()
+        meta = {"objects": doc, "rhythm": self.rhythm.to_dict()}
         with self._shared(self.stepper.digest_state(), tensors) as (opt, state, extra):
             return state_digest_bytes(self.model, opt, model_state=state, extra=extra,
-                                      meta=doc)  # fmt: skip
+                                      meta=meta)  # fmt: skip
 
     def local_bytes(self) -> int:
         """Bytes of the model's, the optimizer's and the objects' tensors: what a snapshot
@@ -219,8 +252,7 @@ class Replica:
         if self.held is not None:
             tensors.append(("held", self.held))
             runtime["held_version"] = self.held_version
-        if self.outer is not None:
-            runtime["outer"] = self.outer.mode.to_dict()
+        runtime["rhythm"] = self.rhythm.to_dict()
         with self._shared(self.stepper.model_state(), tensors) as (opt, state, extra):
             return StateSpace.capture(self.model, opt, runtime, model_state=state, extra=extra,
                                       rng=False, hashed=hashed)  # fmt: skip
@@ -243,9 +275,11 @@ class Replica:
         loaded.apply(self.model, self.optimizer)
         self.objects.restore(runtime.get("objects", {}), loaded.extra)
         self.stepper.restored()
-        doc = runtime.get("outer")
-        self.outer = None if not doc else Outer.restore(
-            self.stepper.params, SyncMode.from_dict({"mode": "diloco", **doc}), loaded.extra)
+        doc = runtime.get("rhythm")
+        self.rhythm = Rhythm.from_dict(doc) if doc else Rhythm.legacy(runtime.get("outer"))
+        mode = self.rhythm.mode
+        self.outer = None if not mode.diloco else Outer.restore(
+            self.stepper.params, mode, loaded.extra, origin=self.rhythm.anchor_step)
         self.step = int(runtime["step"])
         held = loaded.extra.get("held")
         self.held = None if held is None else held.clone()
@@ -255,9 +289,3 @@ class Replica:
         """Bootstrap from our own state: nobody is left to settle a held result with."""
         self.held = None
 
-
-def _shape(mode: SyncMode) -> str:
-    """A sync mode's name and the parts of it a running cluster cannot change."""
-    if mode.mode == "streaming":
-        return f"streaming H={mode.inner_steps} fragments={mode.fragments}"
-    return f"{mode.mode} H={mode.inner_steps}" if mode.diloco else mode.mode

@@ -15,6 +15,10 @@ flight, ``[training] overlap``) first waits until the ``update()`` that started 
 returned, and writes ``<out>.overlap-violations`` if it waited 30 s (that ``update()`` waited
 for the round instead); the rows count such rounds in ``in_flight``.
 
+``--rounds``: in the row of each ``update()`` that committed a round (of whatever mode is
+in force: a sync-mode switch moves them; with overlap, the one it landed in), also ``round``:
+the data plane's round number, the mode, its anchor step and the Trainer's state digest.
+
 ``--die-in-outer``: once the file ``<out>.arm`` exists, the worker SIGKILLs itself in the
 middle of its next outer round (from the all-reduce's fault hook, at its first send), once per
 ``--out`` (a marker file keeps the restarted worker alive).
@@ -51,6 +55,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--digest-every", type=int, default=8)
     ap.add_argument("--die-in-outer", action="store_true")
     ap.add_argument("--check-overlap", action="store_true")
+    ap.add_argument("--rounds", action="store_true")
     return ap.parse_args(argv)
 
 
@@ -129,6 +134,7 @@ def train(args: argparse.Namespace) -> int:
     arm, marker = Path(args.out + ".arm"), Path(args.out + ".killed")
     updates = Updates()
     in_flight = watch_overlap(trainer, args.out, updates) if args.check_overlap else [0]
+    last_round = -1
     with open(args.out, "a") as out:
         while trainer.step < args.steps:
             sh = trainer.shard
@@ -138,9 +144,9 @@ def train(args: argparse.Namespace) -> int:
             idx = perm[(pos * 3 + sh.index * args.batch + torch.arange(args.batch)) % n]
             loss = nn.functional.cross_entropy(model(x_all[idx]), y_all[idx])
             loss.backward()
-            h = trainer._outer.period if trainer._outer is not None else 0
-            if args.die_in_outer and arm.exists() and not marker.exists() and h and (
-                    (trainer.step + 1) % h == 0):
+            rhythm = trainer._replica.rhythm  # where the rounds of the mode in force fall
+            if args.die_in_outer and arm.exists() and not marker.exists() and (
+                    trainer._outer is not None and rhythm.ends_round(trainer.step + 1)):
                 arm_kill(trainer, marker)
             updates.begin()
             trainer.update()
@@ -154,7 +160,8 @@ def train(args: argparse.Namespace) -> int:
             o = trainer._outer
             # After each outer round: in streaming mode with overlap, once it has landed (in
             # the next update()), so that no reading of the state lands it early.
-            if o is not None and trainer.step % o.period == int(o.mode.overlap):
+            rhythm = trainer._replica.rhythm
+            if o is not None and rhythm.ends_round(trainer.step - int(rhythm.mode.overlap)):
                 row["outer"] = {
                     "synced": digest(o.synced), "params": digest(dict(model.named_parameters())),
                     "momentum": digest(o.momentum), "count": o.count,
@@ -162,6 +169,12 @@ def train(args: argparse.Namespace) -> int:
                     "sched": digest(sched.state_dict()), "lr": [g["lr"] for g in opt.param_groups],
                     "pos": trainer.state["counters"]["pos"], "digest": trainer.state_digest(),
                 }
+            n_round = trainer._replica.round_step()  # committed rounds, numbered on
+            if args.rounds and n_round != last_round:
+                last_round = n_round
+                row["round"] = {"n": n_round, "mode": rhythm.mode.mode,
+                                "H": rhythm.mode.inner_steps, "anchor": rhythm.anchor_step,
+                                "digest": trainer.state_digest()}
             out.write(json.dumps(row) + "\n")
             out.flush()
             time.sleep(args.sleep)

@@ -297,5 +297,5 @@ def test_a_streaming_round_carries_its_fragment_and_the_agreed_buffers() -> None
     jopt = torch.optim.SGD(joiner.parameters(), lr=0.1)
     rep2 = Replica(joiner, jopt, Registry(None, None), Stepper(joiner, jopt))
     rep2.restore(StateSpace.load(snap.manifest, snap.buffer))
-    assert rep2.outer is not None and rep2.outer.mode == mode and rep2.step == 2
+    assert rep2.outer is not None and rep2.rhythm.mode == mode and rep2.step == 2
     assert torch.equal(rep2.outer.synced, rep.outer.synced)
