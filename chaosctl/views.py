@@ -146,6 +146,31 @@ def status_view(data: dict[str, Any]) -> RenderableType:
     return grid
 
 
+def policy_view(data: dict[str, Any]) -> RenderableType:
+    """Render the ``policy.show`` answer (a sync policy's document) as a two-column grid."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    doc = data.get("sync")
+    sync: dict[str, Any] = doc if isinstance(doc, dict) else {}
+    mode = cell(sync.get("mode", "every-step"))
+    if mode != "every-step":
+        mode += f"  H={cell(sync.get('inner_steps'))}"
+    if sync.get("mode") == "streaming":
+        mode += f"  fragments={cell(sync.get('fragments'))}"
+        mode += "  overlap" if sync.get("overlap") else ""
+    grid.add_row("version", cell(data.get("version")))
+    grid.add_row("effective step", cell(data.get("effective_step")))
+    grid.add_row("sync", mode)
+    grid.add_row("wire", cell(data.get("wire")))
+    grid.add_row("members", ", ".join(map(str, data.get("members") or [])) or "none")
+    grid.add_row("root", cell(data.get("root")))
+    pinned = data.get("pinned") or []
+    grid.add_row("pinned", ", ".join(map(str, pinned)) if pinned else "none (the controller "
+                 "or [training] decides)")
+    return grid
+
+
 def nodes_table(rows: list[dict[str, Any]], title: str | None = None) -> Table:
     """Render the ``nodes`` answer; the scheduler's row is marked with a star."""
     table = Table(title=title, caption=f"{SCHEDULER_MARK} scheduler", caption_justify="left")
@@ -363,6 +388,8 @@ def _policy_changed(ev: dict[str, Any]) -> str:
     if _num(ev.get("predicted_step_ms")) and _num(ev.get("previous_step_ms")):
         text += (f": {duration(ev['predicted_step_ms'])} a step predicted, against "
                  f"{duration(ev['previous_step_ms'])}")
+    elif str(ev.get("reason", "")).startswith("set by the operator"):
+        text += ": set by the operator"
     chosen, measured = ev.get("previous_chosen_ms"), ev.get("previous_measured_ms")
     if _num(chosen) and _num(measured) and measured > 0:
         text += f"; the policy left ran {duration(measured)} ({chosen / measured - 1:+.0%} off)"

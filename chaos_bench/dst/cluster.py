@@ -29,7 +29,7 @@ from daemon.agent.node import NodeAgent
 from daemon.agent.resources import Resources
 from daemon.contracts.config import Config
 from daemon.contracts.messages import Command, LeaderClaim, Request, Status, decode
-from daemon.contracts.protocol import LinkMetrics, LinkRecovered, LinkRequest
+from daemon.contracts.protocol import LinkMetrics, LinkRecovered, LinkRequest, PolicyRequest
 from daemon.contracts.snapshots import SNAPSHOT_DIR, snapshot_name
 
 TICK_S = 0.1
@@ -366,6 +366,11 @@ class Cluster:
             peer, _, action = f.target.split(">")[1].partition("/")
             box.agent.request(LinkRequest(peer=peer, action="add" if action == "add" else "del"),
                               reply=True)
+        elif f.kind == "policy-op" and box is not None and box.agent is not None:
+            mode, _, h = f.target.split(">")[1].partition("/")
+            box.agent.request(PolicyRequest(
+                sync=mode, inner_steps=0 if mode == "every-step" else int(h),
+                fragments=2 if mode == "streaming" else 0), reply=True)
         elif f.kind == "crash" and box is not None and box.agent is not None:
             wanted = box.wants_worker
             box.crash()

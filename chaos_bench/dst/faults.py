@@ -19,12 +19,19 @@ SLOW_PACE_S = 0.2  # a worker's poll (and at most one step) every 0.2 s: a lead 
 FAST_PACE_S = 0.05
 FAST_P = 0.25
 
-FAULT_KINDS = ("join", "leave", "kill-worker", "crash", "freeze", "freeze-worker",
+DRAWN_KINDS = ("join", "leave", "kill-worker", "crash", "freeze", "freeze-worker",
                "broker-restart", "cut", "dataplane-split", "power", "leave-daemon", "misfit",
                "link-op")
+FAULT_KINDS = (*DRAWN_KINDS, "policy-op")
 """Every fault a plan may hold. ``misfit``: the box's owner starts a script whose model is
 not the cluster's (its worker refuses the state and is not restarted). ``link-op``: the
-operator runs ``chaosctl link add|del PEER`` on a box (target ``box>peer/add``)."""
+operator runs ``chaosctl link add|del PEER`` on a box (target ``box>peer/add``).
+``policy-op``: the operator runs ``chaosctl policy set`` on a box (target ``box>mode/H``)."""
+#: The sync modes a ``policy-op`` sets (streaming with 2 fragments).
+POLICY_OPS = ("every-step/1", "diloco/4", "diloco/10", "streaming/6")
+#: Policy ops come from a stream of their own, in about this share of the seeds, so that the
+#: faults every other seed drew (and the seeds pinned to catch mutants) stay as they were.
+POLICY_OP_SEEDS = 0.3
 
 
 @dataclass(frozen=True)
@@ -66,11 +73,13 @@ class Plan:
         return head + [str(f) for f in self.faults]
 
 
-def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0) -> Plan:
+def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0,
+              policy_ops: bool = True) -> Plan:
     """The plan of ``seed``: 3-6 boxes on 1-3 sites, 0-2 more that join later, faults at
     ``rate`` per second on average (Poisson), each of a kind drawn at random, and the pace.
-    The pace has its own stream, so a seed's boxes and faults are what they were before the
-    pace was drawn."""
+    The pace and the policy ops have streams of their own, so a seed's boxes and other
+    faults are what they were before those were drawn (``policy_ops`` False: the plan as it
+    was before policy ops existed)."""
     rng = random.Random(f"plan-{seed}")
     n = rng.randint(3, 6)
     extra = rng.randint(0, 2)
@@ -84,7 +93,7 @@ def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0) -> Plan:
     pending = names[n:]
     site_names = sorted(set(sites.values()))
     while t < duration - 5.0:
-        kind = rng.choice(FAULT_KINDS)
+        kind = rng.choice(DRAWN_KINDS)
         node = rng.choice(names[:n] + pending[:1])
         if kind == "join":
             if pending:
@@ -108,5 +117,12 @@ def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0) -> Plan:
             faults.append(Fault(t, kind, f"{a}|{b}", round(rng.uniform(2.0, 25.0), 2)))
         t += rng.expovariate(rate)
     fast = random.Random(f"pace-{seed}").random() < FAST_P
+    ops = random.Random(f"policy-{seed}")
+    if policy_ops and ops.random() < POLICY_OP_SEEDS:  # 1-3 sync-mode switches
+        for _ in range(ops.randint(1, 3)):
+            at = round(ops.uniform(10.0, duration - 10.0), 2)
+            faults.append(Fault(at, "policy-op",
+                                f"{ops.choice(names[:n])}>{ops.choice(POLICY_OPS)}"))
+        faults.sort(key=lambda f: f.at)
     return Plan(seed, duration, sites, tuple(names[:n]), net, tuple(faults),
                 FAST_PACE_S if fast else SLOW_PACE_S)

@@ -83,8 +83,8 @@ def _run_quietly(plan: Plan, trace: bool) -> Result:
 
 
 def run_seed(seed: int, duration: float = 90.0, trace: bool = False,
-             mutant: str | None = None) -> Result:
-    return run_plan(make_plan(seed, duration), trace, mutant)
+             mutant: str | None = None, policy_ops: bool = True) -> Result:
+    return run_plan(make_plan(seed, duration, policy_ops=policy_ops), trace, mutant)
 
 
 def replay(seed: int, duration: float = 90.0, mutant: str | None = None) -> Result:

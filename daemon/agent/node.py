@@ -290,7 +290,9 @@ class NodeAgent:
                          leader=self.election.leader or "", snapshot=self._snapshot_step(),
                          holds=self.worker.step if self.worker.attached else -1,
                          compute_ms=self.worker.compute_ms if self.worker.attached else -1.0,
-                         elements=self.worker.elements if self.worker.attached else -1)
+                         elements=self.worker.elements if self.worker.attached else -1,
+                         cannot_diloco=self.worker.cannot_diloco if self.worker.attached
+                         else "")
 
     def _start_from(self) -> Holding:
         """What a scheduler elected here would start from: the cluster's snapshot (the

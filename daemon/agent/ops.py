@@ -31,11 +31,13 @@ from daemon.contracts.protocol import (
     LeaveRequest,
     LinkMetrics,
     LinkRequest,
+    PolicyRequest,
     Replicated,
     RequestBody,
     StateRefused,
     parse_report,
 )
+from daemon.contracts.records import build
 
 REPLY_TIMEOUT_S = 5.0
 MAX_PROBE_PEERS = 64
@@ -178,6 +180,25 @@ async def link(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     return {"a": agent.me, "b": peer, "state": "up" if action == "add" else "down"}
 
 
+async def policy(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
+    """``chaosctl policy set|auto``: the scheduler applies it (or says why not)."""
+    try:
+        body = build(PolicyRequest, args, "policy")
+    except MessageError as exc:
+        raise ControlError(str(exc)) from None
+    if agent.leader is None:
+        raise ControlError("no scheduler is elected yet; try again in a few seconds",
+                           code="failed")
+    try:
+        error = await agent.ask(body, REPLY_TIMEOUT_S)
+    except TimeoutError:
+        raise ControlError(f"the scheduler did not answer within {REPLY_TIMEOUT_S:g} s",
+                           code="failed") from None
+    if error:
+        raise ControlError(f"policy: {error}", code="failed")
+    return {"requested": {k: v for k, v in args.items() if v not in ("", 0, False, None)}}
+
+
 async def worker_attach(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
     port = _int(args, "port")
     pid = _int(args, "pid")
@@ -224,6 +245,7 @@ def worker_poll(agent: AgentContext, args: dict[str, Any]) -> dict[str, Any]:
         if isinstance(compute, bool) or not isinstance(compute, (int, float)) or compute < 0:
             raise ControlError("'compute_ms' must be a number >= 0")
         w.compute_ms, w.elements = float(compute), max(0, _int(args, "elements"))
+        w.cannot_diloco = str(args.get("cannot_diloco") or "")[:200]
     state = member(args.get("state", w.state), WORKER_STATES)
     if state is not None and state != "standby":
         w.state = state
@@ -329,4 +351,5 @@ HANDLERS: dict[ActionOp | WorkerOp, Callable[[AgentContext, dict[str, Any]], Any
     "join": join, "leave": leave, "link": link, "worker.attach": worker_attach,
     "worker.poll": worker_poll, "worker.report": worker_report, "worker.leave": worker_leave,
     "probe": probe, "worker.probe": worker_probe, "worker.detach": worker_detach,
+    "policy": policy,
 }

@@ -112,6 +112,12 @@ def ping(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any]:
             "cluster": agent.cfg.cluster, "snapshots": snapshot_settings(agent.cfg)}
 
 
+def policy_show(agent: NodeAgent, _args: dict[str, Any]) -> dict[str, Any] | None:
+    """The newest sync policy this node knows (the scheduler's), as published; None before
+    the first."""
+    return dict(agent.policies[max(agent.policies)]) if agent.policies else None
+
+
 def snapshot_settings(cfg: Config) -> dict[str, Any]:
     """Where and when the worker snapshots (``[snapshots]``; ``dir`` empty: off)."""
     snaps = cfg.snapshots
@@ -121,4 +127,5 @@ def snapshot_settings(cfg: Config) -> dict[str, Any]:
 
 HANDLERS: dict[ReadOp, Callable[[NodeAgent, dict[str, Any]], Any]] = {
     "status": status, "nodes": nodes, "links": links, "events": events, "ping": ping,
+    "policy.show": policy_show,
 }

@@ -51,6 +51,7 @@ class WorkerSession:
     version: int = -1  # the policy its last committed round ran under (worker.poll)
     compute_ms: float = -1.0  # a step's own compute, averaged (-1: not said yet)
     elements: int = -1  # elements of the vector its rounds all-reduce (-1: not said yet)
+    cannot_diloco: str = ""  # why it cannot run DiLoCo's local steps ("": it can)
     state: str = "standby"
     neighbors: list[str] = field(default_factory=list)
     leave_requested: bool = False

@@ -1,26 +1,35 @@
-"""The scheduler's side of the policy controller: measurements in, a policy switch out.
+"""Which policy the cluster trains under, in one scheduler term: the controller's choice, the
+operator's, and what each member can run.
 
-The :class:`~daemon.cluster.controller.Controller` is pure; this object feeds it what the
+The :class:`~daemon.cluster.controller.Controller` is pure; :class:`Adapter` feeds it what the
 scheduler knows (each member's compute and vector size from its heartbeats, the policy's tree
-and the probes' link rates), and carries out its decisions: the next policy, effective a lead
-ahead like any planned change, in the new wire format, and a ``policy-changed`` event that
-says what was predicted and, for the policy it leaves, what was measured under it.
+and the probes' link rates) when ``[adaptive]`` is on, takes the operator's ``chaosctl policy
+set|auto``, and carries out each switch: the next policy, effective a lead ahead like any
+planned change, in the new wire format and sync mode, and a ``policy-changed`` event that says
+what was predicted and, for the policy it leaves, what was measured under it.
 
-Only the wire format switches in this release: a worker cannot yet change its sync mode or H
-mid-run (``chaos_edge.trainer.replica``), so those candidates are ruled out with that reason.
+A switch of the sync mode or of H takes effect at the first round of the mode in force at or
+after the policy's effective step, on every member at once (``chaos_edge.trainer.rhythm``).
+A member that cannot run DiLoCo's local steps (the DDP path, a GradScaler) says so in its
+heartbeats; the cluster is then never switched into a diloco mode, and the event or the
+operator's error says why.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
+from typing import Any
 
 from daemon.cluster.controller import Candidate, Controller, Decision, Hop, Measured
 from daemon.cluster.primitives import Negotiator
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock
 from daemon.contracts.config import AdaptiveConfig, TrainingConfig
+from daemon.contracts.errors import PolicyError
 from daemon.contracts.messages import Heartbeat
-from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.policy import SYNC_MODES, WIRE_FORMATS, SyncMode, SyncPolicy
+from daemon.contracts.protocol import PolicyRequest
 
 #: Seconds between two measurements given to the controller.
 OBSERVE_EVERY_S = 2.0
@@ -28,9 +37,7 @@ OBSERVE_EVERY_S = 2.0
 
 def running(policy: SyncPolicy) -> Candidate:
     """The candidate a policy in force is."""
-    sync = policy.sync
-    return Candidate(sync.mode, policy.wire, sync.inner_steps if sync.diloco else 1,
-                     sync.fragments, sync.overlap)
+    return running_of(policy.sync, policy.wire)
 
 
 def tree_depth(policy: SyncPolicy) -> int:
@@ -50,30 +57,86 @@ def tree_depth(policy: SyncPolicy) -> int:
     return depth
 
 
+def sync_mode(c: Candidate, base: SyncMode) -> SyncMode:
+    """The sync mode of candidate ``c``, with ``base``'s outer optimizer (and, streaming to
+    streaming, its merge weight)."""
+    if c.sync == "every-step":
+        return SyncMode("every-step", 1, base.outer, base.outer_lr, base.outer_momentum)
+    merge = base.merge if c.sync == "streaming" and base.mode == "streaming" else 0.0
+    return SyncMode(c.sync, c.inner_steps, base.outer, base.outer_lr, base.outer_momentum,
+                    c.fragments, merge, c.overlap)
+
+
+def requested(body: PolicyRequest, cur: SyncMode, wire: str, training: TrainingConfig
+              ) -> tuple[SyncMode, str, set[str]]:
+    """The mode and wire ``chaosctl policy set`` asks for, and the parts it pins: what it
+    names, the rest as in force (or, entering a diloco mode, as ``[training]`` says).
+
+    Raises:
+        PolicyError: A value out of range, or one that does not fit the rest.
+    """
+    name = body.sync or cur.mode
+    if body.wire and body.wire not in WIRE_FORMATS:
+        raise PolicyError(f"wire {body.wire!r} is not one of {', '.join(WIRE_FORMATS)}")
+    if name not in SYNC_MODES:
+        raise PolicyError(f"sync {name!r} is not one of {', '.join(SYNC_MODES)}")
+    if name == "every-step" and (body.inner_steps or body.fragments or body.overlap):
+        raise PolicyError("every-step sync takes no inner steps, fragments or overlap")
+    if name == "diloco" and (body.fragments or body.overlap):
+        raise PolicyError("fragments and overlap are streaming's, not diloco's")
+    h = body.inner_steps or (cur.inner_steps if cur.diloco else training.inner_steps)
+    streaming = cur if cur.mode == "streaming" else training.sync_mode() \
+        if training.sync == "streaming" else SyncMode("streaming", fragments=training.fragments)
+    parts = body.fragments or streaming.fragments
+    overlap = body.overlap == "on" if body.overlap else streaming.overlap
+    c = Candidate(name, body.wire or wire, 1 if name == "every-step" else h,
+                  parts if name == "streaming" else 1, overlap and name == "streaming")
+    mode = sync_mode(c, cur if cur.diloco else training.sync_mode())
+    mode.validate()
+    pins = {"wire"} if body.wire else set()
+    if body.sync or body.inner_steps or body.fragments or body.overlap:
+        pins |= {"sync", "inner_steps"}
+    return mode, c.wire, pins
+
+
 class Adapter:
-    """Owns the controller of one scheduler term, and what it measures for it."""
+    """Owns the choice of policy for one scheduler term: the controller (None when
+    ``[adaptive]`` is off), the operator's pins, and what it measures for them."""
 
     def __init__(self, sched: Scheduler, neg: Negotiator, cfg: AdaptiveConfig,
                  training: TrainingConfig, clock: Clock) -> None:
-        self.sched, self.neg, self.clock = sched, neg, clock
-        self.ctl = Controller(cfg, training, clock, cannot=self._cannot)
+        self.sched, self.neg, self.clock, self.training = sched, neg, clock, training
+        self.ctl = Controller(cfg, training, clock, cannot=self._cannot) if cfg.enabled \
+            else None
         inherited = sched.policy
-        if inherited is not None and inherited.members and \
-                running(inherited) in self.ctl.candidates():
-            # A new scheduler goes on under the policy in force, not its own [training]: a
-            # failover must not switch the cluster back.
-            self.ctl.current = running(inherited)
-            neg.wire = inherited.wire
+        if inherited is not None and inherited.members:
+            # A new scheduler goes on under the policy in force and its pins, not its own
+            # [training]: a failover must not switch the cluster back.
+            neg.wire, neg.sync, neg.pinned = inherited.wire, inherited.sync, inherited.pinned
+            if self.ctl is not None:
+                if inherited.pinned:
+                    self.ctl.pin(inherited.pinned, running(inherited))
+                elif running(inherited) in self.ctl.candidates():
+                    self.ctl.current = running(inherited)
         self.compute_s: dict[str, float] = {}
         self.elements: dict[str, int] = {}
+        # Why a member's worker cannot run DiLoCo's local steps (its heartbeats say it).
+        self.cannot_diloco: dict[str, str] = {}
         self._observed_at: float | None = None
         self._last: Decision | None = None  # the decision in force (None: the start)
 
     def _cannot(self, c: Candidate) -> str | None:
-        cur = self.ctl.current
-        if (c.sync, c.inner_steps, c.fragments, c.overlap) != (
-                cur.sync, cur.inner_steps, cur.fragments, cur.overlap):
-            return "a worker cannot change its sync mode or H during a run yet"
+        if c.sync == "every-step":
+            return None
+        members = self.sched.policy.members if self.sched.policy else ()
+        return self.blocker(members)
+
+    def blocker(self, members: Iterable[str]) -> str | None:
+        """Why the cluster cannot enter a diloco mode: the first member that cannot."""
+        for node in sorted(members):
+            why = self.cannot_diloco.get(node)
+            if why:
+                return f"{node} cannot: {why}"
         return None
 
     def heard(self, hb: Heartbeat) -> None:
@@ -81,6 +144,7 @@ class Adapter:
         if hb.compute_ms >= 0 and hb.elements > 0:
             self.compute_s[hb.node] = hb.compute_ms / 1000.0
             self.elements[hb.node] = hb.elements
+            self.cannot_diloco[hb.node] = hb.cannot_diloco
 
     def measured(self) -> Measured | None:
         """What the controller needs, once every member and every tree link is measured."""
@@ -104,7 +168,8 @@ class Adapter:
         """Every scheduler tick: judge a measurement every OBSERVE_EVERY_S; True when the
         cluster's policy switched (a new policy is published)."""
         now = self.clock.monotonic()
-        if self._observed_at is not None and now - self._observed_at < OBSERVE_EVERY_S:
+        if self.ctl is None or (self._observed_at is not None
+                                and now - self._observed_at < OBSERVE_EVERY_S):
             return False
         self._observed_at = now
         m = self.measured()
@@ -113,25 +178,70 @@ class Adapter:
         decision = self.ctl.observe(m)
         if decision is None:
             return False
-        self._switch(decision)
+        self._switch(sync_mode(decision.policy, self.neg.sync if self.neg.sync.diloco
+                               else self.training.sync_mode()), decision.policy.wire,
+                     decision.policy.label(), decision.previous.label(), decision.reason(),
+                     predicted_step_ms=round(decision.predicted_step_s * 1000, 3),
+                     previous_step_ms=round(decision.previous_step_s * 1000, 3),
+                     gain=round(decision.gain, 4), ruled_out=len(decision.ruled_out),
+                     **self._check())
+        self._last = decision
         return True
 
-    def _switch(self, d: Decision) -> None:
+    def request(self, body: PolicyRequest) -> str | None:
+        """``chaosctl policy set|auto`` from an operator; an error line, or None."""
+        if body.auto:
+            if self.ctl is None:
+                return "the policy controller is off ([adaptive] enabled = false)"
+            self.ctl.release()
+            self.neg.pinned = ()
+            self.neg.publish_policy(effective_step=self.neg.max_step() + self.neg.lead())
+            return None
+        try:
+            mode, wire, pins = requested(body, self.neg.sync, self.neg.wire, self.training)
+        except PolicyError as exc:
+            return str(exc)
+        policy = self.sched.policy
+        if mode.diloco and policy is not None:
+            why = self.blocker(policy.members)
+            if why:
+                return f"the cluster cannot run {mode.mode}: {why}"
+        was = label(self.neg.sync, self.neg.wire)
+        now = label(mode, wire)
+        if self.ctl is not None:
+            self.ctl.pin(pins, running_of(mode, wire))
+        self.neg.pinned = tuple(sorted(set(self.neg.pinned) | pins))
+        self._switch(mode, wire, now, was, f"set by the operator (chaosctl policy set): {now}")
+        self._last = None
+        return None
+
+    def _check(self) -> dict[str, Any]:
+        """The policy left, as predicted when it was chosen (None: configured or set by the
+        operator) and as measured under it: the model's check."""
         rate = self.neg.step_rate()
-        measured_ms = 1000.0 / rate if rate else None
         before = self._last
-        self.neg.wire = d.policy.wire
+        return {"previous_chosen_ms": round(before.predicted_step_s * 1000, 3) if before
+                else None,
+                "previous_measured_ms": round(1000.0 / rate, 3) if rate else None}
+
+    def _switch(self, mode: SyncMode, wire: str, now: str, was: str, reason: str,
+                **detail: Any) -> None:
+        self.neg.wire, self.neg.sync = wire, mode
         effective = self.neg.max_step() + self.neg.lead()
         policy = self.neg.publish_policy(effective_step=effective)
-        self._last = d
         self.sched.record(
-            "policy-changed", policy=d.policy.label(), previous=d.previous.label(),
-            wire=d.policy.wire, sync=d.policy.sync, inner_steps=d.policy.inner_steps,
+            "policy-changed", policy=now, previous=was, wire=wire, sync=mode.mode,
+            inner_steps=mode.inner_steps, fragments=mode.fragments,
             policy_version=policy.version if policy else None, effective_step=effective,
-            predicted_step_ms=round(d.predicted_step_s * 1000, 3),
-            # The policy left: its step time as predicted now, as predicted when it was
-            # chosen (None: it was the start), and as measured under it: the model's check.
-            previous_step_ms=round(d.previous_step_s * 1000, 3),
-            previous_chosen_ms=round(before.predicted_step_s * 1000, 3) if before else None,
-            previous_measured_ms=round(measured_ms, 3) if measured_ms else None,
-            gain=round(d.gain, 4), reason=d.reason(), ruled_out=len(d.ruled_out))
+            reason=reason, **detail)
+
+
+def running_of(mode: SyncMode, wire: str) -> Candidate:
+    """The candidate of a sync mode and wire."""
+    return Candidate(mode.mode, wire, mode.inner_steps if mode.diloco else 1, mode.fragments,
+                     mode.overlap)
+
+
+def label(mode: SyncMode, wire: str) -> str:
+    """How events name a policy (:meth:`Candidate.label`)."""
+    return running_of(mode, wire).label()

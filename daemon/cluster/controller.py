@@ -17,7 +17,7 @@ Pure logic, as the scheduler is: measurements and a clock come in, a :class:`Dec
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from daemon.contracts.clock import Clock
@@ -172,23 +172,39 @@ class Controller:
         self.clock = clock
         self.model = model or CostModel()
         self.cannot = cannot or (lambda _c: None)
-        self.pinned = configured(training)
+        self.configured = configured(training)
+        self.pins: frozenset[str] = frozenset(cfg.pin)  # parts of ``pinned`` kept as they are
+        self.pinned = self.configured
         self.current = self.pinned
         self._leader: Candidate | None = None  # the best, while it keeps beating the current
         self._streak = 0
         self._switched_at: float | None = None
 
+    def pin(self, parts: Iterable[str], policy: Candidate) -> None:
+        """The operator sets ``parts`` (of :data:`ADAPTIVE_PINS`) to ``policy``'s and keeps
+        them there (``chaosctl policy set``), besides ``[adaptive] pin``; ``policy`` is in
+        force now."""
+        self.pins = self.pins | set(parts)
+        self.pinned = policy
+        self.current = policy
+        self._leader, self._streak = None, 0
+
+    def release(self) -> None:
+        """Back to the configured pins only (``chaosctl policy auto``)."""
+        self.pins = frozenset(self.cfg.pin)
+        self.pinned = self.configured
+
     def candidates(self) -> list[Candidate]:
         """Every policy the pins and bounds allow (the current one among them if it is)."""
         cfg, pin = self.cfg, self.pinned
-        syncs = [pin.sync] if "sync" in cfg.pin else list(cfg.syncs)
-        wires = [pin.wire] if "wire" in cfg.pin else [
+        syncs = [pin.sync] if "sync" in self.pins else list(cfg.syncs)
+        wires = [pin.wire] if "wire" in self.pins else [
             w for w in WIRE_FORMATS if WIRE_RANK[w] >= WIRE_RANK[cfg.min_wire]]
         out: list[Candidate] = []
         for sync in syncs:
             if sync == "every-step":
                 hs = [1]
-            elif "inner_steps" in cfg.pin:
+            elif "inner_steps" in self.pins:
                 hs = [pin.inner_steps]
             else:
                 hs = sorted({h for h in INNER_STEPS_GRID if h <= cfg.max_inner_steps}

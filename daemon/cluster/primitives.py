@@ -35,6 +35,7 @@ from daemon.contracts.policy import (
 )
 from daemon.contracts.protocol import (
     Bootstrap,
+    ClusterRequest,
     CommandBody,
     Connect,
     Disconnect,
@@ -48,7 +49,6 @@ from daemon.contracts.protocol import (
     Replicate,
     Replicated,
     Report,
-    RequestBody,
     RoundAborted,
     RoundStuck,
     ServeDeclined,
@@ -164,6 +164,7 @@ class Negotiator:
         self.strategy = strategy  # scale-out: chaos (planned split) or single (EDL+)
         self.wire = wire  # gradient wire format, put in every policy (all members alike)
         self.sync = sync  # every-step or diloco, likewise
+        self.pinned: tuple[str, ...] = ()  # the parts of them an operator pinned, likewise
         self.clock = clock
         self.step_of = step_of  # a member's step now, extrapolated at its rate (timing)
         # The step a node last said it holds, not extrapolated: what a join holds. A node cut
@@ -440,7 +441,8 @@ class Negotiator:
                                       plan.root, effective_step,
                                       {n: self.sched.nodes[n].data_addr for n in members},
                                       wire=self.wire, sync=self.sync,
-                                      chunk_kib=self._chunk_kib(plan.edges))
+                                      chunk_kib=self._chunk_kib(plan.edges),
+                                      pinned=self.pinned)
         except PolicyError as exc:  # pragma: no cover - spanning_tree guarantees a tree
             log.error("could not build a sync policy: %s", exc)
             return self.sched.policy
@@ -454,7 +456,7 @@ class Negotiator:
         """A policy naming no member: every worker that a policy of ours or an older one
         names finds itself outside it, and asks to join, saying the step it holds."""
         empty = SyncPolicy.build(self.sched.policy_version + 1, [], [], "", effective_step,
-                                 wire=self.wire, sync=self.sync)
+                                 wire=self.wire, sync=self.sync, pinned=self.pinned)
         self.sched.policy_version = empty.version
         self.sched.policy = empty
         self.sched.policies.append(empty)
@@ -1141,7 +1143,7 @@ class Negotiator:
         slowest = self._bottleneck(edges, self._rates())
         return 0 if not slowest else chunk_for_rate(slowest)
 
-    def handle(self, node: str, body: RequestBody) -> str | None:
+    def handle(self, node: str, body: ClusterRequest) -> str | None:
         """Apply one request from ``node``; returns an error line for the requester."""
         if isinstance(body, JoinRequest):
             self.join(node, body.addr, body.neighbors, body.rtts, body.step)

@@ -28,7 +28,7 @@ from daemon.contracts.messages import (
     encode,
 )
 from daemon.contracts.policy import TERM_POLICY_SPAN
-from daemon.contracts.protocol import CommandBody, Reply, RequestBody, Strategy
+from daemon.contracts.protocol import CommandBody, PolicyRequest, Reply, RequestBody, Strategy
 
 log = logging.getLogger("chaosd.leader")
 
@@ -77,9 +77,9 @@ class SchedulerRole:
                               if snaps.enabled and snaps.copies > 0 else None,
                               shelf_of=self._shelf_of)
         self._cmd_seq = 0
-        # After the view's policy is known: a new scheduler goes on under the wire in force.
+        # After the view's policy is known: a new scheduler goes on under the policy in force.
         self.adapter = Adapter(self.sched, self.neg, agent.cfg.adaptive, agent.cfg.training,
-                               agent.clock) if agent.cfg.adaptive.enabled else None
+                               agent.clock)
         # The snapshot's step lags (it is published on changes, not every step); the members'
         # last heartbeats said newer ones. Resumed from the snapshot alone, a joiner behind
         # them that took the seat started the cluster over from its older state while the
@@ -142,7 +142,10 @@ class SchedulerRole:
     def on_request(self, req: Request, body: RequestBody) -> None:
         """Apply one parsed request; answer it if the requester waits for the answer."""
         log.info("request %s from %s", req.op, req.node)
-        error = self.neg.handle(req.node, body)
+        if isinstance(body, PolicyRequest):
+            error = self.adapter.request(body)
+        else:
+            error = self.neg.handle(req.node, body)
         if req.reply:
             self.command(req.node, Reply(req_id=req.req_id, error=error))
         elif error:
@@ -161,8 +164,7 @@ class SchedulerRole:
         self.neg.observe_worker(hb.node, hb.state, hb.holds, attached=hb.holds >= 0,
                                snapshot=hb.snapshot, policy_version=hb.policy_version)
         self.neg.observe_progress()
-        if self.adapter is not None:
-            self.adapter.heard(hb)
+        self.adapter.heard(hb)
         self.flush()
 
     def take_own(self, st: Status) -> None:
@@ -209,8 +211,7 @@ class SchedulerRole:
         """Every tick: fail every admitted node that is not ``live``, and let the negotiator
         decide what waits on time (a join held for a holder of the state)."""
         self.neg.tick()
-        if self.adapter is not None:
-            self.adapter.tick()
+        self.adapter.tick()
         self.flush()
         agent = self.agent
         for node in self.sched.live():

@@ -23,6 +23,7 @@ from daemon.contracts.policy import (
     MAX_FRAGMENTS,
     MAX_INNER_STEPS,
     OUTER_OPTIMIZERS,
+    POLICY_PARTS,
     SYNC_MODES,
     WIRE_FORMATS,
     WIRE_RANK,
@@ -186,7 +187,7 @@ class AdaptiveConfig:
     min_interval_s: float = 60.0
 
 
-ADAPTIVE_PINS = ("sync", "wire", "inner_steps")
+ADAPTIVE_PINS = POLICY_PARTS
 
 
 @dataclass(frozen=True)

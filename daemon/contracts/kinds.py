@@ -28,7 +28,7 @@ MEMBER_STATES: tuple[NodeState, ...] = ("joining", "active")
 GONE_STATES: tuple[NodeState, ...] = ("failed", "left")
 
 # --- requests to the scheduler (``sched/req``) ----------------------------------------------
-RequestOp = Literal["join", "leave", "link", "report", "worker-exit"]
+RequestOp = Literal["join", "leave", "link", "policy", "report", "worker-exit"]
 REQUEST_OPS: tuple[RequestOp, ...] = get_args(RequestOp)
 WorkerExitReason = Literal["worker-exit", "worker-unresponsive", "state-refused", "job-failed"]
 """Why a daemon reports its worker gone (``worker-exit {code, reason, detail}``); the scale-in
@@ -58,8 +58,8 @@ WorkerCommandOp = Literal["connect", "disconnect", "replicate", "bootstrap"]
 WORKER_COMMAND_OPS: tuple[WorkerCommandOp, ...] = get_args(WorkerCommandOp)
 
 # --- the control socket (docs/control-protocol.md) ------------------------------------------
-ReadOp = Literal["status", "nodes", "links", "events", "ping"]
-ActionOp = Literal["join", "leave", "link", "probe"]
+ReadOp = Literal["status", "nodes", "links", "events", "ping", "policy.show"]
+ActionOp = Literal["join", "leave", "link", "probe", "policy"]
 WorkerOp = Literal[
     "worker.attach", "worker.poll", "worker.report", "worker.leave", "worker.detach",
     "worker.probe",

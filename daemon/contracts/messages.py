@@ -105,6 +105,9 @@ class Heartbeat:
     # rounds all-reduce (-1: not known): the policy controller's inputs.
     compute_ms: float = -1.0
     elements: int = -1
+    # Why the attached worker cannot run DiLoCo's local steps ("": it can, or none attached):
+    # the controller never switches the cluster into a diloco mode while a member says so.
+    cannot_diloco: str = ""
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,9 @@ SYNC_MODES: tuple[str, ...] = ("every-step", "diloco", "streaming")
 MAX_FRAGMENTS = 64
 #: Outer optimizers of ``diloco``: SGD with Nesterov momentum (the paper's) or heavy-ball SGD.
 OUTER_OPTIMIZERS: tuple[str, ...] = ("nesterov", "sgd")
+#: The parts of a policy an operator can pin against the policy controller (``[adaptive] pin``,
+#: ``chaosctl policy set``).
+POLICY_PARTS: tuple[str, ...] = ("sync", "wire", "inner_steps")
 MAX_INNER_STEPS = 1_000_000
 
 
@@ -206,6 +209,8 @@ class SyncPolicy:
             the vector, as a worker's own setting does). The scheduler sets it from the
             slowest tree link it has measured (:func:`chunk_for_rate`): on a slow link a
             small vector still pipelines up and down the tree.
+        pinned: The parts of it (:data:`POLICY_PARTS`) an operator set with ``chaosctl policy
+            set``, which the controller keeps; carried so that a new scheduler keeps them.
     """
 
     version: int
@@ -217,12 +222,13 @@ class SyncPolicy:
     wire: str = "fp32"
     sync: SyncMode = EVERY_STEP
     chunk_kib: int = 0
+    pinned: tuple[str, ...] = ()
 
     @classmethod
     def build(
         cls, version: int, members: Iterable[str], edges: Iterable[Edge], root: str,
         effective_step: int = 0, addrs: Mapping[str, str] | None = None, wire: str = "fp32",
-        sync: SyncMode = EVERY_STEP, chunk_kib: int = 0,
+        sync: SyncMode = EVERY_STEP, chunk_kib: int = 0, pinned: Iterable[str] = (),
     ) -> SyncPolicy:
         """Normalise and validate a policy.
 
@@ -240,6 +246,7 @@ class SyncPolicy:
             wire,
             sync,
             int(chunk_kib),
+            tuple(sorted(set(pinned))),
         )
         policy.validate()
         return policy
@@ -253,6 +260,8 @@ class SyncPolicy:
             raise PolicyError(f"wire format {self.wire!r} is not one of "
                               f"{', '.join(WIRE_FORMATS)}")
         self.sync.validate()
+        if bad := [p for p in self.pinned if p not in POLICY_PARTS]:
+            raise PolicyError(f"pinned parts {bad} are not among {', '.join(POLICY_PARTS)}")
         if self.chunk_kib and not (CHUNK_KIB_MIN <= self.chunk_kib <= CHUNK_KIB_MAX
                                    and self.chunk_kib & (self.chunk_kib - 1) == 0):
             raise PolicyError(f"chunk_kib {self.chunk_kib} is not 0 or a power of two in "
@@ -297,6 +306,7 @@ class SyncPolicy:
             "wire": self.wire,
             "sync": self.sync.to_dict(),
             "chunk_kib": self.chunk_kib,
+            "pinned": list(self.pinned),
         }
 
     @classmethod
@@ -313,7 +323,8 @@ class SyncPolicy:
                              str(doc["root"]), int(doc.get("effective_step") or 0),
                              dict(doc.get("addrs") or {}), str(doc.get("wire") or "fp32"),
                              SyncMode.from_dict(doc.get("sync")),
-                             int(doc.get("chunk_kib") or 0))
+                             int(doc.get("chunk_kib") or 0),
+                             [str(p) for p in doc.get("pinned") or ()])
         except (KeyError, TypeError, ValueError) as exc:
             raise PolicyError(f"malformed sync policy: {exc!r}") from None
 

@@ -117,6 +117,29 @@ class LinkRequest(_Body):
 
 
 @dataclass(frozen=True)
+class PolicyRequest(_Body):
+    """``chaosctl policy set|auto``: the operator sets parts of the cluster's policy (empty
+    or 0: keep that part) and pins them against the controller, or (``auto``) hands them
+    back to it. Answered by a Reply."""
+
+    OP: ClassVar[str] = "policy"
+    sync: str = ""
+    inner_steps: int = 0
+    fragments: int = 0
+    overlap: Literal["", "on", "off"] = ""
+    wire: str = ""
+    auto: bool = False
+
+    def check(self) -> str | None:
+        if self.inner_steps < 0 or self.fragments < 0:
+            return "inner_steps and fragments must be >= 0"
+        if self.auto and (self.sync or self.inner_steps or self.fragments or self.overlap
+                          or self.wire):
+            return "auto sets nothing: it hands the policy back to the controller"
+        return None
+
+
+@dataclass(frozen=True)
 class WorkerExit(_Body):
     """The node's worker is gone: it exited, or it hung and was killed, or its state did not
     fit. The scheduler scales the node in at once."""
@@ -335,7 +358,9 @@ class Replicated(_Report):
 Report: TypeAlias = (LinkFailed | LinkRecovered | LinkMetrics | RoundAborted | RoundStuck
                      | Stall | ServeDeclined | StateDiverged | StateRefused | Replicated
                      | SnapshotFailed)
-RequestBody: TypeAlias = JoinRequest | LeaveRequest | LinkRequest | WorkerExit | Report
+ClusterRequest: TypeAlias = JoinRequest | LeaveRequest | LinkRequest | WorkerExit | Report
+"""The requests the negotiator applies (a PolicyRequest goes to the policy's owner)."""
+RequestBody: TypeAlias = ClusterRequest | PolicyRequest
 WorkerReport: TypeAlias = (LinkFailed | RoundAborted | RoundStuck | Stall | ServeDeclined
                            | StateDiverged | StateRefused | Replicated | SnapshotFailed)
 """The reports a worker sends through its daemon (the daemon's probes send the others)."""
@@ -346,8 +371,9 @@ REPORTS: dict[str, type[Report]] = {c.KIND: c for c in (
 WORKER_REPORTS: dict[str, type[WorkerReport]] = {c.KIND: c for c in (
     LinkFailed, RoundAborted, RoundStuck, Stall, ServeDeclined, StateDiverged, StateRefused,
     Replicated, SnapshotFailed)}
-REQUESTS: dict[str, type[JoinRequest | LeaveRequest | LinkRequest | WorkerExit]] = {
-    c.OP: c for c in (JoinRequest, LeaveRequest, LinkRequest, WorkerExit)}
+REQUESTS: dict[str, type[JoinRequest | LeaveRequest | LinkRequest | PolicyRequest
+                         | WorkerExit]] = {
+    c.OP: c for c in (JoinRequest, LeaveRequest, LinkRequest, PolicyRequest, WorkerExit)}
 
 
 # --- commands from the scheduler (``node/<id>/cmd``) ---------------------------------------

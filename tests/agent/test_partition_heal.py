@@ -187,7 +187,12 @@ async def test_heartbeats_carry_the_workers_compute_and_vector_size() -> None:
     worker_poll(agent, {"step": 3, "state": "active", "compute_ms": 42.5, "elements": 9000})
     await agent.heartbeat()
     hb = bus.published(T.hb("m"))[-1][1]
-    assert (hb.compute_ms, hb.elements) == (42.5, 9000)
+    assert (hb.compute_ms, hb.elements, hb.cannot_diloco) == (42.5, 9000, "")
+    # A worker that cannot run DiLoCo's local steps says why; the heartbeat carries it.
+    worker_poll(agent, {"step": 4, "state": "active", "compute_ms": 40.0, "elements": 9000,
+                        "cannot_diloco": "diloco mode does not support a GradScaler"})
+    await agent.heartbeat()
+    assert "GradScaler" in bus.published(T.hb("m"))[-1][1].cannot_diloco
     with pytest.raises(ControlError, match="compute_ms"):
         worker_poll(agent, {"step": 4, "state": "active", "compute_ms": "fast"})
 

@@ -98,6 +98,37 @@ def test_requests_follow_the_protocol(daemon: FakeDaemon) -> None:
     assert daemon.requests[2]["args"] == {"action": "add", "peer": "node-3"}
 
 
+def test_policy_set_show_and_auto(daemon: FakeDaemon) -> None:
+    """``chaosctl policy``: the request carries only what is named; the policy shows its mode
+    and pins; bad values are usage errors (exit 2) before any request."""
+    daemon.answers["policy"] = lambda req: ok({"requested": req["args"]})
+    proc = ctl(daemon, "policy", "set", "--sync", "streaming", "-H", "20", "--fragments", "4",
+               "--overlap")
+    assert proc.returncode == 0, proc.stderr
+    assert "sent to the scheduler" in proc.stdout
+    assert daemon.requests[-1]["args"] == {"sync": "streaming", "inner_steps": 20,
+                                           "fragments": 4, "overlap": "on"}
+    assert ctl(daemon, "policy", "auto").returncode == 0
+    assert daemon.requests[-1]["args"] == {"auto": True}
+    sent = len(daemon.requests)
+    for bad in (["--sync", "local"], ["--wire", "fp8"], ["-H", "0"], []):
+        proc = ctl(daemon, "policy", "set", *bad)
+        assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) >= 1, bad
+    assert len(daemon.requests) == sent
+    daemon.answers["policy"] = fail("policy: the cluster cannot run diloco: node-3 cannot: "
+                                    "diloco mode does not support a GradScaler")
+    proc = ctl(daemon, "policy", "set", "--sync", "diloco")
+    assert proc.returncode == 1 and "GradScaler" in proc.stderr
+    daemon.answers["policy.show"] = ok({
+        "version": 7, "members": ["node-1", "node-2"], "edges": [["node-1", "node-2"]],
+        "root": "node-1", "effective_step": 120, "addrs": {}, "wire": "int8",
+        "sync": {"mode": "diloco", "inner_steps": 20}, "chunk_kib": 0, "pinned": ["sync"]})
+    out = ctl(daemon, "policy", "show").stdout
+    assert "diloco  H=20" in out and "int8" in out and "node-1, node-2" in out
+    daemon.answers["policy.show"] = ok(None)
+    assert "no sync policy yet" in ctl(daemon, "policy", "show").stdout
+
+
 def test_tables_show_ids_scheduler_and_state(daemon: FakeDaemon) -> None:
     out = ctl(daemon, "nodes").stdout
     for node in NODES:

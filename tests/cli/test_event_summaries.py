@@ -66,8 +66,8 @@ def real_events() -> list[dict[str, Any]]:
     neg.link("node-4", "node-3", up=False, failed=True)
     neg.link("node-4", "node-3", up=True)
     # The links turn slow: the policy controller switches the wire (role.py's Adapter).
-    adapter = Adapter(sched, neg, AdaptiveConfig(enabled=True, dwell=1), TrainingConfig(),
-                      clock)
+    adapter = Adapter(sched, neg, AdaptiveConfig(enabled=True, dwell=1, syncs=("every-step",)),
+                      TrainingConfig(), clock)
     sched.links = [LinkRecord(a, b, "up", rtt_ms=1.0, bandwidth_mbps=5.0) for a, b in
                    sched.policy.edges] if sched.policy else []
     for n in sched.policy.members if sched.policy else ():
@@ -174,6 +174,14 @@ def test_a_policy_change_says_how_far_off_the_model_was_for_the_policy_it_left()
     assert event_summary(ev) == ("every-step/int8 -> every-step/fp32 at step 540: 51 ms a "
                                  "step predicted, against 52 ms; the policy left ran 50 ms "
                                  "(+20% off)")
+
+
+def test_an_operators_switch_of_the_sync_mode_reads() -> None:
+    ev = {"kind": "policy-changed", "previous": "every-step/fp32",
+          "policy": "streaming H=20 P=4 overlap/int8", "effective_step": 300,
+          "reason": "set by the operator (chaosctl policy set): streaming H=20 P=4 overlap/int8"}
+    assert event_summary(ev) == ("every-step/fp32 -> streaming H=20 P=4 overlap/int8 at step "
+                                 "300: set by the operator")
 
 
 def test_odd_or_unknown_events_still_read() -> None:

@@ -1,5 +1,6 @@
 """The policy controller inside the scheduler role (issue 24): heartbeats and link rates in,
-a policy in the new wire format and a ``policy-changed`` event out; a failover keeps it."""
+a policy in the new wire format or sync mode and a ``policy-changed`` event out; the
+operator's ``chaosctl policy set|auto``; a failover keeps the policy and its pins."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import AdaptiveConfig
 from daemon.contracts.messages import Heartbeat, LinkRecord
 from daemon.contracts.policy import SyncPolicy
-from tests.cluster.test_role import FakeHost, join
+from tests.cluster.test_role import FakeHost, join, request
 
 pytestmark = pytest.mark.timeout(30)
 MEMBERS = ("a", "b", "c")
@@ -28,10 +29,10 @@ def adaptive_host(clock: FakeClock | None = None, **cfg: object) -> FakeHost:
     return host
 
 
-def beat(role: SchedulerRole, node: str, compute_ms: float = 50.0) -> None:
+def beat(role: SchedulerRole, node: str, compute_ms: float = 50.0, cannot: str = "") -> None:
     role.on_heartbeat(Heartbeat(node=node, seq=2, incarnation=1, step=10, state="active",
                                 cpu_percent=0.0, mem_percent=0.0, compute_ms=compute_ms,
-                                elements=ELEMENTS), f"10.0.0.{node}")
+                                elements=ELEMENTS, cannot_diloco=cannot), f"10.0.0.{node}")
 
 
 def links(role: SchedulerRole, mbps: float) -> None:
@@ -41,11 +42,12 @@ def links(role: SchedulerRole, mbps: float) -> None:
                         for i, a in enumerate(nodes) for b in nodes[i + 1:]]
 
 
-def ticks(host: FakeHost, role: SchedulerRole, n: int) -> None:
+def ticks(host: FakeHost, role: SchedulerRole, n: int, cannot: dict[str, str] | None = None
+          ) -> None:
     for _ in range(n):
         host.time.advance(OBSERVE_EVERY_S)
         for m in role.sched.nodes:
-            beat(role, m)
+            beat(role, m, cannot=(cannot or {}).get(m, ""))
         role.judge(set(role.sched.nodes))
 
 
@@ -54,7 +56,7 @@ def changes(role: SchedulerRole) -> list[dict[str, object]]:
 
 
 def test_slow_links_switch_the_wire_and_fast_ones_switch_it_back() -> None:
-    host = adaptive_host(hysteresis=0.005)
+    host = adaptive_host(hysteresis=0.005, syncs=("every-step",))
     role = host.elect()
     join(host, role, *MEMBERS)
     links(role, LOOPBACK)
@@ -70,8 +72,7 @@ def test_slow_links_switch_the_wire_and_fast_ones_switch_it_back() -> None:
     assert slow["effective_step"] == policy.effective_step > role.neg.max_step()
     assert slow["predicted_step_ms"] < slow["previous_step_ms"] / 3
     assert slow["previous_chosen_ms"] is None  # the start was configured, not predicted
-    # DiLoCo would be cheaper still, but a worker cannot switch its sync mode mid-run yet.
-    assert slow["ruled_out"] > 0
+    assert slow["ruled_out"] == 0
     # Joins after the switch keep the wire: every policy of the term is built with it.
     join(host, role, "d")
     assert role.sched.policy.wire == "int8"
@@ -122,7 +123,7 @@ def test_a_new_scheduler_goes_on_under_the_wire_in_force() -> None:
 def test_off_the_wire_is_the_configured_one_for_the_whole_run() -> None:
     host = FakeHost(FakeClock())
     role = host.elect()
-    assert role.adapter is None
+    assert role.adapter.ctl is None
     join(host, role, *MEMBERS)
     links(role, 5.0)
     ticks(host, role, 5)
@@ -133,3 +134,96 @@ def test_the_tree_depth() -> None:
     star = SyncPolicy.build(1, ["a", "b", "c"], [("a", "b"), ("a", "c")], "a", 0)
     line = SyncPolicy.build(1, ["a", "b", "c"], [("a", "b"), ("b", "c")], "a", 0)
     assert tree_depth(star) == 1 and tree_depth(line) == 2
+
+
+def test_slow_links_switch_the_sync_mode_unless_a_member_cannot_step_locally() -> None:
+    """At 5 Mbit/s DiLoCo is predicted far cheaper than any every-step wire; while one member
+    says it cannot run local steps (a GradScaler), the controller picks a wire instead and
+    says how many candidates that rules out; once it can, the cluster moves to DiLoCo."""
+    host = adaptive_host(hysteresis=0.005)
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, 5.0)
+    scaler = {"b": "diloco mode does not support a GradScaler"}
+    ticks(host, role, 3, cannot=scaler)
+    [wire] = changes(role)
+    assert wire["policy"] == "every-step/int8" and wire["ruled_out"] > 0
+    assert role.adapter.blocker(MEMBERS) == f"b cannot: {scaler['b']}"
+    host.time.advance(60.0)
+    ticks(host, role, 3, cannot=scaler)
+    assert len(changes(role)) == 1 and not role.sched.policy.sync.diloco
+    ticks(host, role, 3)  # b's worker restarted without its scaler
+    mode = changes(role)[-1]
+    policy = role.sched.policy
+    assert mode["sync"] == "diloco" and policy.sync.diloco and mode["ruled_out"] == 0
+    assert mode["inner_steps"] == policy.sync.inner_steps > 1
+    assert mode["effective_step"] == policy.effective_step > role.neg.max_step()
+
+
+def test_the_operator_sets_the_policy_pins_it_and_hands_it_back() -> None:
+    """``chaosctl policy set``: a mode the scheduler publishes at once, a lead ahead, named
+    in the event and pinned in the policy (so a new scheduler keeps it); bad values and a
+    member that cannot run it are refused with one line; ``auto`` unpins."""
+    host = adaptive_host(hysteresis=0.005)
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, 5.0)
+    rid = request(role, "a", "policy", sync="streaming", inner_steps=12, fragments=4,
+                  overlap="on")
+    assert host.reply_to(rid).args["error"] is None
+    policy = role.sched.policy
+    assert (policy.sync.mode, policy.sync.inner_steps, policy.sync.fragments,
+            policy.sync.overlap) == ("streaming", 12, 4, True)
+    assert policy.pinned == ("inner_steps", "sync")
+    [ev] = changes(role)
+    assert ev["policy"] == "streaming H=12 P=4 overlap/fp32" and "operator" in ev["reason"]
+    ticks(host, role, 6)  # the controller may change the wire only
+    assert all(c["sync"] == "streaming" for c in changes(role))
+    assert role.sched.policy.sync.inner_steps == 12
+    for args, why in [({"sync": "local"}, "sync 'local'"),
+                      ({"sync": "streaming", "inner_steps": 10, "fragments": 4}, "divide"),
+                      ({"wire": "fp8"}, "wire 'fp8'"),
+                      ({"sync": "every-step", "inner_steps": 4}, "every-step"),
+                      ({"auto": True, "wire": "fp16"}, "auto sets nothing")]:
+        error = host.reply_to(request(role, "a", "policy", **args)).args["error"]
+        assert error and why in error, (args, error)
+    ticks(host, role, 1, cannot={"c": "the DDP path runs every-step sync only"})
+    rid = request(role, "a", "policy", sync="diloco", inner_steps=20)
+    assert "c cannot: the DDP path" in host.reply_to(rid).args["error"]
+    rid = request(role, "a", "policy", sync="every-step", wire="bf16")
+    assert host.reply_to(rid).args["error"] is None
+    assert role.sched.policy.sync.mode == "every-step" and role.sched.policy.wire == "bf16"
+    assert role.sched.policy.pinned == ("inner_steps", "sync", "wire")
+    assert host.reply_to(request(role, "a", "policy", auto=True)).args["error"] is None
+    assert role.sched.policy.pinned == ()
+
+
+def test_a_new_scheduler_keeps_the_operators_mode_and_pins() -> None:
+    clock = FakeClock()
+    first = adaptive_host(clock)
+    old = first.elect()
+    join(first, old, *MEMBERS)
+    assert first.reply_to(request(old, "a", "policy", sync="diloco", inner_steps=30)
+                          ).args["error"] is None
+    host = adaptive_host(clock)
+    host.cfg = first.cfg
+    host.view = old.snapshot()
+    host.election.term = host.view.term
+    role = host.elect()
+    join(host, role, "d")
+    policy = role.sched.policy
+    assert policy.sync == old.sched.policy.sync and policy.pinned == ("inner_steps", "sync")
+    assert role.adapter.ctl is not None and role.adapter.ctl.current.inner_steps == 30
+    links(role, 40_000.0)
+    ticks(host, role, 5)  # fast links: the controller would leave DiLoCo, but it is pinned
+    assert role.sched.policy.sync.inner_steps == 30 and role.sched.policy.sync.diloco
+
+
+def test_without_the_controller_the_operator_still_sets_the_policy() -> None:
+    host = FakeHost(FakeClock())
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    assert host.reply_to(request(role, "a", "policy", wire="int8")).args["error"] is None
+    assert role.sched.policy.wire == "int8" and role.sched.policy.pinned == ("wire",)
+    error = host.reply_to(request(role, "a", "policy", auto=True)).args["error"]
+    assert error and "controller is off" in error

@@ -85,6 +85,19 @@ def assert_steps_follow(r: Run, node: str) -> None:
             f"{node} (pid {pid}) skipped or repeated steps: {jumps}")
 
 
+def kill_in_a_round(r: Run, node: str) -> Path:
+    """SIGKILL ``node``'s worker (started with ``--die-in-outer``) in its next outer round,
+    and wait until chaosd has restarted it and it trains again; returns the marker file."""
+    killed = r.out / f"{node}.jsonl.killed"
+    (r.out / f"{node}.jsonl.arm").write_text("now")
+    r.c.wait(killed.exists, 30, f"{node}'s worker killed in an outer round")
+    dead_pid = int(killed.read_text().split()[0])
+    # chaosd restarts it; it rejoins and trains on.
+    r.c.wait(lambda: any(row["pid"] != dead_pid for row in r.records(node)[-3:]), 60,
+             f"{node} back")
+    return killed
+
+
 @pytest.mark.parametrize("config", [CONFIG, STREAMING], ids=["diloco", "streaming"])
 def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any, config: str) -> None:
     period = PERIOD[config]
@@ -102,13 +115,7 @@ def test_diloco_through_join_leave_and_kill_in_an_outer_round(run: Any, config: 
                       if e.get("node") == n2 and e.get("reason") == "leave"], 30,
              f"{n2}'s scale-in")
     r.advance([n1, n3], 2 * H)
-    killed = r.out / f"{n3}.jsonl.killed"
-    (r.out / f"{n3}.jsonl.arm").write_text("now")
-    r.c.wait(killed.exists, 30, f"{n3}'s worker killed in an outer round")
-    dead_pid = int(killed.read_text().split()[0])
-    # chaosd restarts it; it rejoins from n1 and trains on.
-    r.c.wait(lambda: any(row["pid"] != dead_pid for row in r.records(n3)[-3:]), 60,
-             f"{n3} back")
+    killed = kill_in_a_round(r, n3)
     r.advance([n1, n3], 3 * H)
 
     # Streaming keeps a merge share of each member's own values; with overlap a round is
@@ -156,3 +163,79 @@ def test_streaming_pseudo_gradients_travel_in_the_clusters_wire_format(
         assert r.records(node)[-1]["in_flight"] >= 4, r.records(node)[-1]
     logs = [p.read_text(errors="replace") for p in tmp_path.rglob("worker.log")]
     assert len(logs) == 2 and all("rounds travel as int8" in text for text in logs)
+
+
+def set_policy(r: Run, node: str, **args: Any) -> None:
+    """``chaosctl policy set`` on ``node``, and the ``policy-changed`` event it makes."""
+    before = len(r.events("policy-changed"))
+    call_once(r.c.socket_of(node), "policy", args, timeout=10)
+    r.c.wait(lambda: len(r.events("policy-changed")) > before, 30, f"policy {args} published")
+
+
+def in_mode(r: Run, nodes: list[str], mode: str) -> bool:
+    """Whether every node has committed a round in ``mode``."""
+    return all(any(row.get("round", {}).get("mode") == mode for row in r.records(n)[-20:])
+               for n in nodes)
+
+
+def test_the_sync_mode_switches_twice_through_a_join_and_a_kill(run: Any) -> None:
+    """Issue 24: the cluster starts in every-step sync; the operator switches it to streaming
+    DiLoCo (2 fragments, overlap) while two nodes train; a third joins in that mode and its
+    worker is killed in a round (chaosd restarts it, it rejoins); then it switches to
+    every-step again. Every round that two or more nodes committed at the same step left them
+    with the same state digest (mode and anchor included); each worker's rounds and steps
+    follow one another, so no step or round is lost or doubled across a switch; every node
+    switched at the same step."""
+    r = run(3, "")
+    n1, n2, n3 = r.c.node_ids
+    for node in (n1, n2):
+        join(r, node, "--rounds")
+        r.c.wait(functools.partial(r.active, [node]), 60, f"{node} active")
+    r.advance([n1, n2], 10)
+    set_policy(r, n2, sync="streaming", inner_steps=H, fragments=2, overlap="on")
+    r.c.wait(lambda: in_mode(r, [n1, n2], "streaming"), 60, "streaming rounds")
+    r.advance([n1, n2], 2 * H)
+    join(r, n3, "--rounds", "--die-in-outer")  # a scale-out in streaming mode
+    r.c.wait(lambda: r.active([n1, n2, n3]), 60, f"{n3} active")
+    r.advance([n1, n2, n3], 2 * H)
+    kill_in_a_round(r, n3)
+    r.advance([n1, n2, n3], 2 * H)
+    set_policy(r, n1, sync="every-step")
+    r.c.wait(lambda: in_mode(r, [n1, n2, n3], "every-step"), 60, "every-step again")
+    r.advance([n1, n2, n3], 10)
+
+    table: dict[int, dict[str, dict[str, Any]]] = {}
+    anchors: dict[str, set[tuple[str, int]]] = {}
+    for node in (n1, n2, n3):
+        assert_steps_follow(r, node)
+        rows = r.records(node)
+        for pid, group in itertools.groupby(rows, key=lambda row: row["pid"]):
+            rounds = [row["round"]["n"] for row in group if "round" in row]
+            gaps = [(a, b) for a, b in itertools.pairwise(rounds) if b != a + 1]
+            assert len(gaps) <= 1 and all(b > a for a, b in gaps), (
+                f"{node} (pid {pid}) skipped or repeated rounds: {gaps}")
+        for row in rows:
+            if "round" in row:
+                table.setdefault(row["step"], {})[node] = row["round"]
+                anchors.setdefault(node, set()).add((row["round"]["mode"],
+                                                     row["round"]["anchor"]))
+    shared, bad = 0, []
+    for step, seen in sorted(table.items()):
+        if len(seen) > 1:
+            shared += 1
+            if len({json.dumps(v, sort_keys=True) for v in seen.values()}) > 1:
+                bad.append(f"step {step}: {seen}")
+    assert not bad, f"{len(bad)} rounds differ; the first:\n" + "\n".join(bad[:5])
+    assert shared >= 20, f"only {shared} rounds were committed by two or more nodes"
+    # One switch into streaming and one back, at the same step on every node that saw it.
+    streaming = {a for node in (n1, n2) for m, a in anchors[node] if m == "streaming"}
+    back = {a for node in (n1, n2, n3) for m, a in anchors[node] if m == "every-step" and a}
+    assert len(streaming) == 1 and len(back) == 1, anchors
+    assert streaming.pop() < back.pop()
+    assert {m for m, _ in anchors[n3]} >= {"streaming", "every-step"}
+    changes = r.events("policy-changed")
+    assert [e["sync"] for e in changes] == ["streaming", "every-step"], changes
+    assert not r.events("state-diverged"), r.events("state-diverged")
+    for node in (n1, n2, n3):
+        path = r.out / f"{node}.jsonl.errors"
+        assert not path.exists(), path.read_text()
