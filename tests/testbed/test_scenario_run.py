@@ -26,6 +26,8 @@ def shape_all(at: float, mbit: float) -> str:
 
 # The tiny MLP's gradient is 712 bytes: at 5 Mbit/s int8 saves about 2 % of a step; on the
 # fast links fp32 is ahead by int8's quality prior (1 %): a hysteresis of 0.5 % sees both.
+# The sync mode stays every-step: on 5 Mbit/s the controller would otherwise pick DiLoCo,
+# and this scenario is about the wire (test_diloco_e2e switches the mode).
 SCENARIO = f'''
 name = "ci-cut-heal-join-kill-adapt"
 duration_s = 36
@@ -39,6 +41,7 @@ config = """
 bandwidth_period_s = 2.0
 [adaptive]
 enabled = true
+syncs = ["every-step"]
 hysteresis = 0.005
 dwell = 2
 min_interval_s = 0.0
