@@ -649,6 +649,62 @@ def slowlinks(
     typer.echo(slowlinks_report.table(doc))
 
 
+@bench_app.command("adaptive")
+def adaptive(
+    policies: Annotated[str, typer.Option(help="The policies to run, comma-separated: "
+                                          "adaptive (the controller) and fixed ones.")]
+    = "adaptive,every-step,every-step int8,diloco,streaming",
+    phases: Annotated[str, typer.Option(help="The links' schedule, comma-separated phases "
+                                        "RATExSECONDS, RATE/EDGExSECONDS (EDGE: the last "
+                                        "node's links) or RATE+MSxSECONDS (MS: its extra "
+                                        "compute per step), or both.")]
+    = "1000x20,20x20,200/5x20,1000+150x20",
+    seeds: Annotated[str, typer.Option(help="Seeds (initial weights, batch orders), "
+                                       "comma-separated.")] = "0,1,2",
+    nodes: Annotated[int, typer.Option(min=2, max=8, help="Nodes in the testbed.")] = 3,
+    inner_steps: Annotated[int, typer.Option(min=2, max=1000, help="H of the fixed DiLoCo "
+                                             "and streaming runs.")] = 20,
+    fragments: Annotated[int, typer.Option(min=2, max=64, help="Streaming's fragments (must "
+                                           "divide --inner-steps).")] = 5,
+    target_loss: Annotated[float, typer.Option(min=0.01, max=10.0, help="Validation loss "
+                                               "whose wall time is reported.")] = 2.4,
+    probe_s: Annotated[float, typer.Option(min=1.0, max=3600.0, help="Background bandwidth "
+                                           "probe period, in every run.")] = 5.0,
+    out: Annotated[Path, typer.Option(help="Where adaptive.json, .md and .png go.")]
+    = Path("adaptive"),
+) -> None:
+    """The policy controller against each fixed policy while the links change on a schedule
+    and one box slows down (netns testbed, root): time to a target validation loss, final
+    validation loss, step rate per phase, and every switch with its predicted and measured
+    step time."""
+    import importlib.util
+
+    from chaos_bench.adaptive import report as adaptive_report
+    from chaos_bench.adaptive import run as bench_adaptive
+    from chaosctl.cluster import ClusterError
+
+    names = tuple(_choices(policies, "--policies", list(bench_adaptive.POLICIES)))
+    try:
+        schedule = bench_adaptive.parse_phases(phases)
+    except ValueError as exc:
+        raise CtlUsageError(str(exc)) from None
+    if inner_steps % fragments:
+        raise CtlUsageError(f"--fragments ({fragments}) must divide --inner-steps "
+                            f"({inner_steps})")
+    opts = bench_adaptive.Options(
+        names, schedule, tuple(_ints(seeds, "--seeds", 0, 99)), nodes,
+        inner_steps=inner_steps, fragments=fragments, target_loss=target_loss,
+        probe_s=probe_s)
+    if importlib.util.find_spec("pydoc_data") is None:
+        raise ClusterError("the adaptive bench's text (pydoc_data) is missing from this Python")
+    writable(out)
+    try:
+        doc = bench_adaptive.run(opts, out, say)
+    except (TimeoutError, OSError) as exc:
+        raise ClusterError(f"the adaptive bench failed: {exc}") from None
+    typer.echo(adaptive_report.table(doc))
+
+
 @bench_app.command("dst")
 def dst(
     seeds: Annotated[int, typer.Option(min=1, max=10_000_000, help="How many seeds to run.")]

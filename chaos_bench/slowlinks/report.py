@@ -22,12 +22,12 @@ validation loss within 1 % of that run's, and a smaller peak than DiLoCo at the 
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
+from chaos_bench.stats import spread as _spread
 
 GOAL_RATE = 50.0
 STREAMING_RATE = 20.0
@@ -61,14 +61,6 @@ def _row(run: dict[str, Any], target: float) -> dict[str, Any]:
         "round_s_max": max(stalls) if stalls else None,
         "curve": [{k: e[k] for k in keys if k in e} for e in evals],
     }
-
-
-def _spread(values: list[Any]) -> dict[str, float] | None:
-    vals = [v for v in values if v is not None]
-    if not vals:
-        return None
-    return {"median": statistics.median(vals), "min": min(vals), "max": max(vals),
-            "mean": statistics.fmean(vals), "n": len(vals)}
 
 
 def _ratios(rows: list[dict[str, Any]]) -> None:

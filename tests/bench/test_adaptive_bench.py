@@ -1,0 +1,138 @@
+"""``chaosctl bench adaptive``: bad values are one line (exit 2) before anything starts, every
+policy's chaosd.toml is one chaosd accepts, and the report's arithmetic (time to target,
+step rate per phase, each switch's predicted against measured step time, the goals) on a
+fixed set of runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos_bench.adaptive import report
+from chaos_bench.adaptive import run as bench
+from daemon.contracts.config import load_config
+from tests.cli.conftest import assert_one_line_error, run_ctl
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_help() -> None:
+    proc = run_ctl("bench", "adaptive", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: chaosctl bench adaptive" in proc.stdout
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--phases", "fast"], "is not RATE[/EDGE_RATE][+SLOW_MS]xSECONDS"),
+    (["--phases", "1000x3"], "a phase lasts 5 to 3600 s"),
+    (["--phases", "0x30"], "a rate must be 0.1 to 10000"),
+    (["--phases", " , "], "no phase given"),
+    (["--policies", "every-step,ddp"], "ddp is not one of"),
+    (["--seeds", "a"], "--seeds must be comma-separated integers"),
+    (["--fragments", "3"], "--fragments (3) must divide --inner-steps (20)"),
+    (["--nodes", "1"], "--nodes"),
+])
+def test_bad_values_are_one_line(args: list[str], needle: str) -> None:
+    line = assert_one_line_error(run_ctl("bench", "adaptive", *args), 2)
+    assert needle in line, line
+
+
+def test_the_phases_spec() -> None:
+    assert bench.parse_phases("1000x30, 200/5x20,1000+150x12.5") == (
+        bench.Phase(30, 1000), bench.Phase(20, 200, 5.0), bench.Phase(12.5, 1000, None, 150))
+    assert bench.parse_phases("20/5+40x10")[0].label() == \
+        "20 Mbit/s, last node 5, last node +40 ms/step"
+
+
+@pytest.mark.parametrize("policy", bench.POLICIES)
+def test_every_policy_is_a_config_chaosd_takes(policy: str, tmp_path: Path) -> None:
+    path = tmp_path / "chaosd.toml"
+    path.write_text(f'secret = "{"ab" * 32}"\n' + bench.config_of(policy, bench.Options()))
+    cfg = load_config(path)
+    assert cfg.adaptive.enabled == (policy == "adaptive")
+    assert cfg.probe.bandwidth_period_s == 5.0  # probes run alike in every run
+    expect = {"every-step": ("every-step", "fp32"), "every-step int8": ("every-step", "int8"),
+              "diloco": ("diloco", "int8"), "streaming": ("streaming", "int8"),
+              "adaptive": ("every-step", "fp32")}[policy]
+    assert (cfg.training.sync, cfg.training.wire) == expect
+    if policy == "streaming":
+        assert (cfg.training.inner_steps, cfg.training.fragments) == (20, 5)
+
+
+PHASES = [{"seconds": 10.0, "mbit": 1000.0, "edge_mbit": None, "slow_ms": 0.0,
+           "t0": 0.0, "t1": 10.0},
+          {"seconds": 10.0, "mbit": 20.0, "edge_mbit": None, "slow_ms": 0.0,
+           "t0": 10.0, "t1": 20.0}]
+
+
+def _run(policy: str, seed: int, rates: tuple[float, float], losses: list[float],
+         events: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A run of 20 s at ``rates`` steps a second in the two phases; a snapshot every 5 s."""
+    steps, t, s = [], 0.0, 100
+    for rate, end in zip(rates, (10.0, 20.0), strict=True):
+        while t + 1 / rate <= end + 1e-9:
+            t += 1 / rate
+            s += 1
+            steps.append([s, round(t, 6)])
+    evals = [{"step": 0, "t": 5.0 * i, "final": i == len(losses) - 1, "val_loss": v,
+              "val_acc": 0.5} for i, v in enumerate(losses)]
+    node = {"steps": steps, "modes": [[101, "every-step"]]}
+    return {"policy": policy, "seed": seed, "start": 100, "phases": PHASES, "evals": evals,
+            "events": events or [], "nodes": {"n1": node, "n2": node}}
+
+
+def test_report_time_to_target_rates_switches_and_goals() -> None:
+    # The adaptive run switches at step 200 (t = 10 s at 10 steps/s), to a policy the model
+    # says takes 40 ms a step; it runs at 20 steps a second: measured 50 ms, 20 % under.
+    switch = {"kind": "policy-changed", "seq": 7, "t": 9.5, "policy": "diloco H=20/int8",
+              "previous": "every-step/fp32", "effective_step": 200, "inner_steps": 20,
+              "fragments": 1, "predicted_step_ms": 40.0, "previous_chosen_ms": None,
+              "previous_measured_ms": 100.0, "gain": 0.5, "reason": "r"}
+    late = {**switch, "seq": 9, "effective_step": 395, "predicted_step_ms": 10.0}  # 5 steps
+    runs = []
+    for seed in (0, 1):
+        runs += [_run("adaptive", seed, (10, 20), [3.0, 2.5, 2.1, 2.0, 1.9],
+                      [switch, late] if seed == 0 else [switch]),
+                 _run("every-step", seed, (10, 2), [3.0, 2.4, 2.3, 2.25, 2.25]),
+                 _run("diloco", seed, (8, 20), [3.0, 2.6, 2.3, 2.15, 2.05])]
+    doc = report.analyse(runs, 2.2)
+    rows = {(r["policy"], r["seed"]): r for r in doc["rows"]}
+    ad = rows[("adaptive", 0)]
+    assert ad["to_target_s"] == 10.0 and ad["final_val_loss"] == 1.9
+    assert rows[("every-step", 0)]["to_target_s"] is None
+    assert rows[("diloco", 1)]["to_target_s"] == 15.0
+    assert ad["phase_steps_per_s"] == pytest.approx([1.0 * 10, 20.0], rel=0.06)
+    first, second = ad["switches"]
+    assert first["measured_step_ms"] == pytest.approx(50.0, rel=0.01)
+    assert first["error"] == pytest.approx(-0.2, abs=0.01)
+    assert second["error"] is None  # 5 steps to the end: too short a window to check
+    assert doc["prediction"]["checked"] == 2 and doc["prediction"]["switches"] == 3
+    assert doc["prediction"]["median_abs_error"] == pytest.approx(0.2, abs=0.01)
+    assert doc["prediction"]["met"]
+    summary = {s["policy"]: s for s in doc["summary"]}
+    assert summary["every-step"]["reached"] == 0 and summary["adaptive"]["reached"] == 2
+    goals = doc["goals"]
+    assert goals["first_to_target"] == "adaptive" and goals["adaptive_first"]
+    assert [p["best_fixed"] for p in goals["phases"]] == ["every-step", "diloco"]
+    assert goals["every_phase_within_10pct"]
+    text = report.table(doc)
+    assert "| adaptive | 2/2 | 10.0 (10.0..10.0) | 1.900 (1.900..1.900) |" in text
+    assert "every-step/fp32 -> diloco H=20/int8, predicted 40.0 ms; measured 50.0 ms (-20 %)" \
+        in text
+    assert "first to the target: adaptive (met)" in text
+
+
+def test_report_says_where_the_controller_loses() -> None:
+    runs = [_run("adaptive", 0, (5, 5), [3.0, 2.5, 2.4, 2.3, 2.3]),
+            _run("every-step", 0, (10, 10), [3.0, 2.4, 2.1, 2.0, 1.9])]
+    doc = report.analyse(runs, 2.2)
+    assert doc["goals"]["first_to_target"] == "every-step"
+    assert not doc["goals"]["adaptive_first"] and not doc["goals"]["every_phase_within_10pct"]
+    assert not doc["prediction"]["met"]  # nothing to check is not a pass
+    assert "first to the target: every-step (NOT met)" in report.table(doc)
+    nobody = report.analyse(runs, 1.0)["goals"]
+    assert nobody["first_to_target"] is None and not nobody["adaptive_first"]
+    assert "first to the target: none reached it (NOT met)" in report.table(
+        report.analyse(runs, 1.0))
