@@ -88,8 +88,8 @@ def test_bad_value_is_one_line_exit_2(args: list[str], needle: str,
 
 #: Every bench that writes results, and how it is told where.
 WRITERS = [[c, "--out"] for c in ("allreduce", "planner", "loopback", "stall", "control",
-                                  "scaleout", "convergence", "soak", "simulate", "slowlinks", "adaptive",
-                                  "dst", "check", "signing", "snapshots",
+                                  "scaleout", "convergence", "soak", "simulate", "slowlinks",
+                                  "adaptive", "dst", "check", "signing", "snapshots",
                                   "throughput")]
 WRITERS += [["throughput", "--keep"], ["stall", "--keep"], ["convergence", "--keep"],
             ["soak", "--keep"], ["duty-cycle", "--json"]]
