@@ -11,12 +11,14 @@ asks it to quit and kills it if it does not.
 
 The training workers that chaosd supervises write one JSON line per step (:func:`records`
 reads them back), and workers in a network namespace count what its links sent
-(:func:`tx_bytes`).
+(:func:`tx_bytes`). The training benches on a netns testbed start their workers with
+:func:`join_all` and follow them with :func:`max_step`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import json
 import select
@@ -24,11 +26,33 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from chaosctl.client import CtlError
 
+if TYPE_CHECKING:
+    from chaosctl.testbed.core import Testbed
+
 Popen = Callable[..., "subprocess.Popen[bytes]"]
+JOIN_WAIT_S = 240.0  # a shared, loaded box has taken over 120 s for one join
+
+
+def max_step(tb: Testbed) -> int:
+    """The highest step any node of the testbed reports (0 before any)."""
+    return max((int(r.get("step") or 0) for r in tb.query(tb.nodes[0], "nodes") or []),
+               default=0)
+
+
+def join_all(tb: Testbed, cmd: list[str], wait_s: float = JOIN_WAIT_S) -> None:
+    """Join every node of the testbed with the training command ``cmd``, one at a time (the
+    first bootstraps, the others join it), each waited for until it trains."""
+    def member(node: str) -> bool:
+        rows = tb.query(tb.nodes[0], "nodes") or []
+        return any(r.get("id") == node and r.get("state") == "active" for r in rows)
+
+    for node in tb.nodes:
+        tb.join(node, cmd, timeout=10)
+        tb.wait(functools.partial(member, node), wait_s, f"{node} to train")
 
 
 def reap(proc: subprocess.Popen[bytes], grace_s: float = 3.0) -> None:

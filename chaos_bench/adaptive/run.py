@@ -55,13 +55,12 @@ from typing import Any
 from chaos_bench.adaptive import report
 from chaos_bench.output import keep_copy
 from chaos_bench.progress import Say
-from chaos_bench.workers import records
+from chaos_bench.workers import join_all, max_step, records
 from chaosctl.testbed.core import Testbed
 
 WORKER_MODULE = "chaos_bench.adaptive.worker"
 POLICIES = ("adaptive", "every-step", "every-step int8", "diloco", "streaming")
 DEFAULT_PHASES = "1000x20,20x20,200/5x20,1000+150x20"
-JOIN_WAIT_S = 240.0  # a shared, loaded box has taken over 120 s for one join
 START_WAIT_S = 120.0
 FINAL_WAIT_S = 120.0  # a last step on a 5 Mbit/s link, after the schedule
 PROGRESS_S = 15.0
@@ -150,16 +149,6 @@ def _period(policy: str, opts: Options) -> int:
             "streaming": opts.inner_steps // opts.fragments}.get(policy, 1)
 
 
-def _member(tb: Testbed, node: str) -> bool:
-    rows = tb.query(tb.nodes[0], "nodes") or []
-    return any(r.get("id") == node and r.get("state") == "active" for r in rows)
-
-
-def _max_step(tb: Testbed) -> int:
-    return max((int(r.get("step") or 0) for r in tb.query(tb.nodes[0], "nodes") or []),
-               default=0)
-
-
 def apply(tb: Testbed, phase: Phase, run_dir: Path) -> None:
     """Shape every data link for ``phase`` and set the last node's compute slow-down."""
     last = tb.nodes[-1]
@@ -199,12 +188,10 @@ def run_one(policy: str, seed: int, opts: Options, say: Say, out: Path,
     try:
         tb.up(wait_s=60.0)
         apply(tb, first, run_dir)
-        for node in tb.nodes:  # one at a time: the first bootstraps, the others join it
-            tb.join(node, cmd, timeout=10)
-            tb.wait(functools.partial(_member, tb, node), JOIN_WAIT_S, f"{node} to train")
+        join_all(tb, cmd)
         unit = _period(policy, opts)
         margin = MARGIN["every-step" if unit == 1 else "diloco"]
-        start = math.ceil((_max_step(tb) + margin) / unit) * unit
+        start = math.ceil((max_step(tb) + margin) / unit) * unit
         (run_dir / "start").write_text(str(start))
         _wait_file(run_dir / "snap-0000.pt", START_WAIT_S, f"no worker reached step {start}")
         t0 = time.time()
@@ -218,7 +205,7 @@ def run_one(policy: str, seed: int, opts: Options, say: Say, out: Path,
             while (left := end - time.time()) > 0:
                 time.sleep(min(left, PROGRESS_S))
                 say(f"    phase {i + 1}/{len(opts.phases)} ({ph.label()}): step "
-                    f"{_max_step(tb) - start}")
+                    f"{max_step(tb) - start}")
             phases[-1]["t1"] = round(time.time() - t0, 3)
         (run_dir / "stop").touch()
         _wait_file(run_dir / "final", FINAL_WAIT_S, "the eval node saved no final snapshot")

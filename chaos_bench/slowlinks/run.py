@@ -37,7 +37,6 @@ with matplotlib, ``slowlinks.png`` (loss against wall time and against bytes) go
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import platform
@@ -52,10 +51,10 @@ from typing import Any
 from chaos_bench.output import keep_copy
 from chaos_bench.progress import Say
 from chaos_bench.slowlinks import report, tune
+from chaos_bench.workers import join_all, max_step
 from chaosctl.testbed.core import Testbed
 
 WORKER_MODULE = "chaos_bench.slowlinks.worker"
-JOIN_WAIT_S = 240.0  # a shared, loaded box has taken over 120 s for one join
 RUN_TIMEOUT_S = 900.0
 PROGRESS_S = 15.0
 # Steps between the bench's view of the cluster and START: at least ~3 s of warm-up steps
@@ -140,16 +139,6 @@ def config_of(mode: Mode) -> str:
     return text
 
 
-def _member(tb: Testbed, node: str) -> bool:
-    rows = tb.query(tb.nodes[0], "nodes") or []
-    return any(r.get("id") == node and r.get("state") == "active" for r in rows)
-
-
-def _max_step(tb: Testbed) -> int:
-    return max((int(r.get("step") or 0) for r in tb.query(tb.nodes[0], "nodes") or []),
-               default=0)
-
-
 def run_one(rate: float, mode: Mode, seed: int, steps: int, opts: Options, say: Say,
             out: Path, workdir: Path | None = None) -> dict[str, Any]:
     """Train ``steps`` steps once at ``rate`` Mbit/s in ``mode`` from ``seed``; returns the
@@ -168,12 +157,10 @@ def run_one(rate: float, mode: Mode, seed: int, steps: int, opts: Options, say: 
            "--seed", str(seed), "--chunk", str(mode.chunk)]
     try:
         tb.up(wait_s=60.0)
-        for node in tb.nodes:  # one at a time: the first bootstraps, the others join it
-            tb.join(node, cmd, timeout=10)
-            tb.wait(functools.partial(_member, tb, node), JOIN_WAIT_S, f"{node} to train")
+        join_all(tb, cmd)
         unit = h if h > 1 else 1
         margin = MARGIN["diloco" if h > 1 else "every-step"]
-        start = math.ceil((_max_step(tb) + margin) / unit) * unit
+        start = math.ceil((max_step(tb) + margin) / unit) * unit
         (run_dir / "start").write_text(str(start))
         say(f"  {rate:g} Mbit/s {name} seed {seed}: {opts.nodes} nodes joined; training "
             f"steps {start}..{start + steps}")
@@ -184,7 +171,7 @@ def run_one(rate: float, mode: Mode, seed: int, steps: int, opts: Options, say: 
                 raise TimeoutError(f"the workers did not finish within {RUN_TIMEOUT_S:g}s; "
                                    f"see {tb.dir}")
             if time.monotonic() > next_note:
-                say(f"    step {_max_step(tb) - start}/{steps}")
+                say(f"    step {max_step(tb) - start}/{steps}")
                 next_note += PROGRESS_S
             time.sleep(0.5)
         docs = {n: json.loads((run_dir / f"{n}.json").read_text()) for n in tb.nodes}
