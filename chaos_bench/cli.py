@@ -666,12 +666,16 @@ def adaptive(
                                              "and streaming runs.")] = 20,
     fragments: Annotated[int, typer.Option(min=2, max=64, help="Streaming's fragments (must "
                                            "divide --inner-steps).")] = 5,
-    target_loss: Annotated[float, typer.Option(min=0.01, max=10.0, help="Validation loss "
-                                               "whose wall time is reported.")] = 2.4,
+    target_loss: Annotated[float | None, typer.Option(min=0.01, max=10.0, help="Validation "
+                                                      "loss whose wall time is reported "
+                                                      "(a run: 2.4).")] = None,
     probe_s: Annotated[float, typer.Option(min=1.0, max=3600.0, help="Background bandwidth "
                                            "probe period, in every run.")] = 5.0,
     out: Annotated[Path, typer.Option(help="Where adaptive.json, .md and .png go.")]
     = Path("adaptive"),
+    from_: Annotated[Path | None, typer.Option("--from", help="Run nothing: the report again "
+                                               "from the runs in this adaptive.json (with "
+                                               "--target-loss if given).")] = None,
 ) -> None:
     """The policy controller against each fixed policy while the links change on a schedule
     and one box slows down (netns testbed, root): time to a target validation loss, final
@@ -693,8 +697,16 @@ def adaptive(
                             f"({inner_steps})")
     opts = bench_adaptive.Options(
         names, schedule, tuple(_ints(seeds, "--seeds", 0, 99)), nodes,
-        inner_steps=inner_steps, fragments=fragments, target_loss=target_loss,
-        probe_s=probe_s)
+        inner_steps=inner_steps, fragments=fragments, probe_s=probe_s,
+        target_loss=bench_adaptive.Options.target_loss if target_loss is None else target_loss)
+    if from_ is not None:
+        writable(out)
+        try:
+            doc = bench_adaptive.reanalyse(from_, out, say, target_loss)
+        except ValueError as exc:
+            raise CtlUsageError(str(exc)) from None
+        typer.echo(adaptive_report.table(doc))
+        return
     if importlib.util.find_spec("pydoc_data") is None:
         raise ClusterError("the adaptive bench's text (pydoc_data) is missing from this Python")
     writable(out)

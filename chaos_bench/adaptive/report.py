@@ -5,7 +5,9 @@ Per run (times are seconds since the schedule began; the eval node's step log):
 
 - ``to_target_s``: the time of the first saved snapshot whose validation loss is at or below
   the target (None: not within the schedule). Snapshots are a few seconds apart, so this is
-  late by up to that much, alike for every policy.
+  late by up to that much, alike for every policy. The summary also gives the time to every
+  loss level 0.1 apart that some run reached (``to_levels_s``): the whole curve, since one
+  target set before the runs may fall where every policy is alike.
 - ``final_val_loss``: the validation loss of the parameters saved when the schedule ended.
 - ``phase_steps_per_s``: steps per second within each phase. A step of DiLoCo is not worth
   a step of every-step sync (its members drift between rounds), so this is speed, not
@@ -115,6 +117,11 @@ def analyse(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
             "final_val_loss": spread([r["final_val_loss"] for r in group]),
             "phase_steps_per_s": [spread([r["phase_steps_per_s"][i] for r in group])
                                   for i in range(len(phases))]})
+    levels = _levels(rows)
+    for entry in summary:
+        group = [r for r in rows if r["policy"] == entry["policy"]]
+        entry["to_levels_s"] = {f"{lv:.1f}": spread([_hit(r, lv) for r in group])
+                                for lv in levels}
     checked = [s for r in rows for s in r["switches"] if s["error"] is not None]
     errors = [abs(s["error"]) for s in checked]
     prediction = {"switches": sum(len(r["switches"]) for r in rows), "checked": len(checked),
@@ -126,6 +133,17 @@ def analyse(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
                                               for p in phases],
             "rows": rows, "summary": summary, "prediction": prediction,
             "goals": _goals(summary), "runs": runs}
+
+
+def _hit(row: dict[str, Any], level: float) -> float | None:
+    return next((t for t, v in row["curve"] if v <= level), None)
+
+
+def _levels(rows: list[dict[str, Any]]) -> list[float]:
+    """Every loss level 0.1 apart, from 3.0 down to the lowest any run reached: the whole
+    time-to-loss curve, so that no level is picked after the fact."""
+    best = min((v for r in rows for _, v in r["curve"]), default=3.0)
+    return [k / 10 for k in range(30, 0, -1) if k / 10 >= best]
 
 
 def _mean(s: dict[str, Any], key: str, i: int | None = None) -> float | None:
@@ -174,6 +192,14 @@ def table(doc: dict[str, Any]) -> str:
             f"| {s['policy']} | {s['reached']}/{len(s['seeds'])} | "
             f"{_fmt(s['to_target_s'], '.1f')} | {_fmt(s['final_val_loss'], '.3f')} | "
             + " | ".join(_fmt(v, ".1f") for v in s["phase_steps_per_s"]) + " |")
+    levels = list(doc["summary"][0]["to_levels_s"]) if doc["summary"] else []
+    if levels:
+        lines += ["", "seconds to each validation loss, mean (seeds that reached it):", "",
+                  "| policy | " + " | ".join(levels) + " |", "|" + "---|" * (1 + len(levels))]
+        for s in doc["summary"]:
+            cells = [f"{v['mean']:.1f} ({v['n']})" if v else "-"
+                     for v in s["to_levels_s"].values()]
+            lines.append(f"| {s['policy']} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("phases: " + "; ".join(
         f"{i + 1}: {p['mbit']:g} Mbit/s"
@@ -190,7 +216,7 @@ def table(doc: dict[str, Any]) -> str:
     p, g = doc["prediction"], doc["goals"]
     med = p["median_abs_error"]
     lines.append(f"prediction: {p['checked']} of {p['switches']} switches checked, median "
-                 f"|error| {'-' if med is None else format(100 * med, '.0f') + ' %'} (goal "
+                 f"|error| {'-' if med is None else format(100 * med, '.1f') + ' %'} (goal "
                  f"{100 * p['goal']:.0f} %): {'met' if p['met'] else 'NOT met'}")
     if g:
         lines.append(f"first to the target: {g['first_to_target'] or 'none reached it'} "

@@ -286,3 +286,20 @@ def run(opts: Options, out: Path, say: Say, workdir: Path | None = None) -> dict
     report.write(doc, out, say)
     (out / "adaptive-runs.json").unlink(missing_ok=True)  # adaptive.json holds every run
     return doc
+
+
+def reanalyse(source: Path, out: Path, say: Say, target: float | None = None
+              ) -> dict[str, Any]:  # fmt: skip
+    """The report again from the raw runs of an earlier ``adaptive.json`` (``--from``), with
+    this version's analysis and, if given, another target; the runs themselves unchanged."""
+    try:
+        old = json.loads(source.read_text())
+        runs = old["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--from {source}: not an adaptive.json with its runs ({exc})"
+                         ) from None
+    doc = report.analyse(runs, old["target_loss"] if target is None else target)
+    doc["options"], doc["host"] = old.get("options"), old.get("host")
+    doc["reanalysed_from"] = str(source)
+    report.write(doc, out, say)
+    return doc

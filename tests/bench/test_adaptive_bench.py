@@ -136,3 +136,25 @@ def test_report_says_where_the_controller_loses() -> None:
     assert nobody["first_to_target"] is None and not nobody["adaptive_first"]
     assert "first to the target: none reached it (NOT met)" in report.table(
         report.analyse(runs, 1.0))
+
+
+def test_the_time_to_every_loss_level_and_a_report_again_from_the_raw_runs(
+        tmp_path: Path) -> None:
+    runs = [_run("adaptive", 0, (10, 20), [3.0, 2.5, 2.1, 2.0, 1.9]),
+            _run("diloco", 0, (8, 20), [3.0, 2.6, 2.3, 2.15, 2.05])]
+    doc = report.analyse(runs, 2.2)
+    levels = {s["policy"]: s["to_levels_s"] for s in doc["summary"]}
+    assert list(levels["adaptive"]) == ["3.0", "2.9", "2.8", "2.7", "2.6", "2.5", "2.4", "2.3",
+                                        "2.2", "2.1", "2.0", "1.9"]  # down to the best reached
+    assert levels["adaptive"]["2.0"]["mean"] == 15.0 and levels["diloco"]["2.0"] is None
+    report.write(doc, tmp_path / "first", lambda _line: None)
+    proc = run_ctl("bench", "adaptive", "--from", str(tmp_path / "first" / "adaptive.json"),
+                   "--target-loss", "2.0", "--out", str(tmp_path / "again"))
+    assert proc.returncode == 0, proc.stderr
+    assert "seeds reaching 2 " in proc.stdout and "| adaptive | 1/1 | 15.0 |" in proc.stdout
+    again = (tmp_path / "again" / "adaptive.md").read_text()
+    assert "| diloco | 0/1 | - |" in again
+    (tmp_path / "bad.json").write_text("{}")
+    line = assert_one_line_error(run_ctl("bench", "adaptive", "--from",
+                                         str(tmp_path / "bad.json")), 2)
+    assert "not an adaptive.json with its runs" in line
