@@ -56,6 +56,7 @@ from chaos_bench.adaptive import report
 from chaos_bench.output import keep_copy
 from chaos_bench.progress import Say
 from chaos_bench.workers import join_all, max_step, records
+from chaosctl.polling import wait_until
 from chaosctl.testbed.core import Testbed
 
 WORKER_MODULE = "chaos_bench.adaptive.worker"
@@ -153,21 +154,13 @@ def apply(tb: Testbed, phase: Phase, run_dir: Path) -> None:
     """Shape every data link for ``phase`` and set the last node's compute slow-down."""
     last = tb.nodes[-1]
     for a, b in tb.links:
-        edge = phase.edge_mbit is not None and last in (a, b)
-        tb.shape(a, b, phase.edge_mbit if edge and phase.edge_mbit else phase.mbit)
+        on_edge = phase.edge_mbit is not None and last in (a, b)
+        tb.shape(a, b, (phase.edge_mbit or phase.mbit) if on_edge else phase.mbit)
     slow = run_dir / f"slow-{last}"
     if phase.slow_ms:
         slow.write_text(f"{phase.slow_ms:g}")
     else:
         slow.unlink(missing_ok=True)
-
-
-def _wait_file(path: Path, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout:g} s")
-        time.sleep(0.05)
 
 
 def run_one(policy: str, seed: int, opts: Options, say: Say, out: Path,
@@ -193,7 +186,8 @@ def run_one(policy: str, seed: int, opts: Options, say: Say, out: Path,
         margin = MARGIN["every-step" if unit == 1 else "diloco"]
         start = math.ceil((max_step(tb) + margin) / unit) * unit
         (run_dir / "start").write_text(str(start))
-        _wait_file(run_dir / "snap-0000.pt", START_WAIT_S, f"no worker reached step {start}")
+        wait_until((run_dir / "snap-0000.pt").exists, START_WAIT_S,
+                   f"the eval node to reach step {start}", every=0.05)
         t0 = time.time()
         say(f"  {policy} seed {seed}: {opts.nodes} nodes training from step {start}")
         for i, ph in enumerate(opts.phases):
@@ -208,7 +202,8 @@ def run_one(policy: str, seed: int, opts: Options, say: Say, out: Path,
                     f"{max_step(tb) - start}")
             phases[-1]["t1"] = round(time.time() - t0, 3)
         (run_dir / "stop").touch()
-        _wait_file(run_dir / "final", FINAL_WAIT_S, "the eval node saved no final snapshot")
+        wait_until((run_dir / "final").exists, FINAL_WAIT_S,
+                   "the eval node's final snapshot", every=0.05)
         events = [e for e in tb.query(tb.nodes[0], "events", timeout=5.0) or []
                   if e.get("kind") in ("policy-changed", "node-failed", "scale-in")]
     except BaseException:
