@@ -5,8 +5,11 @@ daemons and workers carries the last lines each of them logged (DEBUG left out).
 """
 from __future__ import annotations
 
+import os
+import resource
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,3 +91,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # A handler, unlike SIG_IGN, resets to the default in the children.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of every child it has reaped (a reaped daemon's own
+    reaped workers included)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """With CHAOS_TEST_CPU=DIR, each test's CPU seconds (setup, call, teardown, the processes
+    it started and reaped) are appended to DIR/<xdist worker>.tsv: the suite is CPU-bound on
+    2 cores, so CPU, not wall time under load, says which tests to make cheaper."""
+    out = os.environ.get("CHAOS_TEST_CPU")
+    if not out:
+        yield
+        return
+    cpu, wall = _cpu_s(), time.monotonic()
+    yield
+    name = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(Path(out) / f"{name}.tsv", "a") as f:
+        f.write(f"{item.nodeid}\t{_cpu_s() - cpu:.2f}\t{time.monotonic() - wall:.2f}\n")
