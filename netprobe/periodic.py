@@ -26,8 +26,9 @@ so the duty cycle is 0.1 % for every link of 35 Mbit/s or more and stays under 1
 margin. If the estimate is k times too high the probe is k times too big, so the duty cycle is
 k * 0.1 %, and never more than 16 MiB per period. The very first probe of a link, before any
 estimate, uses the floor; when a probe comes out :data:`RAMP_FACTOR` times smaller than the
-size its own result calls for (a fast link read through a probe too short for it), the link
-is probed again within seconds at that size, and the new reading replaces the old one.
+size its own result calls for (a fast link read through a probe too short for it: the
+period's size, or a test of :data:`ACCURATE_S` at the rate read if that is smaller), the
+link is probed again within seconds at that size, and the new reading replaces the old one.
 ``chaosctl bench duty-cycle`` measures the real cost on the wire,
 headers, ACKs and iperf3's control connection included.
 
@@ -64,6 +65,12 @@ FIRST_TRIES = 5
 # test's set-up and TCP slow start (a link's first, 256 KiB, read loopback as a few hundred
 # Mbit/s): the link is probed again soon, at the new size, and that reading replaces it.
 RAMP_FACTOR = 4
+# What "its size" means for that repeat: a test that lasts this long at the rate it read, so
+# set-up and slow start no longer dominate it, and never more than the period's size. The
+# period's size alone would be the 16 MiB cap with a long period (a day): a 20 Mbit/s link's
+# 256 KiB first test, already accurate, was repeated at 16 MiB (about 7 s of iperf3 inside a
+# training run's steps).
+ACCURATE_S = 0.25
 
 
 def probe_size(
@@ -281,7 +288,10 @@ class PeriodicBandwidthProbe:
             stats._recent_bps.append(result.bits_per_second)
             stats.capacity_bps = statistics.median(stats._recent_bps)
         stats.next_nbytes = self._size(stats.capacity_bps)
-        stats.undersized = stats.next_nbytes >= RAMP_FACTOR * result.bytes
+        accurate = min(stats.next_nbytes, int(result.bits_per_second / 8 * ACCURATE_S))
+        stats.undersized = accurate >= RAMP_FACTOR * result.bytes
+        if stats.undersized:
+            stats.next_nbytes = accurate  # the repeat; then the period's size again
         on_result = self.on_result
         if on_result is not None:
             _call_safely(lambda: on_result(peer, result))

@@ -220,3 +220,44 @@ async def test_a_probe_too_short_for_its_link_is_followed_at_once_by_one_at_its_
     assert not stats.undersized and stats.next_nbytes < 4 * fake.sizes[-1]
     assert readings[0] < 1_000 and readings[-1] > 5_000  # Mbit/s
     assert stats.capacity_bps == pytest.approx(readings[-1] * 1e6)  # the short ones replaced
+
+
+class _Shaped(_SlowStart):
+    """A link of ``rate`` bit/s behind ``setup_s`` of test set-up."""
+
+    def __init__(self, rate: float, setup_s: float) -> None:
+        super().__init__()
+        self.rate, self.setup_s = rate, setup_s
+
+    async def measure(self, host: str, port: int, *, nbytes: int, timeout_s: float,
+                      peer_kind: object) -> BandwidthResult:
+        self.sizes.append(nbytes)
+        seconds = self.setup_s + nbytes * 8 / self.rate
+        return BandwidthResult(nbytes * 8 / seconds, nbytes, seconds, tool="bulk")
+
+
+@pytest.mark.parametrize(("rate", "setup_s", "repeated"), [(20e6, 0.002, False),
+                                                           (200e6, 0.02, True)],
+                         ids=["slow-link", "fast-link"])
+async def test_a_long_period_repeats_only_a_short_test_and_only_at_the_size_it_needs(
+        rate: float, setup_s: float, repeated: bool) -> None:
+    """With a day between tests the period's size is the 16 MiB cap. A 20 Mbit/s link's
+    first 256 KiB test lasted 0.1 s and read the link right: it is not repeated (it was, at
+    16 MiB: 7 s of iperf3 amid training). A faster link's first test read mostly set-up: it
+    is repeated at what lasts ACCURATE_S at the rate it read, not at the cap."""
+    from netprobe.periodic import ACCURATE_S
+
+    fake = _Shaped(rate, setup_s)
+    periodic = PeriodicBandwidthProbe(fake, period_s=86400.0,  # type: ignore[arg-type]
+                                      jitter=0.0)
+    periodic.add_link("b", LOCAL, 1, peer_kind="bulk")
+    first = await periodic.probe_once("b")
+    assert first is not None and fake.sizes == [DEFAULT_NBYTES]
+    stats = periodic.stats("b")
+    assert stats.undersized is repeated
+    if repeated:
+        want = int(first.bits_per_second / 8 * ACCURATE_S)
+        assert 4 * DEFAULT_NBYTES <= stats.next_nbytes == want < DEFAULT_MAX_NBYTES
+        assert await periodic.probe_once("b") is not None
+        assert fake.sizes[1] == want and not stats.undersized
+    assert stats.next_nbytes == DEFAULT_MAX_NBYTES  # then the period's size, a day on
