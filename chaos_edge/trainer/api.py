@@ -418,7 +418,7 @@ class Trainer:
                 res = self._allreduce(flat, rn, lossy, pub, epoch[1], ready)
                 spent += self._clock.monotonic() - t1
                 self._version = pub.version
-                self._apply(res.values, pub.version)
+                self._apply(res.values, pub.version, pub.sync)
                 break
             except RoundAborted as exc:
                 reruns, reason = reruns + 1, exc.reason
@@ -446,7 +446,7 @@ class Trainer:
         """After an abort of round ``step + 1`` under ``pub``: keep an uncertain result, say
         so, and wait for the next epoch; True if catching up in it committed the round."""
         if exc.result is not None:
-            self._replica.held, self._replica.held_version = exc.result, exc.policy_version
+            self._replica.hold(exc.result, exc.policy_version, self._mode_of(exc.policy_version))
         self._s.report(protocol.RoundAborted(step=self._replica.step + 1,
                                              reason=exc.reason[:200]))
         nxt = self._epochs.next_epoch(pub, alarm, exc)
@@ -500,7 +500,7 @@ class Trainer:
         waited = self._clock.monotonic() - t1
         if fl.error is None:
             self._version = fl.pub.version
-            self._apply(fl.result.values, fl.pub.version)
+            self._apply(fl.result.values, fl.pub.version, fl.pub.sync)
             self._committed(fl.pub)
             return waited, 0, ""
         if not isinstance(fl.error, RoundAborted):
@@ -579,9 +579,10 @@ class Trainer:
         if self._writing is not None:
             self._writing.feed.complete.wait()
 
-    def _apply(self, values: Any, version: int) -> None:
-        """Apply the committed result of round ``step + 1`` (run under policy ``version``)."""
-        mode = self._mode_of(version)
+    def _apply(self, values: Any, version: int, mode: SyncMode | None) -> None:
+        """Apply the committed result of round ``step + 1``, run under policy ``version`` of
+        sync ``mode`` (None: a held result from a snapshot that did not record it)."""
+        mode = mode or self._mode_of(version)
         lead = self._replica.lead()  # the round's gradients' segment, before commit moves on
         self._replica.commit(values, mode)
         pub = self._s.book.get(version)  # the round's members lay out its speed slots
@@ -589,10 +590,10 @@ class Trainer:
                                self._stepper.speeds(values, lead))
 
     def _mode_of(self, version: int) -> SyncMode:
-        """The sync mode of the policy a round ran under (the newest if it is forgotten)."""
-        pub = self._s.book.get(version) or self._s.book.newest
-        assert pub is not None
-        return pub.sync
+        """The sync mode of policy ``version``; the mode in force if it is forgotten (the
+        newest policy's mode would switch early whenever a switch is pending)."""
+        pub = self._s.book.get(version)
+        return pub.sync if pub is not None else self._replica.rhythm.mode
 
     def _empty_round(self) -> None:
         """One round with no samples (a leaver's drain)."""

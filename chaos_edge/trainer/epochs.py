@@ -31,7 +31,7 @@ from chaos_edge.trainer.session import Session
 from chaos_edge.trainer.timing import StepAlarm
 from daemon.contracts import protocol
 from daemon.contracts.clock import Clock
-from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.policy import SyncMode, SyncPolicy
 
 log = logging.getLogger("chaos.trainer")
 RERUN_WAIT_S = 1.0  # after an abort, wait this long for a newer policy before retrying as is
@@ -55,13 +55,13 @@ class Epochs:
         clock: The time source of the rerun waits.
         digest_every: Steps between the guard's comparisons (0: joins only).
         poll: Callback: take in what the poller fetched (the Trainer's ``_poll``).
-        commit: Callback: apply a committed result of round ``step + 1`` and the policy
-            version it ran under (the Trainer's ``_apply``).
+        commit: Callback: apply a committed result of round ``step + 1``, with the policy
+            version and sync mode it ran under (the Trainer's ``_apply``).
     """
 
     def __init__(self, me: str, reducer: AllReducer, session: Session, replica: Replica,
                  clock: Clock, *, digest_every: int, poll: Callable[[], None],
-                 commit: Callable[[Any, int], None]) -> None:  # fmt: skip
+                 commit: Callable[[Any, int, SyncMode | None], None]) -> None:  # fmt: skip
         self.me, self.reducer, self._s, self._replica = me, reducer, session, replica
         self._clock, self.digest_every = clock, digest_every
         self._poll, self._commit = poll, commit
@@ -135,7 +135,7 @@ class Epochs:
                                  holds=rep.held is not None, attempt=attempt)  # fmt: skip
         self.agreed, self.agreed_members = (pub.version, attempt), pub.members
         if dec.step == r + 1 and rep.held is not None:
-            self._commit(rep.held, rep.held_version)
+            self._commit(rep.held, rep.held_version, rep.held_mode)
             self._checked = rep.round_step()  # compared without us this time; next time with us
             return True
         if dec.step == r:

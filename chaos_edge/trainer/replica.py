@@ -51,6 +51,8 @@ class Replica:
         held: The result of round ``step + 1`` when its commit is uncertain (an abort after
             the result was in), else None; the next agreement settles it.
         held_version: The policy version of the round that produced :attr:`held`.
+        held_mode: That policy's sync mode, kept with the result: by the time the next
+            agreement commits it, the policy may be forgotten (a book keeps the newest few).
         outer: The outer state in diloco mode, else None.
         rhythm: The sync mode in force and where its rounds fall (the data plane's round
             numbers), part of the shared state.
@@ -63,6 +65,7 @@ class Replica:
         self.step = 0
         self.held: Any = None
         self.held_version = -1
+        self.held_mode: SyncMode | None = None
         self.outer: Outer | None = None
         self.rhythm = Rhythm()
         # Waits until no backward pass is writing gradients (a round beside backward,
@@ -252,6 +255,8 @@ class Replica:
         if self.held is not None:
             tensors.append(("held", self.held))
             runtime["held_version"] = self.held_version
+            if self.held_mode is not None:
+                runtime["held_sync"] = self.held_mode.to_dict()
         runtime["rhythm"] = self.rhythm.to_dict()
         with self._shared(self.stepper.model_state(), tensors) as (opt, state, extra):
             return StateSpace.capture(self.model, opt, runtime, model_state=state, extra=extra,
@@ -284,6 +289,12 @@ class Replica:
         held = loaded.extra.get("held")
         self.held = None if held is None else held.clone()
         self.held_version = int(runtime.get("held_version", -1))
+        doc = runtime.get("held_sync")
+        self.held_mode = SyncMode.from_dict(doc) if doc else None  # older snapshots lack it
+
+    def hold(self, result: Any, version: int, mode: SyncMode) -> None:
+        """Keep round ``step + 1``'s result, whose commit is uncertain, for the next agreement."""
+        self.held, self.held_version, self.held_mode = result, version, mode
 
     def start_alone(self) -> None:
         """Bootstrap from our own state: nobody is left to settle a held result with."""

@@ -159,3 +159,23 @@ def test_a_member_that_cannot_step_locally_says_why() -> None:
     assert plain.cannot_step_locally() == ""
     assert "DDP path" in ddp.cannot_step_locally()
     assert "GradScaler" in scaled.cannot_step_locally()
+
+
+def test_a_held_result_keeps_the_mode_it_ran_under_through_a_snapshot() -> None:
+    """An uncertain round's result waits for the next agreement, which may come after its
+    policy has left the book (a book keeps the newest few): the sync mode it ran under is
+    held with it, so its commit switches (or not) as it would have, and a joiner restored
+    from a snapshot holds it too. A snapshot from before the mode was kept holds none (the
+    Trainer then asks the book, and failing that keeps the mode in force)."""
+    rep, mode = _member(0), SyncMode("diloco", 3)
+    result = torch.arange(5, dtype=torch.float32)
+    rep.hold(result, 7, mode)
+    snap = rep.snapshot()
+    joiner = _member(1)
+    joiner.restore(StateSpace.load(snap.manifest, snap.buffer))
+    assert (joiner.held_version, joiner.held_mode) == (7, mode)
+    assert torch.equal(joiner.held, result)
+    older = StateSpace.load(snap.manifest, snap.buffer)
+    del older.meta["runtime"]["held_sync"]
+    joiner.restore(older)
+    assert joiner.held_version == 7 and joiner.held_mode is None
