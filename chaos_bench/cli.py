@@ -736,6 +736,9 @@ def dst(
                                                "(see --list-mutants), to show it is caught.")]
     = None,
     list_mutants: Annotated[bool, typer.Option(help="List the mutants and exit.")] = False,
+    policy_ops: Annotated[bool, typer.Option(help="Draw operator policy ops (chaosctl policy "
+                                             "set) into 30% of the plans; --no-policy-ops: "
+                                             "each seed's plan as drawn before them.")] = True,
 ) -> None:
     """Deterministic simulation of the control plane: the real agents, scheduler and the
     worker's join and serve machines on a simulated broker, clock and network, faults drawn
@@ -757,12 +760,12 @@ def dst(
         writable(out)
     try:
         if seed is not None:
-            res = campaign.one(seed, duration, shrink, say, mutant)
+            res = campaign.one(seed, duration, shrink, say, mutant, policy_ops)
             if not res.ok:
                 raise typer.Exit(1)
             return
         doc = campaign.campaign(seeds, start, duration, jobs or campaign.default_jobs(), out,
-                                say, mutant)
+                                say, mutant, policy_ops)
     except HarnessError as exc:
         raise ClusterError(f"the simulator itself failed: {exc}") from None
     except OSError as exc:

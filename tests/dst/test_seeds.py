@@ -301,8 +301,22 @@ def test_a_mutant_campaign_fails_and_writes_the_failing_trace(tmp_path: Path) ->
     assert proc.returncode == 1, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "dst.json").read_text())
     assert doc["mutant"] == name and doc["failing_seeds"] == [seed]
+    assert doc["policy_ops"] is True
     trace = (tmp_path / f"seed-{seed}.txt").read_text()
     assert "VIOLATION" in trace and "shrunk to" in trace
+
+
+def test_a_seed_pinned_without_policy_ops_replays_from_the_command_line() -> None:
+    """``--no-policy-ops`` draws each plan as before operator policy ops, so a pin kept that
+    way (:data:`WITHOUT_POLICY_OPS`) is replayed, and hunted anew, with the command a user
+    runs."""
+    name = next(iter(WITHOUT_POLICY_OPS))
+    seed, duration, kinds = PINNED[name]
+    proc = run_ctl("bench", "dst", "--seed", str(seed), "--duration", str(duration),
+                   "--mutant", name, "--no-policy-ops", timeout=200)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    text = proc.stdout + proc.stderr
+    assert any(f"VIOLATION {kind} " in text for kind in kinds), text[-2000:]
 
 
 @pytest.mark.parametrize(("args", "says"), [
