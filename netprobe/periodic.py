@@ -29,6 +29,8 @@ estimate, uses the floor; when a probe comes out :data:`RAMP_FACTOR` times small
 size its own result calls for (a fast link read through a probe too short for it: the
 period's size, or a test of :data:`ACCURATE_S` at the rate read if that is smaller), the
 link is probed again within seconds at that size, and the new reading replaces the old one.
+A reading :data:`SHIFT_FACTOR` times off the estimate (a rate that changed, or a misreading)
+is retested within seconds as well; if the retest agrees, the old readings are dropped.
 ``chaosctl bench duty-cycle`` measures the real cost on the wire,
 headers, ACKs and iperf3's control connection included.
 
@@ -71,6 +73,12 @@ RAMP_FACTOR = 4
 # 256 KiB first test, already accurate, was repeated at 16 MiB (about 7 s of iperf3 inside a
 # training run's steps).
 ACCURATE_S = 0.25
+# A reading this many times off the link's estimate, either way, is a rate that changed (a box
+# moved to Wi-Fi, an evening uplink) or a misreading: the link is tested again within
+# FIRST_RETRY_S, so the scheduler holds a second, independent reading within seconds rather
+# than a period later (the policy controller counts only new readings), and a change the
+# retest confirms replaces the estimate at once.
+SHIFT_FACTOR = 4
 
 
 def probe_size(
@@ -112,6 +120,8 @@ class LinkProbeStats:
         next_nbytes: Size of the next probe.
         undersized: The last probe was :data:`RAMP_FACTOR` times smaller than the size its
             result calls for; the next one comes soon and replaces its reading.
+        shifted: The last reading was :data:`SHIFT_FACTOR` times off the estimate before it;
+            the next test comes soon, and if it is off too, the old readings are dropped.
     """
 
     peer: str
@@ -124,6 +134,7 @@ class LinkProbeStats:
     capacity_bps: float | None = None
     next_nbytes: int = DEFAULT_NBYTES
     undersized: bool = False  # the last probe was RAMP_FACTOR times too small for its result
+    shifted: bool = False  # the last reading was SHIFT_FACTOR off the estimate: retest soon
     _recent_bps: deque[float] = field(default_factory=lambda: deque(maxlen=3), repr=False)
     _period_s: float = field(default=DEFAULT_PERIOD_S, repr=False)
 
@@ -282,10 +293,18 @@ class PeriodicBandwidthProbe:
         stats.probe_bytes += result.bytes
         stats.probe_seconds += result.seconds
         if link.capacity_hint is None:
+            bps, est = result.bits_per_second, stats.capacity_bps
+            off = (not stats.undersized and est is not None and bps > 0
+                   and max(bps / est, est / bps) >= SHIFT_FACTOR)
             if stats.undersized:  # the last reading came from too short a probe
                 stats._recent_bps.clear()
+            elif off and stats.shifted:  # the retest confirms the change: the old level is gone
+                previous = stats._recent_bps[-1]
+                stats._recent_bps.clear()
+                stats._recent_bps.append(previous)
+            stats.shifted = off and not stats.shifted
             # The median damps one-off misreadings (a shaper's burst, a slow start).
-            stats._recent_bps.append(result.bits_per_second)
+            stats._recent_bps.append(bps)
             stats.capacity_bps = statistics.median(stats._recent_bps)
         stats.next_nbytes = self._size(stats.capacity_bps)
         accurate = min(stats.next_nbytes, int(result.bits_per_second / 8 * ACCURATE_S))
@@ -315,8 +334,8 @@ class PeriodicBandwidthProbe:
                 # busy with another node's first test (boxes that start together probe at
                 # once). Until it is measured the scheduler cannot use it, so try again soon.
                 wait = min(self.period_s, FIRST_RETRY_S)
-            elif ok and link.stats.undersized:
-                wait = min(self.period_s, FIRST_RETRY_S)  # measure it again, at its size
+            elif ok and (link.stats.undersized or link.stats.shifted):
+                wait = min(self.period_s, FIRST_RETRY_S)  # measure it again (at its size)
             await asyncio.sleep(wait * random.uniform(1 - self.jitter, 1 + self.jitter))
 
 

@@ -261,3 +261,43 @@ async def test_a_long_period_repeats_only_a_short_test_and_only_at_the_size_it_n
         assert await periodic.probe_once("b") is not None
         assert fake.sizes[1] == want and not stats.undersized
     assert stats.next_nbytes == DEFAULT_MAX_NBYTES  # then the period's size, a day on
+
+
+async def test_a_rate_that_changes_is_retested_at_once_and_replaces_the_old_level(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link read at 100 Mbit/s falls to 5 (a box moved to Wi-Fi). The first low reading
+    alone is damped (the median of three keeps 100: it might be a misreading) but the link
+    is tested again within FIRST_RETRY_S, not a period later: the scheduler then holds a
+    second, independent reading within seconds, and once the retest confirms the change the
+    estimate is the new level. A one-off misreading, retested, leaves the estimate alone."""
+    import netprobe.periodic as periodic_mod
+
+    monkeypatch.setattr(periodic_mod, "FIRST_RETRY_S", 0.01)
+    fake = _Shaped(100e6, 0.0)
+    readings: list[float] = []
+    periodic = PeriodicBandwidthProbe(fake, period_s=60.0, jitter=0.0,  # type: ignore[arg-type]
+                                      on_result=lambda _peer, r: readings.append(r.mbps))
+    periodic.add_link("b", LOCAL, 1, peer_kind="bulk")
+    for _ in range(3):
+        await periodic.probe_once("b")
+    stats = periodic.stats("b")
+    assert stats.capacity_bps == pytest.approx(100e6) and not stats.shifted
+    # A one-off misreading: retested, the old level stands.
+    fake.rate = 5e6
+    await periodic.probe_once("b")
+    assert stats.shifted and stats.capacity_bps == pytest.approx(100e6)
+    fake.rate = 100e6
+    await periodic.probe_once("b")
+    assert not stats.shifted and stats.capacity_bps == pytest.approx(100e6)
+    # A change: the periodic loop retests it at once, and the estimate follows.
+    fake.rate = 5e6
+    await periodic.start()
+    try:
+        for _ in range(500):  # the timeout bounds it: the next period is a minute away
+            if len(readings) >= 7:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        await periodic.stop()
+    assert readings[-2:] == [pytest.approx(5.0), pytest.approx(5.0)]
+    assert stats.capacity_bps == pytest.approx(5e6) and not stats.shifted
