@@ -5,11 +5,12 @@ right for all of it. The controller predicts, for each policy it may choose (syn
 H, wire format), the time to a unit of training progress: the step time from the members'
 measured compute and the all-reduce tree's measured links, times the extra steps the policy
 needs to reach the same loss (a documented prior). It switches when the best one beats the
-policy in force by more than a hysteresis, for several observations in a row, and not sooner
-than a minimum interval after the last switch: a noisy but stationary input never flips it back
-and forth. Operators pin parts of the policy (``[adaptive] pin``) and bound the rest
-(``min_wire``, ``syncs``, ``max_inner_steps``); a member that cannot run a policy (``cannot``)
-rules it out, with its reason.
+policy in force by more than a hysteresis, for several observations in a row (when a new link
+reading made the best one, a newer reading among them), and not sooner than a minimum interval
+after the last switch: a noisy but stationary input never flips it back and forth, and one
+reading taken while a rate changed never switches it alone. Operators pin parts of the policy
+(``[adaptive] pin``) and bound the rest (``min_wire``, ``syncs``, ``max_inner_steps``); a member
+that cannot run a policy (``cannot``) rules it out, with its reason.
 
 Pure logic, as the scheduler is: measurements and a clock come in, a :class:`Decision` goes out.
 """
@@ -178,6 +179,12 @@ class Controller:
         self.current = self.pinned
         self._leader: Candidate | None = None  # the best, while it keeps beating the current
         self._streak = 0
+        # The link rates of the last observation, and of the one where the leader emerged if
+        # a new link reading made it (None: compute made it). Such a leader waits for a
+        # newer reading: observations come every few seconds and link tests far less often,
+        # so "several in a row" could all be one reading, taken while the rate changed.
+        self._rates: tuple[float, ...] | None = None
+        self._leader_rates: tuple[float, ...] | None = None
         self._switched_at: float | None = None
 
     def pin(self, parts: Iterable[str], policy: Candidate) -> None:
@@ -188,6 +195,7 @@ class Controller:
         self.pinned = policy
         self.current = policy
         self._leader, self._streak = None, 0
+        self._leader_rates = None
 
     def release(self) -> None:
         """Back to the configured pins only (``chaosctl policy auto``)."""
@@ -235,21 +243,25 @@ class Controller:
         now_cost = self.model.cost(self.current, m)
         gain = 1.0 - cost[best] / now_cost if now_cost > 0 else 0.0
         now = self.clock.monotonic()
+        rates, previous_rates = tuple(h.rate_mbps for h in m.hops), self._rates
+        self._rates = rates
         # A policy a member cannot run (one joined with a GradScaler under DiLoCo) is left at
         # once, whatever the gain: the rounds cannot go on under it.
         if self.current in allowed:
             if best == self.current or gain <= self.cfg.hysteresis or not math.isfinite(gain):
-                self._leader, self._streak = None, 0
+                self._leader, self._streak, self._leader_rates = None, 0, None
                 return None
             if best != self._leader:
                 self._leader, self._streak = best, 0
+                self._leader_rates = rates if rates != previous_rates else None
             self._streak += 1
-            if self._streak < self.cfg.dwell or (
+            if self._streak < self.cfg.dwell or (self.cfg.dwell > 1
+                                                 and rates == self._leader_rates) or (
                     self._switched_at is not None
                     and now - self._switched_at < self.cfg.min_interval_s):
                 return None
         decision = Decision(best, self.current, self.model.step_s(best, m),
                             self.model.step_s(self.current, m), gain, ruled_out)
         self.current, self._switched_at = best, now
-        self._leader, self._streak = None, 0
+        self._leader, self._streak, self._leader_rates = None, 0, None
         return decision

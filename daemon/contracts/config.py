@@ -180,8 +180,9 @@ class AdaptiveConfig:
     min_wire: str = "int8"  # never below this format (fp32 above fp16 = bf16 above int8)
     syncs: tuple[str, ...] = ("every-step", "diloco")  # the sync modes it may choose
     max_inner_steps: int = 100  # the longest DiLoCo H it may choose
-    # A switch needs a predicted gain above this fraction, in ``dwell`` measurements in a row,
-    # and ``min_interval_s`` since the last switch: noise does not flip the policy.
+    # A switch needs a predicted gain above this fraction, in ``dwell`` measurements in a row
+    # (a newer link reading among them if one made it), and ``min_interval_s`` since the last
+    # switch: noise does not flip the policy.
     hysteresis: float = 0.15
     dwell: int = 3
     min_interval_s: float = 60.0

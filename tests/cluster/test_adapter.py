@@ -4,6 +4,7 @@ operator's ``chaosctl policy set|auto``; a failover keeps the policy and its pin
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.timeout(30)
 MEMBERS = ("a", "b", "c")
 LOOPBACK = 40_000.0  # Mbit/s, about what iperf3 measures between two boxes' loopback peers
 ELEMENTS = 100_000  # a 400 kB gradient
+READS = itertools.count(1)  # link tests so far
 
 
 def adaptive_host(clock: FakeClock | None = None, **cfg: object) -> FakeHost:
@@ -42,10 +44,16 @@ def links(role: SchedulerRole, mbps: float) -> None:
                         for i, a in enumerate(nodes) for b in nodes[i + 1:]]
 
 
-def ticks(host: FakeHost, role: SchedulerRole, n: int, cannot: dict[str, str] | None = None
-          ) -> None:
+def ticks(host: FakeHost, role: SchedulerRole, n: int, cannot: dict[str, str] | None = None,
+          probed: bool = True) -> None:
+    """``n`` observations, each with a heartbeat from every node and (``probed``) a new test
+    of every link at the rate it has: the controller counts a link reading only once."""
     for _ in range(n):
         host.time.advance(OBSERVE_EVERY_S)
+        if probed:
+            k = next(READS)
+            role.sched.links = [replace(lk, bandwidth_mbps=lk.bandwidth_mbps * (1 + 1e-9 * k))
+                                if lk.bandwidth_mbps else lk for lk in role.sched.links]
         for m in role.sched.nodes:
             beat(role, m, cannot=(cannot or {}).get(m, ""))
         role.judge(set(role.sched.nodes))
@@ -81,6 +89,22 @@ def test_slow_links_switch_the_wire_and_fast_ones_switch_it_back() -> None:
     back = changes(role)[-1]
     assert back["policy"] == "every-step/fp32" and role.sched.policy.wire == "fp32"
     assert back["previous_chosen_ms"] == slow["predicted_step_ms"]
+
+
+def test_one_link_reading_never_switches_the_policy_alone() -> None:
+    """The links fall to 5 Mbit/s and the probes have said so once: however many times the
+    scheduler judges that one reading, it does not switch; the next test's reading does."""
+    host = adaptive_host(hysteresis=0.005, syncs=("every-step",))
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, LOOPBACK)
+    ticks(host, role, 5)
+    links(role, 5.0)
+    ticks(host, role, 10, probed=False)
+    assert changes(role) == [] and role.sched.policy.wire == "fp32"
+    ticks(host, role, 1)
+    [slow] = changes(role)
+    assert slow["policy"] == "every-step/int8" and role.sched.policy.wire == "int8"
 
 
 def test_without_a_rate_for_every_tree_link_or_a_compute_for_every_member_nothing_moves(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import replace
 
@@ -42,12 +43,22 @@ def make(cfg: AdaptiveConfig | None = None, training: TrainingConfig | None = No
     return Controller(cfg, training or TrainingConfig(), clock, **kw), clock  # type: ignore[arg-type]
 
 
-def run(ctl: Controller, clock: FakeClock, m: Measured, times: int) -> list[Candidate]:
-    """Observe ``m`` ``times``, a second apart; the policies switched to."""
+READS = itertools.count(1)  # every link test so far, for new readings
+
+
+def reading(m: Measured, k: int) -> Measured:
+    """``m`` as the ``k``-th link test reads it: the same rates, in a new reading."""
+    return replace(m, hops=[replace(h, rate_mbps=h.rate_mbps * (1 + 1e-9 * k)) for h in m.hops])
+
+
+def run(ctl: Controller, clock: FakeClock, m: Measured, times: int, fresh: bool = True
+        ) -> list[Candidate]:  # fmt: skip
+    """Observe ``m`` ``times``, a second apart, each time in a new link reading (``fresh``
+    False: the one reading, seen again); the policies switched to."""
     out = []
     for _ in range(times):
         clock.advance(1.0)
-        d = ctl.observe(m)
+        d = ctl.observe(reading(m, next(READS)) if fresh else m)
         if d is not None:
             out.append(d.policy)
     return out
@@ -113,7 +124,7 @@ def test_a_policy_a_member_cannot_run_is_never_chosen_and_is_left_at_once() -> N
     def cannot(c: Candidate) -> str | None:
         return "n2 registered a GradScaler" if c.sync == "diloco" else None
     ctl, clock = make(cannot=cannot)
-    [d] = [d for _ in range(3) if (d := ctl.observe(links(5.0))) is not None]
+    [d] = [d for k in range(3) if (d := ctl.observe(reading(links(5.0), k))) is not None]
     assert d.policy.sync == "every-step" and d.policy.wire == "int8"
     assert d.ruled_out and all(v == "n2 registered a GradScaler" for v in d.ruled_out.values())
     assert "int8" in d.reason() and "less time" in d.reason()
@@ -131,6 +142,24 @@ def test_the_minimum_interval_spaces_the_switches() -> None:
     assert run(ctl, clock, links(5.0), 1)  # the first switch is not held back
     assert run(ctl, clock, links(10_000.0), 30) == []  # 30 s later: too soon
     assert run(ctl, clock, links(10_000.0), 31)[-1].sync == "every-step"
+
+
+def test_one_link_reading_seen_again_and_again_does_not_make_the_dwell() -> None:
+    """Observations come every few seconds, link tests far less often: a reading taken while
+    a rate changed (one test of 20 Mbit/s on a link back at 10 Gbit/s) is seen at every
+    observation until the next test. It alone never switches; a newer reading that agrees
+    does (netprobe retests a link whose reading jumped within seconds)."""
+    ctl, clock = make()
+    slow = links(20.0)
+    assert run(ctl, clock, slow, 20, fresh=False) == []
+    [choice] = run(ctl, clock, reading(slow, 1), 1, fresh=False)
+    assert choice.sync == "diloco"
+    # Compute that changes under the same link reading is new evidence every heartbeat: a
+    # member 100x slower makes every-step's round cheap beside its compute, and the switch
+    # follows on the dwell, with no new link test.
+    straggler = reading(links(20.0, slow=100.0), 1)
+    switched = run(ctl, clock, straggler, 3, fresh=False)
+    assert [c.sync for c in switched] == ["every-step"]
 
 
 @pytest.mark.parametrize("mbps", [30.0, 120.0, 400.0, 2000.0])
