@@ -53,6 +53,9 @@ class Relay:
             except OSError:
                 near.close()
                 continue
+            # The timeout bounds the connect only: left on, a recv on a link quiet for 2 s
+            # (the bridge's keepalive is 5 s) raised, and the pump dropped a live bridge.
+            far.settimeout(None)
             with self.lock:
                 self.conns += [near, far]
             for a, b in ((near, far), (far, near)):
