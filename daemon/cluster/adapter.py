@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from daemon.cluster.controller import Candidate, Controller, Decision, Hop, Measured
-from daemon.cluster.primitives import Negotiator
+from daemon.cluster.primitives import Negotiator, link_key
 from daemon.cluster.scheduler import Scheduler
 from daemon.contracts.clock import Clock
 from daemon.contracts.config import AdaptiveConfig, TrainingConfig
@@ -160,7 +160,8 @@ class Adapter:
             lk = rates.get((a, b)) or rates.get((b, a))
             if lk is None or not lk.bandwidth_mbps:
                 return None  # not probed yet: no guess stands in for a rate
-            hops.append(Hop(lk.bandwidth_mbps, lk.rtt_ms or 0.0))
+            hops.append(Hop(lk.bandwidth_mbps, lk.rtt_ms or 0.0,
+                            self.neg.bw_readings.get(link_key(a, b), 0)))
         return Measured({m: self.compute_s[m] for m in members}, hops, tree_depth(policy),
                         max(self.elements[m] for m in members))
 

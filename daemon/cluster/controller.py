@@ -68,7 +68,11 @@ class Hop:
 
     rate_mbps: float
     rtt_ms: float
+    reading: int = 0  # which bandwidth test of the link gave the rate (counted from 1)
 
+
+
+Readings = tuple[tuple[float, int], ...]  # per tree hop: (rate, which test read it)
 
 @dataclass(frozen=True)
 class Measured:
@@ -179,12 +183,13 @@ class Controller:
         self.current = self.pinned
         self._leader: Candidate | None = None  # the best, while it keeps beating the current
         self._streak = 0
-        # The link rates of the last observation, and of the one where the leader emerged if
-        # a new link reading made it (None: compute made it). Such a leader waits for a
+        # The link readings of the last observation, and of the one where the leader emerged
+        # if a new link reading made it (None: compute made it). Such a leader waits for a
         # newer reading: observations come every few seconds and link tests far less often,
-        # so "several in a row" could all be one reading, taken while the rate changed.
-        self._rates: tuple[float, ...] | None = None
-        self._leader_rates: tuple[float, ...] | None = None
+        # so "several in a row" could all be one reading, taken while the rate changed. A
+        # reading is its rate and its number: a shaped link often reads the same twice.
+        self._readings: Readings | None = None
+        self._leader_readings: Readings | None = None
         self._switched_at: float | None = None
 
     def pin(self, parts: Iterable[str], policy: Candidate) -> None:
@@ -195,7 +200,7 @@ class Controller:
         self.pinned = policy
         self.current = policy
         self._leader, self._streak = None, 0
-        self._leader_rates = None
+        self._leader_readings = None
 
     def release(self) -> None:
         """Back to the configured pins only (``chaosctl policy auto``)."""
@@ -243,25 +248,25 @@ class Controller:
         now_cost = self.model.cost(self.current, m)
         gain = 1.0 - cost[best] / now_cost if now_cost > 0 else 0.0
         now = self.clock.monotonic()
-        rates, previous_rates = tuple(h.rate_mbps for h in m.hops), self._rates
-        self._rates = rates
+        readings, previous = tuple((h.rate_mbps, h.reading) for h in m.hops), self._readings
+        self._readings = readings
         # A policy a member cannot run (one joined with a GradScaler under DiLoCo) is left at
         # once, whatever the gain: the rounds cannot go on under it.
         if self.current in allowed:
             if best == self.current or gain <= self.cfg.hysteresis or not math.isfinite(gain):
-                self._leader, self._streak, self._leader_rates = None, 0, None
+                self._leader, self._streak, self._leader_readings = None, 0, None
                 return None
             if best != self._leader:
                 self._leader, self._streak = best, 0
-                self._leader_rates = rates if rates != previous_rates else None
+                self._leader_readings = readings if readings != previous else None
             self._streak += 1
             if self._streak < self.cfg.dwell or (self.cfg.dwell > 1
-                                                 and rates == self._leader_rates) or (
+                                                 and readings == self._leader_readings) or (
                     self._switched_at is not None
                     and now - self._switched_at < self.cfg.min_interval_s):
                 return None
         decision = Decision(best, self.current, self.model.step_s(best, m),
                             self.model.step_s(self.current, m), gain, ruled_out)
         self.current, self._switched_at = best, now
-        self._leader, self._streak, self._leader_rates = None, 0, None
+        self._leader, self._streak, self._leader_readings = None, 0, None
         return decision

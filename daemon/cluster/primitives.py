@@ -181,6 +181,10 @@ class Negotiator:
         self.out: list[tuple[str, CommandBody]] = []  # (node, command) for the agent to send
         self._progress: deque[tuple[float, int]] = deque()  # (monotonic, max member step)
         self.joins: dict[str, Join] = {}  # joining node -> its scale-out in flight
+        # Bandwidth tests each link has had under this scheduler: the policy controller
+        # tells a new reading from one seen again (rates are kept to three digits, so two
+        # tests of a shaped link often read the same).
+        self.bw_readings: dict[tuple[str, str], int] = {}
         # The neighbours each node asked for at its join. One that was not a member then (it
         # joined at the same moment) gets its link once both are: boxes started together each
         # named the others, and the overlay kept only their links to the first.
@@ -1095,6 +1099,8 @@ class Negotiator:
                       bandwidth_mbps=measured(bw) if _finite(bw) else lk.bandwidth_mbps)
         self.sched.links[self.sched.links.index(lk)] = new
         if _finite(bw):  # the tree follows rates only: RTT reports (every few s) change nothing
+            key = link_key(lk.a, lk.b)
+            self.bw_readings[key] = self.bw_readings.get(key, 0) + 1
             self._improve_policy()
 
     def _improve_policy(self) -> None:

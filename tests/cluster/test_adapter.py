@@ -4,7 +4,6 @@ operator's ``chaosctl policy set|auto``; a failover keeps the policy and its pin
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 import pytest
@@ -15,13 +14,13 @@ from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import AdaptiveConfig
 from daemon.contracts.messages import Heartbeat, LinkRecord
 from daemon.contracts.policy import SyncPolicy
+from daemon.contracts.protocol import LinkMetrics
 from tests.cluster.test_role import FakeHost, join, request
 
 pytestmark = pytest.mark.timeout(30)
 MEMBERS = ("a", "b", "c")
 LOOPBACK = 40_000.0  # Mbit/s, about what iperf3 measures between two boxes' loopback peers
 ELEMENTS = 100_000  # a 400 kB gradient
-READS = itertools.count(1)  # link tests so far
 
 
 def adaptive_host(clock: FakeClock | None = None, **cfg: object) -> FakeHost:
@@ -47,13 +46,14 @@ def links(role: SchedulerRole, mbps: float) -> None:
 def ticks(host: FakeHost, role: SchedulerRole, n: int, cannot: dict[str, str] | None = None,
           probed: bool = True) -> None:
     """``n`` observations, each with a heartbeat from every node and (``probed``) a new test
-    of every link at the rate it has: the controller counts a link reading only once."""
+    of every link, reported as a probe does, reading the rate it has to the digit: the
+    controller counts a link reading only once, and tells a new one by its number."""
     for _ in range(n):
         host.time.advance(OBSERVE_EVERY_S)
         if probed:
-            k = next(READS)
-            role.sched.links = [replace(lk, bandwidth_mbps=lk.bandwidth_mbps * (1 + 1e-9 * k))
-                                if lk.bandwidth_mbps else lk for lk in role.sched.links]
+            for lk in list(role.sched.links):
+                if lk.bandwidth_mbps:
+                    role.neg.metrics(lk.a, LinkMetrics(peer=lk.b, bandwidth_mbps=lk.bandwidth_mbps))
         for m in role.sched.nodes:
             beat(role, m, cannot=(cannot or {}).get(m, ""))
         role.judge(set(role.sched.nodes))

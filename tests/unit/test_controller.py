@@ -47,8 +47,9 @@ READS = itertools.count(1)  # every link test so far, for new readings
 
 
 def reading(m: Measured, k: int) -> Measured:
-    """``m`` as the ``k``-th link test reads it: the same rates, in a new reading."""
-    return replace(m, hops=[replace(h, rate_mbps=h.rate_mbps * (1 + 1e-9 * k)) for h in m.hops])
+    """``m`` as the ``k``-th link test reads it: the same rates (as a shaped link reads to
+    three digits), in a new reading."""
+    return replace(m, hops=[replace(h, reading=k) for h in m.hops])
 
 
 def run(ctl: Controller, clock: FakeClock, m: Measured, times: int, fresh: bool = True
