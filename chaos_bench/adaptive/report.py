@@ -14,9 +14,12 @@ Per run (times are seconds since the schedule began; the eval node's step log):
   progress; the loss columns say what the steps bought.
 - ``switches`` (adaptive runs): each ``policy-changed`` event with the step time the model
   predicted for the new policy and the step time measured under it: the eval node's wall
-  time per step from the switch's effective step to the next switch or the next phase
-  (whichever comes first: the prediction was for the links and compute of its phase), when
-  that window holds at least ``MIN_WINDOW`` steps and two of the new policy's rounds.
+  time per step from the step the new policy took over at to the next switch or the next
+  phase (whichever comes first: the prediction was for the links and compute of its phase),
+  when that window holds at least ``MIN_WINDOW`` steps and two of the new policy's rounds.
+  A policy takes over at its effective step, or, leaving DiLoCo, at the first outer round
+  at or after it (``takes_over_at``): a DiLoCo round is never cut short, so the switch
+  lands up to H steps after the step the event names.
 
 Goals (issue 24), on the seeds' means: the adaptive run reaches the target first, and in
 each phase its step rate is within 10 % of the best fixed policy's *in the same schedule* (the
@@ -34,6 +37,8 @@ from typing import Any
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
 from chaos_bench.stats import spread
+from chaos_edge.trainer.rhythm import Rhythm
+from daemon.contracts.policy import SyncMode
 
 ADAPTIVE = "adaptive"
 MIN_WINDOW = 10
@@ -56,18 +61,28 @@ def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, A
                      key=lambda e: e.get("seq", 0))
     numbers = [int(s) for s, _ in steps]
     bounds = [p["t1"] for p in run["phases"]]
+    # The rounds each switch lands on: the run starts in every-step (bench.py).
+    rhythm, starts = Rhythm(), []
+    for e in changed:
+        step = rhythm.takes_over_at(int(e.get("effective_step") or 0))
+        starts.append(step)
+        mode = SyncMode.from_dict({"mode": e.get("sync", "every-step"),
+                                   "inner_steps": e.get("inner_steps", 1),
+                                   "fragments": e.get("fragments", 1)})
+        rhythm = rhythm.switched(mode, step)
     out = []
     for i, e in enumerate(changed):
-        eff = int(e.get("effective_step") or 0)
+        eff = starts[i]
         row = {k: e.get(k) for k in ("t", "policy", "previous", "effective_step",
                                      "predicted_step_ms", "previous_chosen_ms",
                                      "previous_measured_ms", "gain", "reason")}
+        row["takes_over_at"] = eff
         row["measured_step_ms"] = row["error"] = None
         k = bisect_left(numbers, eff)
         if k < len(numbers) and numbers[k] == eff:
             t_eff = steps[k][1]
             phase_end = next((b for b in bounds if b > t_eff), bounds[-1])
-            nxt = int(changed[i + 1]["effective_step"]) if i + 1 < len(changed) else None
+            nxt = starts[i + 1] if i + 1 < len(changed) else None
             last = k
             while last + 1 < len(steps) and steps[last + 1][1] <= phase_end and (
                     nxt is None or numbers[last + 1] <= nxt):
@@ -210,7 +225,10 @@ def table(doc: dict[str, Any]) -> str:
         for s in r["switches"]:
             check = ("" if s["error"] is None else
                      f"; measured {s['measured_step_ms']:.1f} ms ({100 * s['error']:+.0f} %)")
-            lines.append(f"- seed {r['seed']}, t={s['t']:.1f} s, step {s['effective_step']}: "
+            lands = s.get("takes_over_at", s["effective_step"])
+            at = (f"step {s['effective_step']}" if lands == s["effective_step"]
+                  else f"step {s['effective_step']} (lands at {lands})")
+            lines.append(f"- seed {r['seed']}, t={s['t']:.1f} s, {at}: "
                          f"{s['previous']} -> {s['policy']}, predicted "
                          f"{s['predicted_step_ms'] or 0:.1f} ms{check}")
     p, g = doc["prediction"], doc["goals"]

@@ -62,6 +62,12 @@ class Rhythm:
         ``step`` governs first); a step before the anchor maps at or before its round."""
         return self.anchor_round - (self.anchor_step - step) // self.period
 
+    def takes_over_at(self, effective: int) -> int:
+        """The step where a policy of another mode effective at ``effective`` takes over:
+        the first round at or after it (a DiLoCo round is never cut short)."""
+        return self.anchor_step + (self.first_round_from(effective) - self.anchor_round) \
+            * self.period
+
     def fence(self, effective: int, committed: int, pending: Iterable[int] = ()) -> int:
         """The round number to fence a policy effective at step ``effective`` from, for the
         data plane (a phase of an older policy for a round at or past it aborts).

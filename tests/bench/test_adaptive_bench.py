@@ -87,9 +87,9 @@ def test_report_time_to_target_rates_switches_and_goals() -> None:
     # The adaptive run switches at step 200 (t = 10 s at 10 steps/s), to a policy the model
     # says takes 40 ms a step; it runs at 20 steps a second: measured 50 ms, 20 % under.
     switch = {"kind": "policy-changed", "seq": 7, "t": 9.5, "policy": "diloco H=20/int8",
-              "previous": "every-step/fp32", "effective_step": 200, "inner_steps": 20,
-              "fragments": 1, "predicted_step_ms": 40.0, "previous_chosen_ms": None,
-              "previous_measured_ms": 100.0, "gain": 0.5, "reason": "r"}
+              "previous": "every-step/fp32", "effective_step": 200, "sync": "diloco",
+              "inner_steps": 20, "fragments": 1, "predicted_step_ms": 40.0,
+              "previous_chosen_ms": None, "previous_measured_ms": 100.0, "gain": 0.5, "reason": "r"}
     late = {**switch, "seq": 9, "effective_step": 395, "predicted_step_ms": 10.0}  # 5 steps
     runs = []
     for seed in (0, 1):
@@ -122,6 +122,26 @@ def test_report_time_to_target_rates_switches_and_goals() -> None:
     assert "every-step/fp32 -> diloco H=20/int8, predicted 40.0 ms; measured 50.0 ms (-20 %)" \
         in text
     assert "first to the target: adaptive (met)" in text
+
+
+def test_a_switch_out_of_diloco_is_measured_from_the_round_it_lands_on() -> None:
+    """Into DiLoCo H=20 at step 120, out to every-step effective at 205: the members finish
+    the round in flight, so every-step takes over at 220, and its step time is measured from
+    there (bench seed 7 measured the rest of a DiLoCo round as every-step: +654 %)."""
+    into = {"kind": "policy-changed", "seq": 3, "t": 1.0, "policy": "diloco H=20/int8",
+            "previous": "every-step/fp32", "effective_step": 120, "sync": "diloco",
+            "inner_steps": 20, "fragments": 1, "predicted_step_ms": 100.0, "reason": "r"}
+    out = {**into, "seq": 5, "t": 10.0, "policy": "every-step/int8", "effective_step": 205,
+           "previous": "diloco H=20/int8",
+           "sync": "every-step", "inner_steps": 1, "predicted_step_ms": 50.0}
+    doc = report.analyse([_run("adaptive", 0, (10, 20), [3.0, 2.0], [into, out])], 2.2)
+    first, second = doc["rows"][0]["switches"]
+    assert (first["takes_over_at"], second["takes_over_at"]) == (120, 220)
+    assert second["effective_step"] == 205 and second["window_steps"] == 180
+    assert second["measured_step_ms"] == pytest.approx(50.0, rel=0.01)
+    assert first["window_steps"] == 80  # to the end of its phase, step 200
+    assert first["measured_step_ms"] == pytest.approx(100.0, rel=0.01)
+    assert "step 205 (lands at 220): diloco H=20/int8 -> every-step/int8" in report.table(doc)
 
 
 def test_report_says_where_the_controller_loses() -> None:

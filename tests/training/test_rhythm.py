@@ -28,6 +28,7 @@ def test_round_numbers_go_on_across_switches() -> None:
     assert [s for s in range(10, 23) if r.ends_round(s)] == [10, 14, 18, 22]
     assert [r.round_at(s) for s in (10, 13, 14, 18)] == [10, 10, 11, 12]
     assert r.last_round_step(17) == 14 and r.first_round_from(15) == 12
+    assert [r.takes_over_at(s) for s in (10, 11, 14, 15)] == [10, 14, 14, 18]
     assert r.first_round_from(14) == 11 and r.first_round_from(3) <= 10
     r = r.switched(SyncMode("streaming", 6, fragments=3), 18)  # period 2 from step 18
     assert (r.anchor_round, r.round_at(20), r.round_at(23)) == (12, 13, 14)
@@ -97,6 +98,9 @@ def test_members_switch_modes_together_and_stay_identical() -> None:
     for version, (mode, steps) in enumerate(plan, start=1):
         pub = SyncPolicy.build(version, ["a", "b", "c"], [("a", "b"), ("b", "c")], "b",
                                step, sync=mode)
+        # Where the switch will land, as the adaptive bench reckons it: the policy governs
+        # from the next step, and a round of the old mode is never cut short.
+        landing = reps[0].rhythm.takes_over_at(step + 1)
         for _ in range(steps):
             step += 1
             before = reps[0].round_step()
@@ -108,6 +112,7 @@ def test_members_switch_modes_together_and_stay_identical() -> None:
                 assert {rep.step for rep in reps} == {step}
             assert {rep.rhythm for rep in reps} == {reps[0].rhythm}
         switches.append(reps[0].rhythm.anchor_step)
+        assert version == 1 or switches[-1] == landing
         if mode.mode == "streaming" and mode.merge:  # a new node joins after this phase
             snap = reps[0].snapshot()
             joiner = _member(9)
