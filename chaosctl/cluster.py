@@ -174,7 +174,19 @@ class LocalCluster:
         ``mosquitto`` runs the real broker with a minimal config and waits for its port.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
-        port = self.port or free_port()
+        # A port free a moment ago can be taken before the broker binds it (another test's
+        # process, on a busy box): a port of our choosing is chosen again. A restart keeps
+        # the port the nodes know.
+        for attempt in range(3):
+            port = self.port or free_port()
+            if self._start_broker_on(port, timeout, retry=not self.port and attempt < 2):
+                self.port = port
+                return port
+        raise ClusterError("no free port for the broker")  # not reached: the last try raises
+
+    def _start_broker_on(self, port: int, timeout: float, retry: bool) -> bool:
+        """Start the broker on ``port`` and wait until ready; False if ``retry`` and the port
+        was taken."""
         log = self.workdir / "broker.log"
         if self.broker_kind == "mosquitto":
             conf = self.workdir / "mosquitto.conf"
@@ -196,9 +208,10 @@ class LocalCluster:
             else:
                 ready = _listening("127.0.0.1", port)
             if ready:
-                self.port = port
-                return port
+                return True
             if not self.broker.alive():
+                if retry and b"in use" in log.read_bytes()[offset:].lower():
+                    return False
                 raise ClusterError(f"the {self.broker_kind} broker exited early; see {log}")
             time.sleep(0.05)
         raise ClusterError(f"the {self.broker_kind} broker was not ready within {timeout:g}s; "

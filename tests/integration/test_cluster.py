@@ -6,14 +6,17 @@ Every test runs against mosquitto and against the embedded (amqtt) broker.
 from __future__ import annotations
 
 import signal
+import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chaosctl import cluster as cluster_mod
 from chaosctl.cluster import LocalCluster
-from tests.integration.conftest import BROKERS, wait_until
+from tests.integration.conftest import BROKERS, need_mosquitto, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.parametrize("broker", BROKERS)]
 MakeCluster = Callable[..., LocalCluster]
@@ -154,3 +157,23 @@ def test_broker_restart(make_cluster: MakeCluster, broker: str) -> None:
                "every node reconnected")
     wait_until(lambda: agreed(c, ids, {"standby": 3}), 30, "convergence after broker restart")
     assert not [e for e in events_of(c, ids[0], "node-failed")], "a broker outage is no failure"
+
+
+def test_a_broker_port_taken_before_it_binds_is_chosen_again(
+        tmp_path: Path, broker: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``free_port`` names a port free a moment ago; another process may take it before the
+    broker binds it (the suite once failed so: "address already in use"). The broker starts
+    on a port chosen again; a broker restarted keeps its port, taken or not."""
+    need_mosquitto(broker)
+    taken = socket.socket()  # bound, not listening: a connect to it is refused
+    taken.bind(("127.0.0.1", 0))
+    ports = iter([taken.getsockname()[1], cluster_mod.free_port()])
+    monkeypatch.setattr(cluster_mod, "free_port", lambda: next(ports))
+    c = LocalCluster(tmp_path / "c", 0, cluster="t", broker_kind=broker)
+    try:
+        with taken:
+            port = c.start_broker()
+            assert port != taken.getsockname()[1] and c.port == port
+            assert b"in use" in (tmp_path / "c" / "broker.log").read_bytes().lower()
+    finally:
+        c.close(grace=3.0)
