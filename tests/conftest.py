@@ -75,13 +75,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: each module's tests stay together and in order
 
 
-@pytest.hookimpl(trylast=True)  # after the tmp_path plugin has made its factory
 def pytest_configure(config: pytest.Config) -> None:
-    _unwind_on_sigterm()
-    _bytecode_outside_the_tree(config)
-
-
-def _unwind_on_sigterm() -> None:
     """SIGTERM (a CI runner's cancel, ``timeout``, a kill of the run) unwinds like Ctrl-C, in
     the main process and in every xdist worker: the fixtures' finalizers run, and the
     daemons, brokers, namespaces and veths a test built go with them. With the default
@@ -97,22 +91,6 @@ def _unwind_on_sigterm() -> None:
     # A handler, unlike SIG_IGN, resets to the default in the children.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _bytecode_outside_the_tree(config: pytest.Config) -> None:
-    """Where ``PYTHONDONTWRITEBYTECODE`` is set (a read-only tree, or a user's taste), every
-    chaosd, worker and chaosctl a test starts compiled the project's modules again: about a
-    sixth of the CPU of the CLI tests (35.2 against 29.4 CPU-s). The suite's children keep
-    their bytecode in the session's temporary directory instead, never in the tree."""
-    if hasattr(config, "workerinput") or not os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        return  # an xdist worker inherits the controller's choice; the default writes .pyc
-    if os.environ.get("PYTHONPYCACHEPREFIX"):
-        return
-    factory = getattr(config, "_tmp_path_factory", None)
-    if factory is None:
-        return
-    os.environ["PYTHONPYCACHEPREFIX"] = str(factory.getbasetemp() / "pycache")
-    del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 
 def _cpu_s() -> float:
