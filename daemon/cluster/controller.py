@@ -71,8 +71,8 @@ class Hop:
     reading: int = 0  # which bandwidth test of the link gave the rate (counted from 1)
 
 
-
 Readings = tuple[tuple[float, int], ...]  # per tree hop: (rate, which test read it)
+
 
 @dataclass(frozen=True)
 class Measured:
