@@ -46,6 +46,7 @@ EVENT_STYLES: dict[str, str] = {
     "round-stuck": "bold yellow",
     "snapshot-failed": "bold red",
     "policy-changed": "bold cyan",
+    "straggler": "bold yellow",
 }
 # Shown in this order in status; unknown states follow, sorted.
 STATE_ORDER = ("active", "joining", "standby", "leaving", "failed", "left")
@@ -396,13 +397,27 @@ def _policy_changed(ev: dict[str, Any]) -> str:
     return text
 
 
+def _straggler(ev: dict[str, Any]) -> str:
+    """``straggler``: a member set aside for its compute or links (predicted gain), let back
+    in, or the gain measured after it was set aside."""
+    gain, action = ev.get("predicted_gain"), ev.get("action")
+    predicted = f"{gain:+.0%} samples/s predicted" if _num(gain) else "gain not predicted"
+    if action == "measured":
+        got = ev.get("measured_gain")
+        return (f"set aside: {got:+.0%} samples/s measured, {predicted}" if _num(got)
+                else f"set aside: no step rate to measure, {predicted}")
+    if action == "rejoin":
+        return f"rejoins ({cell(ev.get('cause'))}), {predicted} with it"
+    return f"set aside for its {cell(ev.get('cause'))}: {predicted} without it"
+
+
 SUMMARIES = {
     "scale-out": _scale_out, "scale-in": _scale_in, "connect-link": _link,
     "disconnect-link": _link, "link-failed": _link, "node-failed": _node_failed,
     "scheduler-elected": _elected, "partition": _partition, "state-diverged": _diverged,
     "state-restored": _state, "state-lost": _state, "job-failed": _job_failed,
     "round-stuck": _stuck, "snapshot-failed": _snapshot_failed,
-    "policy-changed": _policy_changed,
+    "policy-changed": _policy_changed, "straggler": _straggler,
 }
 
 

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 WARMUP_SLEEP_S = 0.05  # between no-sample steps: the bench needs time to name START
-SLOW_POLL_S = 0.5  # how often the slow-down file is read
 MODEL = {"d_model": 64, "layers": 2}
 CHARS, CONTEXT = 48_000, 32
 
@@ -65,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
+    from chaos_bench.slowdown import SlowDown
     from chaos_edge import ChaosError, Trainer
     from chaos_edge.examples import chartf
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(100_000 * args.seed + 1000 + int(me.lstrip("n") or 0))
     log = open(run / f"{me}.steps.jsonl", "a", buffering=1)  # noqa: SIM115 (lives with us)
     start, started, final = -1, False, False
-    slow_ms, slow_read, next_snap, snaps = 0.0, 0.0, 0.0, 0
+    slow, next_snap, snaps = SlowDown(run / f"slow-{me}"), 0.0, 0
 
     def snapshot(last: bool) -> None:
         nonlocal snaps
@@ -111,15 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer.check_state_replication()
             time.sleep(WARMUP_SLEEP_S)
             continue
-        now = time.monotonic()
-        if now >= slow_read:
-            slow = run / f"slow-{me}"
-            slow_ms = float(slow.read_text() or 0) if slow.exists() else 0.0
-            slow_read = now + SLOW_POLL_S
         x, y = chartf.batch(data, torch.randint(data.n_train, (args.batch,), generator=gen))
         chartf.loss_of(model, x, y).backward()
-        if slow_ms > 0:
-            time.sleep(slow_ms / 1000.0)
+        slow.sleep()
         trainer.update()
         trainer.check_state_replication()
         log.write(json.dumps({"step": trainer.step, "t": round(time.time(), 4),

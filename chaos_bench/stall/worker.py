@@ -31,9 +31,11 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from chaos_bench.slowdown import SlowDown
 from chaos_bench.stall import MODELS
 from chaos_edge import Trainer, capture_exit_event
 from chaos_edge.examples import chartf, cnn
@@ -87,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                          "slow link as a planned change lands)")
     ap.add_argument("--wait-members", type=int, default=1)
     ap.add_argument("--sleep", type=float, default=0.0)
+    ap.add_argument("--slow-file", default="",
+                    help="while this file exists, milliseconds of extra compute a step (a box "
+                         "slowed by its owner's other work)")
     ap.add_argument("--leave-at", type=int, default=-1)
     ap.add_argument("--model", choices=MODELS, default="mlp")
     ap.add_argument("--width", type=int, default=16, help="the mlp's hidden units")
@@ -142,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
         trainer.reducer.fault_hook = stall
     gen = torch.Generator().manual_seed(sum(map(ord, node)))
+    slow = SlowDown(Path(args.slow_file)) if args.slow_file else None
     with open(args.out, "a") as out:
         while trainer.step < args.steps:
             while trainer.step == 0 and trainer._s.book.newest is not None and len(
@@ -151,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             x, y = draw(gen)
             loss = loss_fn(model(x), y)
             loss.backward()
+            if slow is not None:
+                slow.sleep()
             trainer.update()
             trainer.check_state_replication()
             t = trainer.stalls[-1]

@@ -17,22 +17,25 @@ operator's error says why.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 from daemon.cluster.controller import Candidate, Controller, Decision, Hop, Measured
 from daemon.cluster.primitives import Negotiator, link_key
 from daemon.cluster.scheduler import Scheduler
+from daemon.cluster.stragglers import StragglerJudge, Verdict, View
 from daemon.contracts.clock import Clock
 from daemon.contracts.config import AdaptiveConfig, TrainingConfig
 from daemon.contracts.errors import PolicyError
 from daemon.contracts.messages import Heartbeat
-from daemon.contracts.policy import SYNC_MODES, WIRE_FORMATS, SyncMode, SyncPolicy
+from daemon.contracts.policy import SYNC_MODES, WIRE_FORMATS, SyncMode, SyncPolicy, depth
 from daemon.contracts.protocol import PolicyRequest
 
 #: Seconds between two measurements given to the controller.
 OBSERVE_EVERY_S = 2.0
+#: Seconds after a straggler is set aside when the gain is measured (the step rate is measured
+#: over RATE_WINDOW_S; the change takes effect a lead of steps after the decision).
+MEASURE_AFTER_S = 15.0
 
 
 def running(policy: SyncPolicy) -> Candidate:
@@ -42,19 +45,7 @@ def running(policy: SyncPolicy) -> Candidate:
 
 def tree_depth(policy: SyncPolicy) -> int:
     """Hops from the policy's root to its deepest member."""
-    near: dict[str, list[str]] = {m: [] for m in policy.members}
-    for a, b in policy.edges:
-        near[a].append(b)
-        near[b].append(a)
-    depth, seen, todo = 0, {policy.root}, deque([(policy.root, 0)])
-    while todo:
-        node, d = todo.popleft()
-        depth = max(depth, d)
-        for peer in near.get(node, []):
-            if peer not in seen:
-                seen.add(peer)
-                todo.append((peer, d + 1))
-    return depth
+    return depth(policy.root, policy.edges)
 
 
 def sync_mode(c: Candidate, base: SyncMode) -> SyncMode:
@@ -124,6 +115,10 @@ class Adapter:
         self.cannot_diloco: dict[str, str] = {}
         self._observed_at: float | None = None
         self._last: Decision | None = None  # the decision in force (None: the start)
+        self.judge = StragglerJudge(cfg, clock) if cfg.enabled else None
+        # The last straggler set aside, for the measured gain: (verdict, when, members then,
+        # the cluster's steps a second then).
+        self._aside: tuple[Verdict, float, int, float | None] | None = None
 
     def _cannot(self, c: Candidate) -> str | None:
         if c.sync == "every-step":
@@ -165,14 +160,84 @@ class Adapter:
         return Measured({m: self.compute_s[m] for m in members}, hops, tree_depth(policy),
                         max(self.elements[m] for m in members))
 
+    def view(self) -> View | None:
+        """What the straggler judge needs: the members' and the set-aside nodes' compute, and
+        every measured link up between them (None: a member not measured yet)."""
+        policy = self.sched.policy
+        if policy is None or not policy.members or any(
+                m not in self.compute_s for m in policy.members):
+            return None
+        nodes = set(policy.members) | set(self.neg.benched)
+        links = {(lk.a, lk.b): (lk.bandwidth_mbps, lk.rtt_ms or 0.0) for lk in self.sched.links
+                 if lk.state == "up" and lk.bandwidth_mbps and lk.a in nodes and lk.b in nodes}
+        return View(policy.members, {n: self.compute_s[n] for n in nodes if n in self.compute_s},
+                    links, max(self.elements[m] for m in policy.members), running(policy),
+                    dict(self.neg.bw_readings))
+
+    def _stragglers(self) -> bool:
+        """Judge the stragglers; True when a policy was published (one set aside)."""
+        judge = self.judge
+        if judge is None:
+            return False
+        for node in list(judge.aside):
+            if node not in self.neg.benched:
+                judge.forget(node)  # back by another way (its worker restarted, a failure)
+        self._measure_aside()
+        v = self.view()
+        verdict = judge.observe(v) if v is not None else None
+        if verdict is None:
+            return False
+        detail: dict[str, Any] = {
+            "action": verdict.action, "node": verdict.node, "cause": verdict.cause,
+            "predicted_gain": round(verdict.gain, 4) if verdict.gain < 1e9 else None,
+            "predicted_step_ms_with": round(verdict.step_s_with * 1000, 3)
+            if verdict.step_s_with < 1e9 else None,
+            "predicted_step_ms_without": round(verdict.step_s_without * 1000, 3)
+            if verdict.step_s_without < 1e9 else None,
+            "reason": verdict.reason()}
+        if verdict.action == "rejoin":
+            self._measure_aside(now=True)  # let back before MEASURE_AFTER_S: measured so far
+            self.neg.let_back(verdict.node)
+            self.sched.record("straggler", **detail)
+            return False
+        rate = self.neg.step_rate()
+        if self.neg.stand_aside(verdict.node, verdict.reason()) is None:
+            judge.forget(verdict.node)  # a join in flight, or too few would stay
+            return False
+        self._aside = (verdict, self.clock.monotonic(), len(v.members) if v else 0, rate)
+        self.sched.record("straggler", **detail,
+                          steps_per_s_before=round(rate, 3) if rate else None)
+        return True
+
+    def _measure_aside(self, now: bool = False) -> None:
+        """MEASURE_AFTER_S after a straggler was set aside (or ``now``, as it is let back):
+        the gain as measured (samples a second, a member's batch each, from the cluster's step
+        rate) beside the predicted."""
+        if self._aside is None:
+            return
+        verdict, at, members, before = self._aside
+        if not now and self.clock.monotonic() - at < MEASURE_AFTER_S:
+            return
+        self._aside = None
+        after = self.neg.step_rate()
+        measured = ((members - 1) * after) / (members * before) - 1.0 \
+            if before and after is not None and members > 1 else None
+        self.sched.record("straggler", action="measured", node=verdict.node,
+                          cause=verdict.cause, predicted_gain=round(verdict.gain, 4),
+                          measured_gain=round(measured, 4) if measured is not None else None,
+                          steps_per_s_before=round(before, 3) if before else None,
+                          steps_per_s_after=round(after, 3) if after is not None else None)
+
     def tick(self) -> bool:
         """Every scheduler tick: judge a measurement every OBSERVE_EVERY_S; True when the
-        cluster's policy switched (a new policy is published)."""
+        cluster's policy changed (a new policy is published)."""
         now = self.clock.monotonic()
         if self.ctl is None or (self._observed_at is not None
                                 and now - self._observed_at < OBSERVE_EVERY_S):
             return False
         self._observed_at = now
+        if self._stragglers():
+            return True
         m = self.measured()
         if m is None:
             return False

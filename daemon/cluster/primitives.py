@@ -216,6 +216,9 @@ class Negotiator:
         # Joins that wait for heartbeats: node -> (until when, whose, the join's arguments).
         self._unheard: dict[str, tuple[float, frozenset[str],
                                        tuple[str, list[str], dict[str, float] | None, int]]] = {}
+        # Members set aside as stragglers (node -> why), their joins held until the policy
+        # controller lets them back (:meth:`stand_aside`, :meth:`let_back`).
+        self.benched: dict[str, str] = {}
 
     # --- helpers --------------------------------------------------------------------------
     def members(self) -> list[str]:
@@ -496,6 +499,14 @@ class Negotiator:
         if rec is None:
             self.sched.set_node(node, state="standby")
         self.sched.set_node(node, data_addr=data_addr)
+        if node in self.benched:
+            if len(self._active()) >= 2:
+                # A straggler set aside: its worker holds its state and asks again every few
+                # seconds, at no cost, until the controller lets it back (let_back).
+                self._holds[node] = step
+                return
+            # Too few members train without it (the others went): a straggler beats none.
+            del self.benched[node]
         # Sources hold the state: active members, never another joiner.
         members = [m for m in self._active() if m != node]
         pending = self.joins.get(node)
@@ -941,6 +952,33 @@ class Negotiator:
                           policy_version=policy.version if policy else None,
                           effective_step=effective)
 
+    def stand_aside(self, node: str, why: str) -> SyncPolicy | None:
+        """Scale-in of a live member that slows the cluster (a straggler), with ``why``.
+
+        Planned like a leave, at a step boundary ahead, so no round waits for it; but its
+        worker stays, holding its state, and asks to rejoin once the policy without it
+        governs; its joins are held until :meth:`let_back`. None (nothing done) unless it is
+        an active member, no join is in flight, and two active members stay.
+        """
+        rec = self.sched.nodes.get(node)
+        active = self._active()
+        if rec is None or rec.state != "active" or self.joins or len(active) < 3:
+            return None
+        effective = self.max_step() + self.lead()  # max_step still counts it
+        self.sched.set_node(node, state="standby")
+        self._note_aside(node, active)
+        self.benched[node] = why
+        policy = self.publish_policy(effective_step=effective)
+        self.sched.record("scale-in", node=node, reason="straggler", detail=why,
+                          delay_ms=0.0, policy_version=policy.version if policy else None,
+                          effective_step=effective)
+        return policy
+
+    def let_back(self, node: str) -> None:
+        """A straggler set aside may rejoin: its next join request (within JOIN_ASK_AGAIN_S)
+        is planned as any other."""
+        self.benched.pop(node, None)
+
     def _serves_last(self, node: str) -> bool:
         """Whether ``node`` is the only active member and a source of a join in flight."""
         return self._active() == [node] and any(
@@ -970,6 +1008,7 @@ class Negotiator:
     def gone(self, node: str, reason: str) -> None:
         """Scale-in on failure: a new policy at once; rounds in flight are rerun."""
         self._handing_over.pop(node, None)
+        self.benched.pop(node, None)  # back, it joins as any node
         was_member = ((self.sched.policy is not None and node in self.sched.policy.members)
                       or node in self.joins)
         if self._leaving.pop(node, -1) > self.max_step():

@@ -186,6 +186,13 @@ class AdaptiveConfig:
     hysteresis: float = 0.15
     dwell: int = 3
     min_interval_s: float = 60.0
+    # Stragglers (daemon.cluster.stragglers): a member without which the cluster would train
+    # more samples a second, by more than the hysteresis, is set aside (scale-in, its worker
+    # waits to rejoin); one set aside for its links rejoins when they recover, one set aside
+    # for its compute is tried again after ``straggler_retry_s``, twice as long each time it
+    # is set aside again within an hour (at most 4x).
+    stragglers: bool = True
+    straggler_retry_s: float = 60.0
 
 
 ADAPTIVE_PINS = POLICY_PARTS
@@ -531,6 +538,9 @@ def _check_adaptive(ad: AdaptiveConfig, tr: TrainingConfig) -> None:
                           f"not {ad.max_inner_steps}")
     if not 0 <= ad.hysteresis < 1:
         raise ConfigError(f"config: adaptive.hysteresis must be in [0, 1), not {ad.hysteresis:g}")
+    if not 1 <= ad.straggler_retry_s <= 3600:
+        raise ConfigError(f"config: adaptive.straggler_retry_s must be 1..3600 seconds, not "
+                          f"{ad.straggler_retry_s:g}")
     if not 1 <= ad.dwell <= 1000 or ad.min_interval_s < 0:
         raise ConfigError(f"config: adaptive.dwell must be 1..1000 and adaptive.min_interval_s "
                           f">= 0, not {ad.dwell} and {ad.min_interval_s:g}")

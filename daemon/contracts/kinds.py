@@ -72,7 +72,7 @@ CONTROL_OPS: tuple[ControlOp, ...] = (*get_args(ReadOp), *get_args(ActionOp),
 EventKind = Literal[
     "scale-out", "scale-in", "connect-link", "disconnect-link", "node-failed", "link-failed",
     "scheduler-elected", "partition", "state-diverged", "state-restored", "state-lost",
-    "job-failed", "round-stuck", "snapshot-failed", "policy-changed",
+    "job-failed", "round-stuck", "snapshot-failed", "policy-changed", "straggler",
 ]
 EVENT_KINDS: tuple[EventKind, ...] = get_args(EventKind)
 

@@ -437,6 +437,14 @@ def spanning_tree(members: Iterable[str], links: Mapping[Edge, float]) -> TreePl
     return TreePlan(_centre(main, main_edges), main_edges, tuple(comps))
 
 
+def depth(root: str, edges: Iterable[Edge]) -> int:
+    """Hops from ``root`` to the deepest node of the tree of ``edges``."""
+    level: dict[str, int] = {}
+    for node, parent in _bfs(root, edges).items():  # BFS order: parents before children
+        level[node] = 0 if parent is None else level[parent] + 1
+    return max(level.values())
+
+
 def _bfs(root: str, edges: Iterable[Edge]) -> dict[str, str | None]:
     """Parent of every node reachable from ``root`` (the root maps to None)."""
     adj: dict[str, list[str]] = {}

@@ -116,12 +116,38 @@ def state_events() -> list[dict[str, Any]]:
             if ev["kind"] in ("state-restored", "state-lost")]
 
 
+def straggler_events() -> list[dict[str, Any]]:
+    """node-3's compute falls to 8x the others': set aside, the gain measured, a trial."""
+    clock = FakeClock()
+    sched = Scheduler("node-1", 4, None, clock)
+    neg = Negotiator(sched, clock, lambda _n: 100)
+    nodes = ("node-1", "node-2", "node-3")
+    for n in nodes:
+        neg.join(n, f"127.0.0.1:{n[-1]}000", [])
+        neg.replicated(n, Replicated(version=0))
+    sched.links = [LinkRecord(a, b, "up", rtt_ms=1.0, bandwidth_mbps=1000.0)
+                   for i, a in enumerate(nodes) for b in nodes[i + 1:]]
+    adapter = Adapter(sched, neg, AdaptiveConfig(enabled=True, dwell=1, min_interval_s=0.0,
+                                                 syncs=("every-step",)), TrainingConfig(),
+                      clock)
+    for _ in range(40):
+        for n in nodes:
+            adapter.heard(Heartbeat(node=n, seq=1, incarnation=1, step=100, state="active",
+                                    cpu_percent=0.0, mem_percent=0.0, elements=100_000,
+                                    compute_ms=400.0 if n == "node-3" else 50.0))
+        adapter.tick()
+        clock.advance(2.0)
+    agent = SimpleNamespace(events={(ev.seq, ev.ts): ev for ev in sched.events})
+    return [ev for ev in daemon_views.events(cast(NodeAgent, agent), {})
+            if ev["kind"] == "straggler"]
+
+
 def by_kind(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [ev for ev in events if ev["kind"] == kind]
 
 
 def test_every_kind_has_a_summary() -> None:
-    events = real_events() + state_events()
+    events = real_events() + state_events() + straggler_events()
     assert {ev["kind"] for ev in events} == set(EVENT_KINDS)
     for ev in events:
         assert "=" not in event_summary(ev), ev  # no raw key=value dump for a known kind
@@ -182,6 +208,14 @@ def test_an_operators_switch_of_the_sync_mode_reads() -> None:
           "reason": "set by the operator (chaosctl policy set): streaming H=20 P=4 overlap/int8"}
     assert event_summary(ev) == ("every-step/fp32 -> streaming H=20 P=4 overlap/int8 at step "
                                  "300: set by the operator")
+
+
+def test_a_straggler_set_aside_measured_and_tried_again_reads() -> None:
+    aside, measured, back = straggler_events()[:3]
+    assert event_summary(aside).startswith("set aside for its compute: +")
+    assert "samples/s predicted without it" in event_summary(aside)
+    assert event_summary(measured).startswith("set aside: ")
+    assert event_summary(back).startswith("rejoins (trial), ")
 
 
 def test_odd_or_unknown_events_still_read() -> None:

@@ -251,3 +251,63 @@ def test_without_the_controller_the_operator_still_sets_the_policy() -> None:
     assert role.sched.policy.wire == "int8" and role.sched.policy.pinned == ("wire",)
     error = host.reply_to(request(role, "a", "policy", auto=True)).args["error"]
     assert error and "controller is off" in error
+
+
+def stragglers(role: SchedulerRole) -> list[dict[str, object]]:
+    return [{**e.detail, "node": e.node} for e in role.sched.events if e.kind == "straggler"]
+
+
+def test_a_throttled_member_is_set_aside_its_join_held_and_tried_again() -> None:
+    """c's compute falls to 8x the others': the scheduler sets it aside (a planned scale-in
+    with the reason and the predicted gain), holds the join its worker asks for, lets it back
+    for a trial after ``straggler_retry_s``, and reports the gain it measured meanwhile."""
+    host = adaptive_host(syncs=("every-step",), dwell=2, straggler_retry_s=30.0)
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, LOOPBACK)
+    slow = {"a": 50.0, "b": 50.0, "c": 400.0}
+
+    def observe(n: int, members: tuple[str, ...] = MEMBERS) -> None:
+        for _ in range(n):
+            host.time.advance(OBSERVE_EVERY_S)
+            for m in members:
+                beat(role, m, compute_ms=slow[m])
+            role.judge(set(role.sched.nodes))
+
+    observe(6)  # watched for SETTLE_S first, then dwell 2
+    assert stragglers(role) == []
+    observe(1)
+    [aside] = stragglers(role)
+    assert aside["action"] == "set-aside" and aside["node"] == "c" and aside["cause"] == "compute"
+    assert aside["predicted_gain"] > 2 and "c's compute slows the cluster" in aside["reason"]
+    [scale_in] = [e for e in role.sched.events if e.kind == "scale-in"]
+    assert scale_in.detail["reason"] == "straggler" and scale_in.node == "c"
+    policy = role.sched.policy
+    assert policy.members == ("a", "b") and policy.effective_step > role.neg.max_step() - 1
+    assert role.sched.nodes["c"].state == "standby"
+    # Its worker, dropped from the rounds, asks to join again: held while it is aside.
+    rid = request(role, "c", "join", addr="10.0.0.c:7000", neighbors=[])
+    assert host.reply_to(rid).args["error"] is None
+    assert "c" not in role.neg.joins and role.sched.nodes["c"].state == "standby"
+    observe(8, members=("a", "b"))  # 16 s: the gain as measured, beside the predicted
+    measured = stragglers(role)[-1]
+    assert measured["action"] == "measured" and measured["predicted_gain"] == aside[
+        "predicted_gain"]
+    observe(8, members=("a", "b"))  # 32 s aside: a trial
+    back = stragglers(role)[-1]
+    assert back["action"] == "rejoin" and back["node"] == "c" and back["cause"] == "trial"
+    request(role, "c", "join", addr="10.0.0.c:7000", neighbors=[])
+    assert role.sched.nodes["c"].state == "joining" and "c" in role.neg.joins
+
+
+def test_stragglers_off_keeps_every_member() -> None:
+    host = adaptive_host(syncs=("every-step",), dwell=1, stragglers=False)
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, LOOPBACK)
+    for _ in range(5):
+        host.time.advance(OBSERVE_EVERY_S)
+        for m in MEMBERS:
+            beat(role, m, compute_ms=400.0 if m == "c" else 50.0)
+        role.judge(set(role.sched.nodes))
+    assert stragglers(role) == [] and role.sched.policy.members == MEMBERS
