@@ -64,6 +64,9 @@ def test_broker_urls(tmp_path: Path) -> None:
         ('[adaptive]\nmin_wire = "int4"\n', "adaptive.min_wire"),
         ('[adaptive]\nsyncs = []\n', "adaptive.syncs"),
         ('[adaptive]\nhysteresis = 1.5\n', "adaptive.hysteresis"),
+        ('[adaptive]\nstraggler_retry_s = 0\n', "adaptive.straggler_retry_s must be 1..3600"),
+        ('[adaptive]\nstraggler_retry_s = nan\n', "adaptive.straggler_retry_s must be 1..3600"),
+        ('[adaptive]\nstragglers = "yes"\n', "adaptive.stragglers must be true or false"),
         # The example: a pinned policy that contradicts a bound names both keys.
         ('[training]\nwire = "int8"\n[adaptive]\nenabled = true\npin = ["wire"]\n'
          'min_wire = "bf16"\n',
