@@ -205,7 +205,7 @@ def run_one(policy: str, seed: int, opts: Options, say: Say, out: Path,
         wait_until((run_dir / "final").exists, FINAL_WAIT_S,
                    "the eval node's final snapshot", every=0.05)
         events = [e for e in tb.query(tb.nodes[0], "events", timeout=5.0) or []
-                  if e.get("kind") in ("policy-changed", "node-failed", "scale-in")]
+                  if e.get("kind") in ("policy-changed", "node-failed", "scale-in", "straggler")]
     except BaseException:
         keep_copy(tmp, out / f"failed-{policy.replace(' ', '-')}-s{seed}", say,
                   "the logs of the failed run")

@@ -178,3 +178,30 @@ def test_the_time_to_every_loss_level_and_a_report_again_from_the_raw_runs(
     line = assert_one_line_error(run_ctl("bench", "adaptive", "--from",
                                          str(tmp_path / "bad.json")), 2)
     assert "not an adaptive.json with its runs" in line
+
+
+def test_a_straggler_set_aside_counts_the_samples_not_the_steps() -> None:
+    """The adaptive run sets n3 aside at t = 10 s and steps twice as fast with two members:
+    as many samples a second as the fixed policy's three, so the phase goal is met on samples,
+    though its step rate is 1.5x the fixed one's; the events are listed."""
+    events = [{"kind": "straggler", "seq": 4, "t": 9.8, "action": "set-aside", "node": "n3",
+               "cause": "compute", "predicted_gain": 0.4},
+              {"kind": "straggler", "seq": 5, "t": 25.0, "action": "measured", "node": "n3",
+               "cause": "compute", "predicted_gain": 0.4, "measured_gain": 0.33}]
+    ad = _run("adaptive", 0, (10, 15), [3.0, 2.0], events)
+    n1 = ad["nodes"]["n1"]
+    ad["nodes"]["n3"] = {"steps": [[s, t] for s, t in n1["steps"] if t < 10.0],
+                         "modes": n1["modes"]}
+    fixed = _run("every-step", 0, (10, 10), [3.0, 2.5])
+    fixed["nodes"]["n3"] = fixed["nodes"]["n1"]
+    doc = report.analyse([ad, fixed], 2.2)
+    rows = {r["policy"]: r for r in doc["rows"]}
+    assert rows["adaptive"]["phase_steps_per_s"] == pytest.approx([10, 15], rel=0.07)
+    assert rows["adaptive"]["phase_samples_per_s"] == pytest.approx([30, 30], rel=0.07)
+    assert rows["every-step"]["phase_samples_per_s"] == pytest.approx([30, 30], rel=0.07)
+    assert [s["action"] for s in rows["adaptive"]["stragglers"]] == ["set-aside", "measured"]
+    assert doc["goals"]["every_phase_within_10pct"]
+    text = report.table(doc)
+    assert "- seed 0, t=9.8 s: n3 set aside for its compute, +40% samples/s predicted" in text
+    assert "- seed 0, t=25.0 s: n3 measured +33%, +40% samples/s predicted" in text
+    assert "samples a second in each phase" in text
