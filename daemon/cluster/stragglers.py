@@ -9,9 +9,10 @@ its own) with every member, and without each one in turn, over the widest tree t
 links allow. The remedies, cheapest first:
 
 1. *A smaller batch share*: in consistent mode every round splits the fixed global batch by the
-   members' measured speeds, so a slow box computes its share as fast as the rest. Its
-   compute, as its heartbeats report it, is then level with theirs, and the judge finds no
-   straggler: the remedy is already in force.
+   members' measured speeds (samples a second), so a box slow per sample computes its
+   smaller share in about the time the rest take. Its compute, as its heartbeats report it,
+   is then level with theirs, and the judge finds no straggler: the remedy is already in
+   force. A cost a step that shares cannot shrink (a fixed stall) is left to the next ones.
 2. *A different place in the tree*: the scheduler republishes the widest tree when the
    measured links make it clearly wider than the one in force (``Negotiator._improve_policy``);
    the judge compares the cluster with and without a member over the widest tree, so a
