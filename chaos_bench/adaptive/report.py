@@ -68,11 +68,56 @@ def _samples_rate(run: dict[str, Any], t0: float, t1: float) -> float | None:
     return sum(rates) if rates else None
 
 
-def _stragglers(run: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{k: e.get(k) for k in ("t", "action", "node", "cause", "predicted_gain",
-                                   "measured_gain")}
-            for e in sorted(run["events"], key=lambda e: e.get("seq", 0))
-            if e.get("kind") == "straggler"]
+def _stragglers(run: dict[str, Any], switches: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The judge's events, each set-aside with its model check: the step time predicted
+    without the member against the one a remaining node measured, from the step the
+    set-aside took effect at to the next switch, the rejoin or the phase's end."""
+    events = sorted(run["events"], key=lambda e: e.get("seq", 0))
+    lands = sorted(int(s["takes_over_at"]) for s in switches)
+    out = []
+    for e in events:
+        if e.get("kind") != "straggler":
+            continue
+        row = {k: e.get(k) for k in ("t", "action", "node", "cause", "predicted_gain",
+                                     "measured_gain", "predicted_step_ms_without",
+                                     "policy_switched")}
+        row["measured_step_ms"] = row["error"] = None
+        if e.get("action") == "set-aside":
+            scale_in = next((x for x in reversed(events) if x.get("kind") == "scale-in"
+                             and x.get("reason") == "straggler" and x.get("node") == e["node"]
+                             and x.get("seq", 0) < e.get("seq", 0)), None)
+            back = next((x.get("t") for x in events if x.get("kind") == "straggler"
+                         and x.get("action") == "rejoin" and x.get("node") == e["node"]
+                         and x.get("seq", 0) > e.get("seq", 0)), None)
+            if scale_in is not None:
+                _check_aside(row, run, int(scale_in.get("effective_step") or 0), lands, back)
+        out.append(row)
+    return out
+
+
+def _check_aside(row: dict[str, Any], run: dict[str, Any], eff: int, lands: list[int],
+                 back: float | None) -> None:
+    node = next(n for n in sorted(run["nodes"]) if n != row["node"])
+    steps = run["nodes"][node]["steps"]
+    numbers = [int(x) for x, _ in steps]
+    k = bisect_left(numbers, eff)
+    if k >= len(numbers) or not row["predicted_step_ms_without"]:
+        return
+    t_eff = steps[k][1]
+    end = min([p["t1"] for p in run["phases"] if p["t1"] > t_eff] or [steps[-1][1]])
+    if back is not None:
+        end = min(end, back)
+    nxt = next((x for x in lands if x > eff), None)
+    last = k
+    while last + 1 < len(steps) and steps[last + 1][1] <= end and (
+            nxt is None or numbers[last + 1] <= nxt):
+        last += 1
+    n = numbers[last] - eff
+    row["window_steps"] = n
+    if n >= MIN_WINDOW:
+        ms = 1000.0 * (steps[last][1] - t_eff) / n
+        row["measured_step_ms"] = round(ms, 3)
+        row["error"] = round(row["predicted_step_ms_without"] / ms - 1.0, 4)
 
 
 def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, Any]]:
@@ -120,6 +165,7 @@ def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, A
 
 def _row(run: dict[str, Any], target: float) -> dict[str, Any]:
     steps = _eval_node(run)["steps"]
+    switches = _switches(run, steps) if run["policy"] == ADAPTIVE else []
     evals = run["evals"]
     final = next((e for e in evals if e["final"]), evals[-1] if evals else None)
     hit = next((e["t"] for e in evals if e["val_loss"] <= target), None)
@@ -130,11 +176,11 @@ def _row(run: dict[str, Any], target: float) -> dict[str, Any]:
         "steps": int(steps[-1][0]) - run["start"] if steps else 0,
         "phase_steps_per_s": [_rate(steps, p["t0"], p["t1"]) for p in run["phases"]],
         "phase_samples_per_s": [_samples_rate(run, p["t0"], p["t1"]) for p in run["phases"]],
-        "stragglers": _stragglers(run),
+        "stragglers": _stragglers(run, switches),
         "phase_end_val_loss": [
             next((e["val_loss"] for e in reversed(evals) if e["t"] <= p["t1"] + 0.5), None)
             for p in run["phases"]],
-        "switches": _switches(run, steps) if run["policy"] == ADAPTIVE else [],
+        "switches": switches,
         "curve": [[e["t"], e["val_loss"]] for e in evals],
     }
 
@@ -167,6 +213,11 @@ def analyse(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
                   "median_abs_error": statistics.median(errors) if errors else None,
                   "goal": PREDICTION_GOAL,
                   "met": bool(errors) and statistics.median(errors) <= PREDICTION_GOAL}
+    asides = [s for r in rows for s in r["stragglers"] if s["action"] == "set-aside"]
+    aside_errors = [abs(s["error"]) for s in asides if s["error"] is not None]
+    prediction["stragglers"] = {
+        "set_aside": len(asides), "checked": len(aside_errors),
+        "median_abs_error": statistics.median(aside_errors) if aside_errors else None}
     return {"target_loss": target, "phases": [{k: p[k] for k in ("seconds", "mbit",
                                                                   "edge_mbit", "slow_ms")}
                                               for p in phases],
@@ -269,16 +320,29 @@ def table(doc: dict[str, Any]) -> str:
             if e["action"] == "measured":
                 got = e["measured_gain"]
                 what = "measured " + ("-" if got is None else f"{got:+.0%}") + gain
+                if e.get("policy_switched"):
+                    what += " (the policy switched meanwhile)"
             elif e["action"] == "rejoin":
                 what = f"let back in ({e['cause']})"
             else:
                 what = f"set aside for its {e['cause']}{gain}"
+                if e["predicted_step_ms_without"]:
+                    what += f"; {e['predicted_step_ms_without']:.1f} ms a step predicted without"
+                if e["error"] is not None:
+                    what += (f", measured {e['measured_step_ms']:.1f} ms "
+                             f"({100 * e['error']:+.0f} %)")
             lines.append(f"- seed {r['seed']}, t={e['t'] or 0:.1f} s: {e['node']} {what}")
     p, g = doc["prediction"], doc["goals"]
     med = p["median_abs_error"]
     lines.append(f"prediction: {p['checked']} of {p['switches']} switches checked, median "
                  f"|error| {'-' if med is None else format(100 * med, '.1f') + ' %'} (goal "
                  f"{100 * p['goal']:.0f} %): {'met' if p['met'] else 'NOT met'}")
+    st = p.get("stragglers")
+    if st and st["set_aside"]:
+        med = st["median_abs_error"]
+        lines.append(f"stragglers: {st['set_aside']} set aside, {st['checked']} checked, "
+                     f"median |error| of the step time predicted without them "
+                     f"{'-' if med is None else format(100 * med, '.1f') + ' %'}")
     if g:
         lines.append(f"first to the target: {g['first_to_target'] or 'none reached it'} "
                      f"({'met' if g['adaptive_first'] else 'NOT met'})")

@@ -18,6 +18,7 @@ operator's error says why.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from daemon.cluster.controller import Candidate, Controller, Decision, Hop, Measured
@@ -36,6 +37,17 @@ OBSERVE_EVERY_S = 2.0
 #: Seconds after a straggler is set aside when the gain is measured (the step rate is measured
 #: over RATE_WINDOW_S; the change takes effect a lead of steps after the decision).
 MEASURE_AFTER_S = 15.0
+
+
+@dataclass(frozen=True)
+class Aside:
+    """A straggler set aside, until its gain is measured."""
+
+    verdict: Verdict
+    at: float  # when
+    members: int  # members before
+    before: float | None  # the cluster's steps a second before
+    policy: str  # the policy in force then (its label)
 
 
 def running(policy: SyncPolicy) -> Candidate:
@@ -116,9 +128,11 @@ class Adapter:
         self._observed_at: float | None = None
         self._last: Decision | None = None  # the decision in force (None: the start)
         self.judge = StragglerJudge(cfg, clock) if cfg.enabled else None
-        # The last straggler set aside, for the measured gain: (verdict, when, members then,
-        # the cluster's steps a second then).
-        self._aside: tuple[Verdict, float, int, float | None] | None = None
+        # Where the judge's streak began (its leader, when, the cluster's step): the step
+        # rate "before" a set-aside is measured from there, after the member turned slow, not
+        # over a window that may reach back to before it did.
+        self._mark: tuple[str | None, float, int] = (None, 0.0, 0)
+        self._aside: Aside | None = None  # the last straggler set aside, until measured
 
     def _cannot(self, c: Candidate) -> str | None:
         if c.sync == "every-step":
@@ -185,6 +199,9 @@ class Adapter:
         self._measure_aside()
         v = self.view()
         verdict = judge.observe(v) if v is not None else None
+        now, step = self.clock.monotonic(), self.neg.max_step()
+        mark, self._mark = self._mark, (self._mark if judge.leader == self._mark[0]
+                                        else (judge.leader, now, step))
         if verdict is None:
             return False
         detail: dict[str, Any] = {
@@ -196,37 +213,41 @@ class Adapter:
             if verdict.step_s_without < 1e9 else None,
             "reason": verdict.reason()}
         if verdict.action == "rejoin":
-            self._measure_aside(now=True)  # let back before MEASURE_AFTER_S: measured so far
+            if self._aside is not None and self._aside.verdict.node == verdict.node:
+                self._aside = None  # back before its gain could be measured
             self.neg.let_back(verdict.node)
             self.sched.record("straggler", **detail)
             return False
-        rate = self.neg.step_rate()
+        _, t0, s0 = mark
+        rate = (step - s0) / (now - t0) if mark[0] == verdict.node and now > t0 \
+            else self.neg.step_rate()
         if self.neg.stand_aside(verdict.node, verdict.reason()) is None:
             judge.forget(verdict.node)  # a join in flight, or too few would stay
             return False
-        self._aside = (verdict, self.clock.monotonic(), len(v.members) if v else 0, rate)
+        self._aside = Aside(verdict, now, len(v.members) if v else 0, rate,
+                            label(self.neg.sync, self.neg.wire))
         self.sched.record("straggler", **detail,
                           steps_per_s_before=round(rate, 3) if rate else None)
         return True
 
-    def _measure_aside(self, now: bool = False) -> None:
-        """MEASURE_AFTER_S after a straggler was set aside (or ``now``, as it is let back):
-        the gain as measured (samples a second, a member's batch each, from the cluster's step
-        rate) beside the predicted."""
-        if self._aside is None:
-            return
-        verdict, at, members, before = self._aside
-        if not now and self.clock.monotonic() - at < MEASURE_AFTER_S:
+    def _measure_aside(self) -> None:
+        """MEASURE_AFTER_S after a straggler was set aside: the gain as measured (samples a
+        second, a member's batch each, from the cluster's step rate) beside the predicted,
+        and whether the policy switched meanwhile (then the two rates ran under different
+        policies, and the gain is not the set-aside's alone)."""
+        a = self._aside
+        if a is None or self.clock.monotonic() - a.at < MEASURE_AFTER_S:
             return
         self._aside = None
-        after = self.neg.step_rate()
+        after, before, members = self.neg.step_rate(), a.before, a.members
         measured = ((members - 1) * after) / (members * before) - 1.0 \
             if before and after is not None and members > 1 else None
-        self.sched.record("straggler", action="measured", node=verdict.node,
-                          cause=verdict.cause, predicted_gain=round(verdict.gain, 4),
+        self.sched.record("straggler", action="measured", node=a.verdict.node,
+                          cause=a.verdict.cause, predicted_gain=round(a.verdict.gain, 4),
                           measured_gain=round(measured, 4) if measured is not None else None,
                           steps_per_s_before=round(before, 3) if before else None,
-                          steps_per_s_after=round(after, 3) if after is not None else None)
+                          steps_per_s_after=round(after, 3) if after is not None else None,
+                          policy_switched=label(self.neg.sync, self.neg.wire) != a.policy)
 
     def tick(self) -> bool:
         """Every scheduler tick: judge a measurement every OBSERVE_EVERY_S; True when the

@@ -184,8 +184,10 @@ def test_a_straggler_set_aside_counts_the_samples_not_the_steps() -> None:
     """The adaptive run sets n3 aside at t = 10 s and steps twice as fast with two members:
     as many samples a second as the fixed policy's three, so the phase goal is met on samples,
     though its step rate is 1.5x the fixed one's; the events are listed."""
-    events = [{"kind": "straggler", "seq": 4, "t": 9.8, "action": "set-aside", "node": "n3",
-               "cause": "compute", "predicted_gain": 0.4},
+    events = [{"kind": "scale-in", "seq": 3, "t": 9.8, "node": "n3", "reason": "straggler",
+               "effective_step": 200},
+              {"kind": "straggler", "seq": 4, "t": 9.8, "action": "set-aside", "node": "n3",
+               "cause": "compute", "predicted_gain": 0.4, "predicted_step_ms_without": 60.0},
               {"kind": "straggler", "seq": 5, "t": 25.0, "action": "measured", "node": "n3",
                "cause": "compute", "predicted_gain": 0.4, "measured_gain": 0.33}]
     ad = _run("adaptive", 0, (10, 15), [3.0, 2.0], events)
@@ -202,6 +204,13 @@ def test_a_straggler_set_aside_counts_the_samples_not_the_steps() -> None:
     assert [s["action"] for s in rows["adaptive"]["stragglers"]] == ["set-aside", "measured"]
     assert doc["goals"]["every_phase_within_10pct"]
     text = report.table(doc)
-    assert "- seed 0, t=9.8 s: n3 set aside for its compute, +40% samples/s predicted" in text
+    # Its model check: 60 ms a step predicted without n3, 66.7 measured from step 200 on.
+    aside = rows["adaptive"]["stragglers"][0]
+    assert aside["measured_step_ms"] == pytest.approx(66.7, rel=0.01)
+    assert aside["error"] == pytest.approx(-0.1, abs=0.01)
+    assert doc["prediction"]["stragglers"]["checked"] == 1
+    assert ("- seed 0, t=9.8 s: n3 set aside for its compute, +40% samples/s predicted; "
+            "60.0 ms a step predicted without, measured 66.7 ms (-10 %)") in text
+    assert "stragglers: 1 set aside, 1 checked" in text
     assert "- seed 0, t=25.0 s: n3 measured +33%, +40% samples/s predicted" in text
     assert "samples a second in each phase" in text

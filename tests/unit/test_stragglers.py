@@ -64,7 +64,9 @@ def test_a_box_on_a_slow_link_is_set_aside_and_rejoins_when_a_new_reading_says_i
         ) -> None:
     j, _clock = judge(dwell=1)
     slow = view({"a": 50, "b": 50, "c": 50}, slow={"c": 2.0})  # 1.6 s of fp32 a round
-    verdict = j.observe(slow)
+    # Not on the reading that found it: only once a link of the others' is tested again.
+    assert j.observe(slow) is None
+    verdict = j.observe(view({"a": 50, "b": 50, "c": 50}, slow={"c": 2.0}, readings=2))
     assert verdict is not None and (verdict.node, verdict.cause) == ("c", "link")
     members = ("a", "b")
     # The same readings, or newer ones that are still slow: it waits aside.
@@ -156,3 +158,18 @@ def test_a_member_back_for_a_trial_is_watched_before_it_is_judged_again() -> Non
         assert j.observe(view(slow)) is None
     clock.advance(2.0)
     assert j.observe(view(slow)).node == "c"  # type: ignore[union-attr]
+
+
+def test_a_fall_of_every_rate_seen_link_by_link_sets_no_one_aside() -> None:
+    """Every link falls to 20 Mbit/s; c's links are tested first, while a--b still reads
+    1 Gbit/s from its last test: c looks like a link straggler until a--b is tested again
+    (the adaptive bench, seed 10, set c aside so and let it back 2 s later)."""
+    j, _clock = judge(dwell=1)
+    compute = {"a": 50.0, "b": 50.0, "c": 50.0}
+    half = view(compute, slow={"c": 20.0}, readings=2)
+    half = View(half.members, half.compute_s, half.links, half.elements, half.policy,
+                {**half.readings, ("a", "b"): 1})
+    assert j.observe(half) is None
+    assert j.observe(half) is None  # the same tests again: still waiting
+    every = view(compute, slow={"a": 20.0, "b": 20.0, "c": 20.0}, readings=2)
+    assert j.observe(every) is None and j.aside == {}
