@@ -18,7 +18,7 @@ operator's error says why.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from daemon.cluster.controller import Candidate, Controller, Decision, Hop, Measured
@@ -34,9 +34,9 @@ from daemon.contracts.protocol import PolicyRequest
 
 #: Seconds between two measurements given to the controller.
 OBSERVE_EVERY_S = 2.0
-#: Seconds after a straggler is set aside when the gain is measured (the step rate is measured
-#: over RATE_WINDOW_S; the change takes effect a lead of steps after the decision).
-MEASURE_AFTER_S = 15.0
+#: Seconds after a straggler is set aside when the cluster's step rate without it is measured
+#: from (the change takes effect a lead of steps after the decision) and to.
+MEASURE_FROM_S, MEASURE_AFTER_S = 5.0, 15.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class Aside:
     members: int  # members before
     before: float | None  # the cluster's steps a second before
     policy: str  # the policy in force then (its label)
+    since: tuple[float, int] | None = None  # (when, the step) the rate after is measured from
 
 
 def running(policy: SyncPolicy) -> Candidate:
@@ -130,7 +131,8 @@ class Adapter:
         self.judge = StragglerJudge(cfg, clock) if cfg.enabled else None
         # Where the judge's streak began (its leader, when, the cluster's step): the step
         # rate "before" a set-aside is measured from there, after the member turned slow, not
-        # over a window that may reach back to before it did.
+        # over a window that may reach back to before it did. Steps as the members said them:
+        # extrapolated ones overshoot when a member slows down (a rate below zero, once).
         self._mark: tuple[str | None, float, int] = (None, 0.0, 0)
         self._aside: Aside | None = None  # the last straggler set aside, until measured
 
@@ -199,7 +201,7 @@ class Adapter:
         self._measure_aside()
         v = self.view()
         verdict = judge.observe(v) if v is not None else None
-        now, step = self.clock.monotonic(), self.neg.max_step()
+        now, step = self.clock.monotonic(), self._said_step()
         mark, self._mark = self._mark, (self._mark if judge.leader == self._mark[0]
                                         else (judge.leader, now, step))
         if verdict is None:
@@ -219,8 +221,7 @@ class Adapter:
             self.sched.record("straggler", **detail)
             return False
         _, t0, s0 = mark
-        rate = (step - s0) / (now - t0) if mark[0] == verdict.node and now > t0 \
-            else self.neg.step_rate()
+        rate = (step - s0) / (now - t0) if mark[0] == verdict.node and now > t0 else None
         if self.neg.stand_aside(verdict.node, verdict.reason()) is None:
             judge.forget(verdict.node)  # a join in flight, or too few would stay
             return False
@@ -235,11 +236,18 @@ class Adapter:
         second, a member's batch each, from the cluster's step rate) beside the predicted,
         and whether the policy switched meanwhile (then the two rates ran under different
         policies, and the gain is not the set-aside's alone)."""
-        a = self._aside
-        if a is None or self.clock.monotonic() - a.at < MEASURE_AFTER_S:
+        a, now = self._aside, self.clock.monotonic()
+        if a is None or now - a.at < MEASURE_FROM_S:
+            return
+        if a.since is None:
+            self._aside = replace(a, since=(now, self._said_step()))
+            return
+        if now - a.at < MEASURE_AFTER_S:
             return
         self._aside = None
-        after, before, members = self.neg.step_rate(), a.before, a.members
+        t0, s0 = a.since
+        after = (self._said_step() - s0) / (now - t0) if now > t0 else None
+        before, members = a.before, a.members
         measured = ((members - 1) * after) / (members * before) - 1.0 \
             if before and after is not None and members > 1 else None
         self.sched.record("straggler", action="measured", node=a.verdict.node,
@@ -248,6 +256,12 @@ class Adapter:
                           steps_per_s_before=round(before, 3) if before else None,
                           steps_per_s_after=round(after, 3) if after is not None else None,
                           policy_switched=label(self.neg.sync, self.neg.wire) != a.policy)
+
+    def _said_step(self) -> int:
+        """The newest step a member said it holds (its heartbeat), not extrapolated."""
+        policy = self.sched.policy
+        return max((self.neg.reported(m) for m in policy.members), default=0) if policy \
+            else 0
 
     def tick(self) -> bool:
         """Every scheduler tick: judge a measurement every OBSERVE_EVERY_S; True when the
