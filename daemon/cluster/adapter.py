@@ -36,7 +36,7 @@ from daemon.contracts.protocol import PolicyRequest
 OBSERVE_EVERY_S = 2.0
 #: Seconds after a straggler is set aside when the cluster's step rate without it is measured
 #: from (the change takes effect a lead of steps after the decision) and to.
-MEASURE_FROM_S, MEASURE_AFTER_S = 5.0, 15.0
+MEASURE_FROM_S, MEASURE_AFTER_S = 4.0, 10.0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.timeout(150)
 
 # The policy itself is pinned: this test is about the members. The probes test each link
 # every 2 s, so the judge has every link's rate soon; a trial after 20 s, the gain measured
-# at 15 s (daemon.cluster.adapter.MEASURE_AFTER_S) while the box is still aside.
+# at 10 s (daemon.cluster.adapter.MEASURE_AFTER_S) while the box is still aside.
 CONFIG = """
 [probe]
 bandwidth_period_s = 2.0
