@@ -366,13 +366,14 @@ class Trainer:
         pub = self._membership.policy(alarm)
         # diloco: the local step (none for a gradient of a state we just replaced by a rejoin)
         if self._replica.inner_step(pub, n if self._membership.joins == joins else 0):
-            self._account(t0, *landed)
+            self._account(t0, *landed, rejoined=self._membership.joins != joins)
             return
         if self._launch(pub, n):  # streaming with overlap: the round runs beside our next step
-            self._account(t0, *landed)
+            self._account(t0, *landed, rejoined=self._membership.joins != joins)
             return
         spent, reruns, reason = self._round(n, feed, alarm, joins)
-        self._account(t0, spent + landed[0], reruns + landed[1], reason or landed[2])
+        self._account(t0, spent + landed[0], reruns + landed[1], reason or landed[2],
+                      rejoined=self._membership.joins != joins)
 
     def _round(self, n: int, feed: GradFeed | None, alarm: StepAlarm, joins: int,
                aborted: tuple[SyncPolicy, RoundAborted] | None = None
@@ -465,9 +466,10 @@ class Trainer:
             else:  # the state of this step is complete only after the script's step
                 self._snapshot_due = True
 
-    def _account(self, t0: float, spent: float, reruns: int, reason: str) -> None:
+    def _account(self, t0: float, spent: float, reruns: int, reason: str,
+                 rejoined: bool = False) -> None:
         self._meter.account(t0, spent, reruns, reason, step=self.step, version=self._version,
-                            optimizer_s=self._stepper.take_step_s())
+                            optimizer_s=self._stepper.take_step_s(), rejoined=rejoined)
         self._shares.ended(self._clock.monotonic())
 
     def _launch(self, pub: SyncPolicy, n: int) -> bool:

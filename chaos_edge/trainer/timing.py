@@ -84,21 +84,27 @@ class StallMeter:
         self._ended: float | None = None  # when the last update() returned
 
     def account(self, t0: float, spent: float, reruns: int, reason: str, *, step: int,
-                version: int, optimizer_s: float = 0.0) -> None:  # fmt: skip
+                version: int, optimizer_s: float = 0.0,
+                rejoined: bool = False) -> None:  # fmt: skip
         """One ``update()`` that began at ``t0``, spent ``spent`` seconds in collectives
         (``optimizer_s`` in the optimizer step) and committed ``step`` under policy
-        ``version`` after ``reruns`` reruns (the last one for ``reason``)."""
+        ``version`` after ``reruns`` reruns (the last one for ``reason``); ``rejoined``: the
+        worker rejoined inside it (dropped, or set aside as a straggler, and back), so the
+        step is no measure of its compute."""
         now = self._clock.monotonic()
         total_ms = (now - t0) * 1e3
         stall_ms = max(0.0, total_ms - spent * 1e3)
         self.stalls.append(StepTiming(step, stall_ms, reruns, total_ms, spent * 1e3,
                                       min(stall_ms, optimizer_s * 1e3)))
         self._s.poller.record_sync(spent * 1e3)
-        if self._ended is not None:
+        if self._ended is not None and not rejoined:
             # The whole step but the collectives: the script's own work since the last
             # update() returned (data, forward, backward), the optimizer step and the
             # framework's own cost. What a step takes this box whatever the wire: the
             # controller's compute (daemon.cluster.controller).
+            # Not a step that rejoined: the wait outside the cluster (20 s aside, once) went
+            # into the moving average, and the box read as a straggler 13 s after it was back
+            # (tests/testbed/test_straggler_link.py).
             self._s.poller.record_compute((now - self._ended - spent) * 1e3)
         self._ended = now
         # The scheduler adds a stall to the event that made its policy, so only the first

@@ -68,3 +68,14 @@ def test_a_steps_compute_is_its_whole_cycle_but_the_collectives() -> None:
     clock.advance(0.1)  # 0.08 s in the collectives, 0.02 s the optimizer and the framework
     meter.account(t0, 0.08, 0, "", step=2, version=1)
     assert computed == [pytest.approx(50.0)]
+    # A step that rejoined (dropped, or set aside as a straggler, and back) waited outside
+    # the cluster for as long as that took: no measure of compute. The next one is again.
+    clock.advance(0.03)
+    t0 = clock.monotonic()
+    clock.advance(20.0)
+    meter.account(t0, 0.08, 0, "", step=3, version=2, rejoined=True)
+    clock.advance(0.03)
+    t0 = clock.monotonic()
+    clock.advance(0.1)
+    meter.account(t0, 0.08, 0, "", step=4, version=2)
+    assert computed == [pytest.approx(50.0), pytest.approx(50.0)]
