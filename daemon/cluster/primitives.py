@@ -968,6 +968,10 @@ class Negotiator:
         self.sched.set_node(node, state="standby")
         self._note_aside(node, active)
         self.benched[node] = why
+        # Its rounds wait for it until then: gone before, it is failed as a member (gone);
+        # else its standby failure changed no policy, and the others waited for it for good
+        # (the testbed, CI: set aside at step 823 for 845, killed at 823, no step after).
+        self._leaving[node] = effective
         policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="straggler", detail=why,
                           delay_ms=0.0, policy_version=policy.version if policy else None,
