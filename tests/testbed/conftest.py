@@ -21,6 +21,7 @@ import pytest
 
 from chaosctl import polling
 from chaosctl.testbed.core import Testbed
+from chaosctl.testbed.scenario import Runner, load
 from netprobe import netns
 
 
@@ -46,6 +47,18 @@ def need_root() -> None:
     reason = netns.netns_unavailable_reason()
     if reason is not None:
         pytest.skip(f"testbed test skipped: {reason}")
+
+
+def run_scenario(tmp_path: Path, text: str) -> dict[str, Any]:
+    """Run the scenario ``text`` on a fresh testbed (skipped without namespaces); its report,
+    once every invariant held and every event was carried out."""
+    need_root()
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    report = Runner(load(path), tmp_path / "run", lambda _line: None, run_id=run_id()).run()
+    assert report["failures"] == [], report["failures"]
+    assert all(entry["ok"] for entry in report["timeline"]), report["timeline"]
+    return report
 
 
 def _ours() -> set[int]:

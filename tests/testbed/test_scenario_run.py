@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl.testbed.scenario import Runner, load
-from tests.testbed.conftest import need_root, run_id
+from tests.testbed.conftest import run_scenario
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.netns, pytest.mark.xdist_group("bench")]
 WORKER = Path(__file__).resolve().parents[1] / "training" / "_worker.py"
@@ -27,7 +26,10 @@ def shape_all(at: float, mbit: float) -> str:
 # The tiny MLP's gradient is 712 bytes: at 5 Mbit/s int8 saves about 2 % of a step; on the
 # fast links fp32 is ahead by int8's quality prior (1 %): a hysteresis of 0.5 % sees both.
 # The sync mode stays every-step: on 5 Mbit/s the controller would otherwise pick DiLoCo,
-# and this scenario is about the wire (test_diloco_e2e switches the mode).
+# and this scenario is about the wire (test_diloco_e2e switches the mode). No straggler is
+# set aside either (test_straggler_link tests that): in CI the judge set n3 aside for its
+# link on links all shaped alike (57 ms a step predicted with it, 25 without), which moved
+# the rest of this scenario's events.
 SCENARIO = f'''
 name = "ci-cut-heal-join-kill-adapt"
 duration_s = 36
@@ -45,6 +47,7 @@ syncs = ["every-step"]
 hysteresis = 0.005
 dwell = 2
 min_interval_s = 0.0
+stragglers = false
 """
 [training]
 command = ["python", "{WORKER}", "--out", "{{out}}", "--steps", "1000000", "--sleep", "0.02"]
@@ -72,12 +75,7 @@ node = "n3"
 
 
 def test_cut_heal_join_kill_and_two_wire_switches_keep_every_invariant(tmp_path: Path) -> None:
-    need_root()
-    path = tmp_path / "s.toml"
-    path.write_text(SCENARIO)
-    report = Runner(load(path), tmp_path / "run", lambda _line: None, run_id=run_id()).run()
-    assert report["failures"] == [], report["failures"]
-    assert all(entry["ok"] for entry in report["timeline"]), report["timeline"]
+    report = run_scenario(tmp_path, SCENARIO)
     events = report["events"]
     kinds = [e["kind"] for e in events]
     assert "link-failed" in kinds and "disconnect-link" in kinds  # the cut was noticed

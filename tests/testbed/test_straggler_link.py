@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from chaosctl.testbed.scenario import Runner, load
-from tests.testbed.conftest import need_root, run_id
+from tests.testbed.conftest import run_scenario
+from tests.training._run import PINNED_POLICY
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.netns, pytest.mark.xdist_group("bench")]
 WORKER = Path(__file__).resolve().parents[1] / "training" / "_worker.py"
 
+# n3's two links slow at 12 s, fast again at 32 s.
+EVENTS = "".join(f'[[events]]\nat = {at}\naction = "shape"\na = "{a}"\nb = "n3"\nmbit = {mbit}\n'
+                 for at, mbit in ((12, 5), (32, 1000)) for a in ("n1", "n2"))
 # An MLP of 90k parameters (8 -> 8192 -> 2): 360 kB of fp32 a round, 3 ms at 1 Gbit/s and
-# 0.6 s at 5 Mbit/s, against about 25 ms of compute a step. The policy is pinned: this test is
-# about the members. The probes test each link every 2 s.
+# 0.6 s at 5 Mbit/s, against about 25 ms of compute a step.
 SCENARIO = f'''
 name = "ci-straggler-link"
 duration_s = 50
@@ -27,60 +29,25 @@ nodes = 3
 topology = "full"
 bw = "1000"
 seed = 1
-config = """
-[probe]
-bandwidth_period_s = 2.0
-[adaptive]
-enabled = true
-pin = ["sync", "wire", "inner_steps"]
-dwell = 2
-min_interval_s = 0.0
-"""
+config = """{PINNED_POLICY}"""
 [training]
 command = ["python", "{WORKER}", "--out", "{{out}}", "--steps", "1000000", "--sleep", "0.02",
            "--width", "8192"]
 start = ["n1", "n2", "n3"]
-[[events]]
-at = 12
-action = "shape"
-a = "n1"
-b = "n3"
-mbit = 5
-[[events]]
-at = 12
-action = "shape"
-a = "n2"
-b = "n3"
-mbit = 5
-[[events]]
-at = 32
-action = "shape"
-a = "n1"
-b = "n3"
-mbit = 1000
-[[events]]
-at = 32
-action = "shape"
-a = "n2"
-b = "n3"
-mbit = 1000
-'''
+{EVENTS}'''
 
 
 def test_a_box_on_a_slow_link_is_set_aside_and_rejoins_when_its_links_recover(
         tmp_path: Path) -> None:
-    need_root()
-    path = tmp_path / "s.toml"
-    path.write_text(SCENARIO)
-    report = Runner(load(path), tmp_path / "run", lambda _line: None, run_id=run_id()).run()
-    assert report["failures"] == [], report["failures"]
-    assert all(entry["ok"] for entry in report["timeline"]), report["timeline"]
+    report = run_scenario(tmp_path, SCENARIO)
     events = sorted(report["events"], key=lambda e: e["seq"])
     judged = [e for e in events if e["kind"] == "straggler"]
     asides = [e for e in judged if e["action"] == "set-aside"]
     assert asides, [e["kind"] for e in events]
     assert {(e["node"], e["cause"]) for e in asides} == {("n3", "link")}
-    assert asides[0]["predicted_step_ms_with"] > 5 * asides[0]["predicted_step_ms_without"]
+    # The slow links' round (0.6 s at 5 Mbit/s) in the prediction: a difference, since a loaded
+    # box stretches the compute in both (CI: 967 against 240 ms, 25 ms of compute unloaded).
+    assert asides[0]["predicted_step_ms_with"] - asides[0]["predicted_step_ms_without"] > 300
     # Back as a member: let back when its links' tests recovered (within its 60 s before a
     # trial, so no other cause), or, had its daemon been failed on the slow link meanwhile,
     # by an ordinary join; either way through a scale-out.

@@ -21,6 +21,17 @@ from chaosctl.cluster import LocalCluster
 from tests._jsonl import JsonLines
 
 WORKER = Path(__file__).with_name("_worker.py")
+# chaosd.toml for the straggler tests: the policy pinned (they are about the members), each
+# link tested every 2 s, the judge acting on two measurements in a row.
+PINNED_POLICY = """
+[probe]
+bandwidth_period_s = 2.0
+[adaptive]
+enabled = true
+pin = ["sync", "wire", "inner_steps"]
+dwell = 2
+min_interval_s = 0.0
+"""
 
 
 class Run:

@@ -8,21 +8,13 @@ from typing import Any
 
 import pytest
 
+from tests.training._run import PINNED_POLICY
+
 pytestmark = pytest.mark.timeout(150)
 
-# The policy itself is pinned: this test is about the members. The probes test each link
-# every 2 s, so the judge has every link's rate soon; a trial after 20 s, the gain measured
-# at 10 s (daemon.cluster.adapter.MEASURE_AFTER_S) while the box is still aside.
-CONFIG = """
-[probe]
-bandwidth_period_s = 2.0
-[adaptive]
-enabled = true
-pin = ["sync", "wire", "inner_steps"]
-dwell = 2
-min_interval_s = 0.0
-straggler_retry_s = 20.0
-"""
+# A trial after 20 s; the gain measured at 10 s (daemon.cluster.adapter.MEASURE_AFTER_S),
+# while the box is still aside.
+CONFIG = PINNED_POLICY + "straggler_retry_s = 20.0\n"
 
 
 def test_a_throttled_box_is_set_aside_and_rejoins_once_it_recovers(run: Any, tmp_path: Path
