@@ -739,11 +739,15 @@ def dst(
     policy_ops: Annotated[bool, typer.Option(help="Draw operator policy ops (chaosctl policy "
                                              "set) into 30% of the plans; --no-policy-ops: "
                                              "each seed's plan as drawn before them.")] = True,
+    slow: Annotated[bool, typer.Option(help="Draw slow boxes (and run the straggler judge) "
+                                       "into 30% of the plans; --no-slow: each seed's plan "
+                                       "as drawn before them.")] = True,
 ) -> None:
     """Deterministic simulation of the control plane: the real agents, scheduler and the
     worker's join and serve machines on a simulated broker, clock and network, faults drawn
     from each seed, every invariant checked after every event. Exits 1 on a violation."""
     from chaos_bench.dst import campaign
+    from chaos_bench.dst.faults import Draws
     from chaos_bench.dst.loop import HarnessError
     from chaos_bench.dst.mutants import MUTANTS
     from chaosctl.cluster import ClusterError
@@ -758,14 +762,15 @@ def dst(
         raise CtlUsageError(f"no mutant {mutant!r}; one of: {', '.join(MUTANTS)}")
     if seed is None:
         writable(out)
+    draws = Draws(policy_ops=policy_ops, slow=slow)
     try:
         if seed is not None:
-            res = campaign.one(seed, duration, shrink, say, mutant, policy_ops)
+            res = campaign.one(seed, duration, shrink, say, mutant, draws)
             if not res.ok:
                 raise typer.Exit(1)
             return
         doc = campaign.campaign(seeds, start, duration, jobs or campaign.default_jobs(), out,
-                                say, mutant, policy_ops)
+                                say, mutant, draws)
     except HarnessError as exc:
         raise ClusterError(f"the simulator itself failed: {exc}") from None
     except OSError as exc:

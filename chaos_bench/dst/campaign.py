@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos_bench.dst.coverage import EXPECTED, merge, missing
-from chaos_bench.dst.faults import FAST_PACE_S, make_plan
+from chaos_bench.dst.faults import EVERY_DRAW, FAST_PACE_S, Draws, make_plan
 from chaos_bench.dst.run import Result, replay, run_many, run_plan, shrink
 from chaos_bench.output import Output
 from chaos_bench.progress import Say
@@ -30,9 +30,9 @@ SAY_EVERY_S = 15.0  # progress at least this often
 
 
 def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
-             say: Say, mutant: str | None = None, policy_ops: bool = True) -> dict[str, Any]:
-    """Run the seeds (with ``mutant``'s fault put back, if named; ``policy_ops`` False: the
-    plans as drawn before operator policy ops); write and return the summary."""
+             say: Say, mutant: str | None = None, draws: Draws = EVERY_DRAW) -> dict[str, Any]:
+    """Run the seeds (with ``mutant``'s fault put back, if named; ``draws``: which later
+    fault streams the plans draw); write and return the summary."""
     t0 = time.monotonic()
     done: list[dict[str, Any]] = []
     every = max(1, seeds // 20)
@@ -57,7 +57,7 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     interrupted = False
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        run_many(range(start, start + seeds), duration, jobs, progress, mutant, policy_ops)
+        run_many(range(start, start + seeds), duration, jobs, progress, mutant, draws)
     except KeyboardInterrupt:
         interrupted = True
         say(f"interrupted: summarising the {len(done)} seeds that ran")
@@ -76,7 +76,8 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     harness = [d for d in done if "harness_error" in d]
     doc: dict[str, Any] = {
         "seeds": seeds, "start": start, "duration_s": duration, "jobs": jobs, "mutant": mutant,
-        "policy_ops": policy_ops,
+        "policy_ops": draws.policy_ops,
+        "slow": draws.slow,
         "interrupted": interrupted,
         "wall_s": round(wall, 2), "cpu_s_per_seed": round(
             sum(d.get("cpu_s", 0.0) for d in done) / max(len(done), 1), 4),
@@ -96,7 +97,7 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
     o = Output(out, say)
     o.json("dst.json", doc)
     o.text("dst.md", table(doc))
-    shown = _show(doc, duration, o, say, mutant, policy_ops)
+    shown = _show(doc, duration, o, say, mutant, draws)
     doc["shown"] = shown
     return doc
 
@@ -106,7 +107,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def _show(doc: dict[str, Any], duration: float, o: Output, say: Say,
-          mutant: str | None, policy_ops: bool) -> list[int]:
+          mutant: str | None, draws: Draws) -> list[int]:
     """Replay, shrink and write the trace of a few failing seeds (the first of each kind)."""
     picks: list[int] = []
     for info in doc["violations_by_kind"].values():
@@ -115,20 +116,20 @@ def _show(doc: dict[str, Any], duration: float, o: Output, say: Say,
                 picks.append(seed)
     for seed in picks[:SHOW]:
         say(f"replaying seed {seed} twice, then shrinking it")
-        text = describe(seed, duration, do_shrink=True, mutant=mutant, policy_ops=policy_ops)
+        text = describe(seed, duration, do_shrink=True, mutant=mutant, draws=draws)
         o.text(f"seed-{seed}.txt", text)
     return picks[:SHOW]
 
 
 def describe(seed: int, duration: float, do_shrink: bool = False,
-             mutant: str | None = None, policy_ops: bool = True) -> str:
+             mutant: str | None = None, draws: Draws = EVERY_DRAW) -> str:
     """A seed's plan, violations and trace (and its shrunk plan), for people.
 
     Raises:
         HarnessError: The seed does not replay identically.
     """
-    res = replay(seed, duration, mutant, policy_ops)  # twice, compared
-    plan = make_plan(seed, duration, policy_ops=policy_ops)
+    res = replay(seed, duration, mutant, draws)  # twice, compared
+    plan = make_plan(seed, duration, draws=draws)
     lines = [*plan.describe(), "", f"digest {res.digest}, {res.events} events, "
              f"frontier step {res.frontier}, {res.cpu_s:.2f} CPU-s"]
     lines += [f"VIOLATION {v.kind} at {v.at:.3f}s: {v.detail}" for v in res.violations]
@@ -143,12 +144,12 @@ def describe(seed: int, duration: float, do_shrink: bool = False,
 
 
 def one(seed: int, duration: float, do_shrink: bool, say: Say,
-        mutant: str | None = None, policy_ops: bool = True) -> Result:
+        mutant: str | None = None, draws: Draws = EVERY_DRAW) -> Result:
     """Run one seed (twice: it must replay) and print its trace."""
-    text = describe(seed, duration, do_shrink, mutant, policy_ops)
+    text = describe(seed, duration, do_shrink, mutant, draws)
     for line in text.splitlines():
         say(line)
-    return run_plan(make_plan(seed, duration, policy_ops=policy_ops), mutant=mutant)
+    return run_plan(make_plan(seed, duration, draws=draws), mutant=mutant)
 
 
 def table(doc: dict[str, Any]) -> str:
@@ -158,6 +159,8 @@ def table(doc: dict[str, Any]) -> str:
         title += f", mutant {doc['mutant']}"
     if doc.get("policy_ops") is False:
         title += ", no policy ops"
+    if doc.get("slow") is False:
+        title += ", no slow boxes"
     if doc.get("interrupted"):
         title += " (interrupted: the seeds that ran)"
     rows = [title, "",

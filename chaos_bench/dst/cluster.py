@@ -20,14 +20,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from chaos_bench.dst.broker import SimBroker, SimBus
-from chaos_bench.dst.faults import Fault, Plan
+from chaos_bench.dst.faults import SLOW_FACTOR, Fault, Plan
 from chaos_bench.dst.loop import Sim, drive
 from chaos_bench.dst.plane import DataPlane, State, fresh_state
 from chaos_bench.dst.referee import Referee
 from chaos_bench.dst.worker import SNAPSHOT_KEEP, SNAPSHOT_WRITE_S, SimWorker
 from daemon.agent.node import NodeAgent
 from daemon.agent.resources import Resources
-from daemon.contracts.config import Config
+from daemon.contracts.config import AdaptiveConfig, Config
 from daemon.contracts.messages import Command, LeaderClaim, Request, Status, decode
 from daemon.contracts.protocol import LinkMetrics, LinkRecovered, LinkRequest, PolicyRequest
 from daemon.contracts.snapshots import SNAPSHOT_DIR, snapshot_name
@@ -36,6 +36,11 @@ TICK_S = 0.1
 HB_S = 0.5
 RESTART_MIN_S, RESTART_MAX_S = 1.0, 30.0  # the supervisor's backoff (daemon.agent.worker)
 QUIET = Resources(cpu_percent=10.0, mem_percent=20.0, battery_percent=None)
+#: A plan with slow boxes runs the policy controller with its policy pinned, so only its
+#: straggler judge acts, on what the workers say of their compute and the probes of their links.
+JUDGED = AdaptiveConfig(enabled=True, pin=("sync", "wire", "inner_steps"), dwell=2,
+                        min_interval_s=10.0, straggler_retry_s=20.0)
+LINK_MBPS = 100.0
 
 
 class Box:
@@ -56,6 +61,7 @@ class Box:
         self.gen = 0  # each boot of chaosd, so that a dead one's timers stop
         self.frozen = False
         self.cut = False
+        self.slow = 1.0  # how many times slower than the pace its steps are (a slow fault)
         self._backoff = RESTART_MIN_S
 
     # --- chaosd -------------------------------------------------------------------------
@@ -66,7 +72,8 @@ class Box:
         self.gen += 1
         gen = self.gen
         cfg = Config(node_id=self.name, cluster="sim", data_dir=self.data_dir,
-                     advertise="127.0.0.1")
+                     advertise="127.0.0.1",
+                     adaptive=JUDGED if c.plan.judged else AdaptiveConfig())
         agent = NodeAgent(cfg, c.sim.clock, resources=lambda: QUIET, alive=c.pid_alive)
         bus = SimBus(c.sim, c.broker, cfg, client_id=f"chaos-sim-{self.name}",
                      will=agent._will, on_message=agent.on_message,
@@ -157,6 +164,7 @@ class Box:
         w = SimWorker(self.c.sim, self.agent, self.c.plane, held, self._exited, self.c.ref,
                       self.c.plan.pace)
         w.misfit = misfit
+        w.slow, w.says_compute = self.slow, self.c.plan.judged
         w.snapshot_to = self.write_snapshot
         w.pid = self.c.next_pid()
         self.worker = w
@@ -248,6 +256,20 @@ class Box:
         gen = self.gen
         self.c.sim.at(seconds, lambda: self.thaw(gen))
 
+    def slow_down(self, seconds: float) -> None:
+        """Its steps take SLOW_FACTOR paces for ``seconds`` (its worker's and the next's)."""
+        self.slow = SLOW_FACTOR
+        if self.worker is not None:
+            self.worker.slow = SLOW_FACTOR
+
+        def back() -> None:
+            self.slow = 1.0
+            if self.worker is not None:
+                self.worker.slow = 1.0
+            self.c.sim.note(f"{self.name} is fast again")
+
+        self.c.sim.at(seconds, back)
+
     def thaw(self, gen: int) -> None:
         if gen != self.gen or not self.frozen:
             return
@@ -273,6 +295,8 @@ class Cluster:
         self.boxes = {name: Box(self, name, site) for name, site in plan.sites.items()}
         self.splits: set[frozenset[str]] = set()  # pairs of sites cut apart on the data plane
         self._pids = 1000
+        self._checked_at = 0.0
+        self._judged: set[tuple[int, int]] = set()  # straggler events seen (term, seq)
         self._watch_traffic()
 
     def next_pid(self) -> int:
@@ -375,6 +399,8 @@ class Cluster:
             wanted = box.wants_worker
             box.crash()
             self.sim.at(f.seconds, functools.partial(self._reboot, box, wanted))
+        elif f.kind == "slow" and box is not None:
+            box.slow_down(f.seconds)
         elif f.kind in ("freeze", "freeze-worker") and box is not None:
             box.freeze(f.seconds, worker_only=f.kind == "freeze-worker")
         elif f.kind == "broker-restart":
@@ -418,8 +444,11 @@ class Cluster:
             rec = b.agent.view.nodes.get(b.name)
             for peer in rec.neighbors if rec is not None else []:
                 if peer in self.boxes and self.reach(b.name, peer):
+                    # With the controller on, a rate too, as iperf3 measures it (the same
+                    # on every link: a slow box is the only straggler there is).
                     b.agent.request(LinkMetrics(peer=peer, rtt_ms=round(
-                        0.2 + self.sim.rng.random(), 3)))
+                        0.2 + self.sim.rng.random(), 3),
+                        bandwidth_mbps=LINK_MBPS if self.plan.judged else None))
         self.sim.at(5.0, self.probe)
 
     def _reboot(self, box: Box, wanted: bool) -> None:
@@ -447,6 +476,20 @@ class Cluster:
     # --- the referee's view -------------------------------------------------------------
     def check(self) -> None:
         """After every event: the invariants that need the whole cluster's view."""
+        # A straggler set aside waits outside by the scheduler's choice: not a slow join.
+        since, self._checked_at = self._checked_at, self.sim.now
+        roles = [b.agent.role for b in self.boxes.values()
+                 if b.agent is not None and b.agent.role is not None]
+        for node in sorted({n for role in roles for n in role.neg.benched}):
+            self.ref.excuse(node, self.sim.now - since)
+        for role in roles:  # what the straggler judges did (coverage, and the trace)
+            for e in role.sched.events:
+                key = (e.term, e.seq)
+                if e.kind == "straggler" and key not in self._judged:
+                    self._judged.add(key)
+                    self.ref.count(f"straggler:{e.detail.get('action')}")
+                    self.sim.note(f"scheduler@{e.term}: straggler {e.detail.get('action')} "
+                                  f"{e.node} ({e.detail.get('cause')})")
         workers = [b for b in self.boxes.values() if b.worker is not None and b.worker.alive]
         if not workers:
             self.ref.check(False, False)

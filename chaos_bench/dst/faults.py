@@ -22,16 +22,40 @@ FAST_P = 0.25
 DRAWN_KINDS = ("join", "leave", "kill-worker", "crash", "freeze", "freeze-worker",
                "broker-restart", "cut", "dataplane-split", "power", "leave-daemon", "misfit",
                "link-op")
-FAULT_KINDS = (*DRAWN_KINDS, "policy-op")
+FAULT_KINDS = (*DRAWN_KINDS, "policy-op", "slow")
 """Every fault a plan may hold. ``misfit``: the box's owner starts a script whose model is
 not the cluster's (its worker refuses the state and is not restarted). ``link-op``: the
 operator runs ``chaosctl link add|del PEER`` on a box (target ``box>peer/add``).
-``policy-op``: the operator runs ``chaosctl policy set`` on a box (target ``box>mode/H``)."""
+``policy-op``: the operator runs ``chaosctl policy set`` on a box (target ``box>mode/H``).
+``slow``: a box computes SLOW_FACTOR times slower for a while (throttled, or its owner's
+other work), and the scheduler's straggler judge may set it aside."""
 #: The sync modes a ``policy-op`` sets (streaming with 2 fragments).
 POLICY_OPS = ("every-step/1", "diloco/4", "diloco/10", "streaming/6")
 #: Policy ops come from a stream of their own, in about this share of the seeds, so that the
 #: faults every other seed drew (and the seeds pinned to catch mutants) stay as they were.
 POLICY_OP_SEEDS = 0.3
+#: Slow boxes likewise, in about this share of the seeds; only those plans run the policy
+#: controller (its policy pinned: only the straggler judge acts) and its link-rate probes.
+SLOW_SEEDS = 0.3
+SLOW_FACTOR = 8.0
+
+
+@dataclass(frozen=True)
+class Draws:
+    """Which of the later-added fault streams a plan draws. Each has a stream of its own, so
+    that a seed without it is the plan it was before; a seed pinned before a stream existed
+    is replayed without it."""
+
+    policy_ops: bool = True  # stop 53: chaosctl policy set
+    slow: bool = True  # stop 58: slow boxes, and the straggler judge
+
+    def args(self) -> list[str]:
+        """The ``chaosctl bench dst`` options that draw the same."""
+        return [*([] if self.policy_ops else ["--no-policy-ops"]),
+                *([] if self.slow else ["--no-slow"])]
+
+
+EVERY_DRAW = Draws()  # plans as they are drawn now
 
 
 @dataclass(frozen=True)
@@ -60,6 +84,11 @@ class Plan:
     faults: tuple[Fault, ...] = field(default_factory=tuple)
     pace: float = SLOW_PACE_S  # seconds between a worker's polls, and so between its steps
 
+    @property
+    def judged(self) -> bool:
+        """Whether the boxes run the straggler judge (a plan with slow boxes)."""
+        return any(f.kind == "slow" for f in self.faults)
+
     def without(self, index: int) -> Plan:
         """This plan with one fault dropped (shrinking)."""
         return replace(self, faults=self.faults[:index] + self.faults[index + 1:])
@@ -74,12 +103,12 @@ class Plan:
 
 
 def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0,
-              policy_ops: bool = True) -> Plan:
+              draws: Draws = EVERY_DRAW) -> Plan:
     """The plan of ``seed``: 3-6 boxes on 1-3 sites, 0-2 more that join later, faults at
     ``rate`` per second on average (Poisson), each of a kind drawn at random, and the pace.
-    The pace and the policy ops have streams of their own, so a seed's boxes and other
-    faults are what they were before those were drawn (``policy_ops`` False: the plan as it
-    was before policy ops existed)."""
+    The pace, the policy ops and the slow boxes have streams of their own, so a seed's boxes
+    and other faults are what they were before those were drawn (``draws``: the plan as it
+    was before one of them existed)."""
     rng = random.Random(f"plan-{seed}")
     n = rng.randint(3, 6)
     extra = rng.randint(0, 2)
@@ -118,11 +147,17 @@ def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0,
         t += rng.expovariate(rate)
     fast = random.Random(f"pace-{seed}").random() < FAST_P
     ops = random.Random(f"policy-{seed}")
-    if policy_ops and ops.random() < POLICY_OP_SEEDS:  # 1-3 sync-mode switches
+    if draws.policy_ops and ops.random() < POLICY_OP_SEEDS:  # 1-3 sync-mode switches
         for _ in range(ops.randint(1, 3)):
             at = round(ops.uniform(10.0, duration - 10.0), 2)
             faults.append(Fault(at, "policy-op",
                                 f"{ops.choice(names[:n])}>{ops.choice(POLICY_OPS)}"))
-        faults.sort(key=lambda f: f.at)
+    slow = random.Random(f"slow-{seed}")
+    if draws.slow and slow.random() < SLOW_SEEDS:  # 1-2 boxes slowed, from 8 s on
+        for _ in range(slow.randint(1, 2)):
+            at = round(slow.uniform(8.0, max(8.0, duration - 5.0)), 2)
+            faults.append(Fault(at, "slow", slow.choice(names),
+                                round(slow.uniform(5.0, 60.0), 2)))
+    faults.sort(key=lambda f: f.at)
     return Plan(seed, duration, sites, tuple(names[:n]), net, tuple(faults),
                 FAST_PACE_S if fast else SLOW_PACE_S)

@@ -443,6 +443,16 @@ def _older_plan_joins() -> list[tuple[Any, str, Any]]:
             (scaleout.JoinMachine, "_replanned", no)]
 
 
+def _aside_unplanned() -> list[tuple[Any, str, Any]]:
+    stand = primitives.Negotiator.__dict__["stand_aside"]
+
+    def old(self: primitives.Negotiator, node: str, why: str) -> Any:
+        policy = stand(self, node, why)
+        self._leaving.pop(node, None)  # the fix undone: its rounds until then are not awaited
+        return policy
+    return [(primitives.Negotiator, "stand_aside", old)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -547,4 +557,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("paused-view-kept", "18b8d69", "a scheduler elected on a view from before its "
            "daemon's pause has its own member train on from it, though the others may have "
            "set it aside meanwhile", _paused_view_kept),
+    Mutant("aside-unplanned", "stop 58", "a straggler that fails between its set-aside and the "
+           "step it takes effect at is failed as a standby, and the rounds until then wait "
+           "for it for good", _aside_unplanned),
 )}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos_bench.dst.cluster import Cluster, quiet_logs
-from chaos_bench.dst.faults import Plan, make_plan
+from chaos_bench.dst.faults import EVERY_DRAW, Draws, Plan, make_plan
 from chaos_bench.dst.loop import HarnessError, Sim
 from chaos_bench.dst.mutants import applied
 from chaos_bench.dst.referee import Violation
@@ -83,19 +83,19 @@ def _run_quietly(plan: Plan, trace: bool) -> Result:
 
 
 def run_seed(seed: int, duration: float = 90.0, trace: bool = False,
-             mutant: str | None = None, policy_ops: bool = True) -> Result:
-    return run_plan(make_plan(seed, duration, policy_ops=policy_ops), trace, mutant)
+             mutant: str | None = None, draws: Draws = EVERY_DRAW) -> Result:
+    return run_plan(make_plan(seed, duration, draws=draws), trace, mutant)
 
 
 def replay(seed: int, duration: float = 90.0, mutant: str | None = None,
-           policy_ops: bool = True) -> Result:
+           draws: Draws = EVERY_DRAW) -> Result:
     """Run ``seed`` twice with its trace; the two must be the same run.
 
     Raises:
         HarnessError: They differ (real time or an unseeded random leaked in).
     """
-    a = run_seed(seed, duration, trace=True, mutant=mutant, policy_ops=policy_ops)
-    b = run_seed(seed, duration, trace=True, mutant=mutant, policy_ops=policy_ops)
+    a = run_seed(seed, duration, trace=True, mutant=mutant, draws=draws)
+    b = run_seed(seed, duration, trace=True, mutant=mutant, draws=draws)
     if a.digest != b.digest or a.events != b.events:
         first = next((i for i, (x, y) in enumerate(zip(a.trace, b.trace, strict=False))
                       if x != y), min(len(a.trace), len(b.trace)))
@@ -124,10 +124,10 @@ def shrink(plan: Plan, kinds: set[str], budget: int = 200, mutant: str | None = 
     return plan
 
 
-def _one(args: tuple[int, float, str | None, bool]) -> dict[str, Any]:
-    seed, duration, mutant, policy_ops = args
+def _one(args: tuple[int, float, str | None, Draws]) -> dict[str, Any]:
+    seed, duration, mutant, draws = args
     try:
-        res = run_seed(seed, duration, mutant=mutant, policy_ops=policy_ops)
+        res = run_seed(seed, duration, mutant=mutant, draws=draws)
     except HarnessError as exc:
         return {"seed": seed, "harness_error": str(exc)}
     except Exception as exc:  # a crash of the code under test is a finding, not the end
@@ -139,13 +139,13 @@ def _one(args: tuple[int, float, str | None, bool]) -> dict[str, Any]:
 
 def run_many(seeds: Iterable[int], duration: float, jobs: int,
              progress: Callable[[dict[str, Any]], None] | None = None,
-             mutant: str | None = None, policy_ops: bool = True) -> list[dict[str, Any]]:
+             mutant: str | None = None, draws: Draws = EVERY_DRAW) -> list[dict[str, Any]]:
     """Run ``seeds`` on ``jobs`` processes (each with the same hash seed, so that a seed
     replays in any process); ``progress`` is called with each result as it comes.
-    ``policy_ops`` False: each seed's plan as drawn before operator policy ops were."""
+    ``draws``: which later fault streams each seed's plan draws (:class:`Draws`)."""
     os.environ.setdefault("PYTHONHASHSEED", "0")
     out: list[dict[str, Any]] = []
-    todo = [(s, duration, mutant, policy_ops) for s in seeds]
+    todo = [(s, duration, mutant, draws) for s in seeds]
     if jobs <= 1:
         for item in todo:
             doc = _one(item)

@@ -59,6 +59,7 @@ SNAPSHOT_WRITE_S = 0.2  # how long a write takes: a crash inside it loses that o
 SNAPSHOT_KEEP = 3
 JOIN_TIMEOUT_S = 300.0  # the Trainer's default join timeout
 DECLINE_P = 0.05  # a source's memory guard refuses now and then
+ELEMENTS = 10_000  # the gradient it says it has (the policy controller's cost model)
 
 
 class SimWorker:
@@ -101,6 +102,12 @@ class SimWorker:
         self.misfit = False  # this script's model is not the cluster's: it refuses the state
         self.in_touch = True  # chaosd's word at the last poll
         self.term = 0  # likewise
+        # Its box's slowness (a step takes ``slow`` paces), and whether it says its compute
+        # as the Trainer does (set by its box; only plans that run the controller do, so the
+        # others replay as before).
+        self.slow = 1.0
+        self.says_compute = False
+        self._computing_until = 0.0  # a slow step ends then
 
     # --- lifecycle ----------------------------------------------------------------------
     def runs(self) -> bool:
@@ -183,6 +190,8 @@ class SimWorker:
                                 "policy_version": self.book.newest_version}
         if self.version >= 0:
             args["committed_version"] = self.version
+        if self.says_compute:
+            args.update(compute_ms=round(self.pace * self.slow * 1e3, 3), elements=ELEMENTS)
         try:
             data = ops.worker_poll(self.agent, args)
         except ControlError as exc:  # chaosd dropped us (a hang), or restarted
@@ -327,6 +336,8 @@ class SimWorker:
             self.plane.unready(self.me)
             self._waiting_for_round()
             return
+        if self.sim.now < self._computing_until:  # a slow box's step is not done yet
+            return
         was = self.plane.ready.get(self.me)
         if was is not None and was[0] == self.state.step + 1 and was[1] != pub.version:
             # The round we were in is superseded by a newer policy: the real Trainer's round
@@ -372,6 +383,7 @@ class SimWorker:
                                   policy_version=pub.version))
         self.version = pub.version
         self._round_since = None
+        self._computing_until = self.sim.now + self.pace * (self.slow - 1.0)
         if rnd % SNAPSHOT_EVERY == 0:  # the Trainer's schedule, with every_s 0
             self.snapshot_to(self, self.state)
         self.plane.withdraw(self.me, pub.members)

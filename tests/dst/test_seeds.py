@@ -11,7 +11,11 @@ seed stops failing under its mutant, find a new one with
 Stop 53 added operator policy ops (``chaosctl policy set``) to 30 % of the plans, from a
 random stream of their own. Seed 1064, the only one of 1,500 that caught ``own-disk-unread``,
 drew some, and none of seeds 0-2499 catches it with them (967 s of search); it stays pinned
-with its plan as drawn before policy ops (:data:`WITHOUT_POLICY_OPS`).
+with its plan as drawn before policy ops (:data:`DRAWN`).
+
+Stop 58 added slow boxes (and with them the straggler judge) to 30 % of the plans, likewise
+from a stream of their own. The seeds pinned before run their plans as drawn then
+(:data:`BEFORE_SLOW`), so that each still shows what it was pinned for.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from chaos_bench.dst.coverage import EXPECTED
-from chaos_bench.dst.faults import FAULT_KINDS
+from chaos_bench.dst.faults import FAULT_KINDS, Draws
 from chaos_bench.dst.mutants import MUTANTS
 from chaos_bench.dst.run import run_seed
 from tests.cli.conftest import assert_one_line_error, chaosctl_argv, ctl_env, run_ctl
@@ -56,11 +60,22 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     "own-disk-unread": (1064, 60.0, frozenset({"split", "state-lost"})),
 }
 
-# Pinned seeds whose plans are run as drawn before stop 53's policy ops (module docstring).
-WITHOUT_POLICY_OPS = frozenset({"own-disk-unread"})
+# The fault streams each pinned seed's plan draws (module docstring): those pinned before stop
+# 58 run as drawn then, without slow boxes; own-disk-unread also without policy ops.
+BEFORE_SLOW = Draws(slow=False)
+DRAWN: dict[str, Draws] = {"own-disk-unread": Draws(policy_ops=False, slow=False)}
+
+
+def drawn(name: str) -> Draws:
+    return DRAWN.get(name, BEFORE_SLOW)
+
 
 # Mutants no seed catches any more, and why (each was caught once; BENCHMARKS.md).
 UNCAUGHT: dict[str, str] = {
+    # Found by CI's testbed run (stop 57): a straggler killed between its set-aside and the
+    # step it takes effect at. A drawn fault rarely lands in that window: none of seeds
+    # 0..399 at 200 s (48 set-asides). tests/dst/test_stragglers.py places the kill there.
+    "aside-unplanned": "found on the testbed; caught by a plan in tests/dst/test_stragglers.py",
     # Stop 51's fix of the e2e power cut with the broker (2a56fa0): a member set aside that
     # trained on under its old policy, heard active past its replica's step. Hunted: none in
     # 0..1499 at 60 s nor 0..299 at 200 s. Unit-tested (tests/unit/test_primitives.py: a
@@ -240,13 +255,12 @@ def test_every_mutant_has_a_pinned_seed_or_a_reason() -> None:
 @pytest.mark.parametrize("name", sorted(PINNED))
 def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> None:
     seed, duration, kinds = PINNED[name]
-    ops = name not in WITHOUT_POLICY_OPS
-    broken = run_seed(seed, duration, mutant=name, policy_ops=ops)
+    broken = run_seed(seed, duration, mutant=name, draws=drawn(name))
     found = {v.kind for v in broken.violations}
     assert found & kinds, (
         f"seed {seed} no longer breaks {sorted(kinds)} under mutant {name} (it found "
         f"{sorted(found) or 'nothing'}): pin a new seed (module docstring)")
-    fixed = run_seed(seed, duration, policy_ops=ops)
+    fixed = run_seed(seed, duration, draws=drawn(name))
     assert fixed.ok, [f"{v.kind} at {v.at:.1f}s: {v.detail}" for v in fixed.violations]
 
 
@@ -264,7 +278,7 @@ def test_an_open_fault_still_breaks_an_invariant(seed: int, duration: float, fau
 
 @pytest.mark.parametrize(("seed", "duration"), FIXED)
 def test_a_seed_the_campaign_found_keeps_every_invariant(seed: int, duration: float) -> None:
-    res = run_seed(seed, duration)
+    res = run_seed(seed, duration, draws=BEFORE_SLOW)  # found before slow boxes were drawn
     assert res.ok, [f"{v.kind} at {v.at:.1f}s: {v.detail}" for v in res.violations]
 
 
@@ -301,19 +315,19 @@ def test_a_mutant_campaign_fails_and_writes_the_failing_trace(tmp_path: Path) ->
     assert proc.returncode == 1, proc.stderr[-2000:]
     doc = json.loads((tmp_path / "dst.json").read_text())
     assert doc["mutant"] == name and doc["failing_seeds"] == [seed]
-    assert doc["policy_ops"] is True
+    assert doc["policy_ops"] is True and doc["slow"] is True
     trace = (tmp_path / f"seed-{seed}.txt").read_text()
     assert "VIOLATION" in trace and "shrunk to" in trace
 
 
 def test_a_seed_pinned_without_policy_ops_replays_from_the_command_line() -> None:
-    """``--no-policy-ops`` draws each plan as before operator policy ops, so a pin kept that
-    way (:data:`WITHOUT_POLICY_OPS`) is replayed, and hunted anew, with the command a user
-    runs."""
-    name = next(iter(WITHOUT_POLICY_OPS))
+    """``--no-policy-ops`` and ``--no-slow`` draw each plan as before operator policy ops
+    and slow boxes, so a pin kept that way (:data:`DRAWN`) is replayed, and hunted anew,
+    with the command a user runs."""
+    name = next(iter(DRAWN))
     seed, duration, kinds = PINNED[name]
     proc = run_ctl("bench", "dst", "--seed", str(seed), "--duration", str(duration),
-                   "--mutant", name, "--no-policy-ops", timeout=200)
+                   "--mutant", name, *drawn(name).args(), timeout=200)
     assert proc.returncode == 1, proc.stderr[-2000:]
     text = proc.stdout + proc.stderr
     assert any(f"VIOLATION {kind} " in text for kind in kinds), text[-2000:]
