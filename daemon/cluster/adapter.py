@@ -214,6 +214,10 @@ class Adapter:
             "predicted_step_ms_without": round(verdict.step_s_without * 1000, 3)
             if verdict.step_s_without < 1e9 else None,
             "reason": verdict.reason()}
+        if v is not None:  # what its links read, so an operator sees which one and why
+            detail["links"] = {(b if a == verdict.node else a): {"mbps": mbps, "rtt_ms": rtt}
+                               for (a, b), (mbps, rtt) in sorted(v.links.items())
+                               if verdict.node in (a, b)}
         if verdict.action == "rejoin":
             if self._aside is not None and self._aside.verdict.node == verdict.node:
                 self._aside = None  # back before its gain could be measured

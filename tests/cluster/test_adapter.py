@@ -290,6 +290,7 @@ def test_a_throttled_member_is_set_aside_its_join_held_and_tried_again() -> None
     [aside] = stragglers(role)
     assert aside["action"] == "set-aside" and aside["node"] == "c" and aside["cause"] == "compute"
     assert aside["predicted_gain"] > 2 and "c's compute slows the cluster" in aside["reason"]
+    assert aside["links"] == {p: {"mbps": LOOPBACK, "rtt_ms": 1.0} for p in ("a", "b")}
     [scale_in] = [e for e in role.sched.events if e.kind == "scale-in"]
     assert scale_in.detail["reason"] == "straggler" and scale_in.node == "c"
     policy = role.sched.policy
@@ -334,6 +335,26 @@ def test_a_straggler_that_fails_before_its_scale_in_takes_effect_fails_as_a_memb
         assert policy.version > aside.version and policy.effective_step <= t.role.neg.max_step()
     else:
         assert scale_ins == ["straggler"] and policy.version == aside.version
+
+
+@pytest.mark.parametrize(("gone", "held"), [("worker-exit", True), ("daemon-lost", False)])
+def test_a_straggler_whose_script_restarts_stays_aside_one_whose_box_went_does_not(
+        gone: str, held: bool) -> None:
+    """Its box is as slow as it was when only its script restarted: the new worker's join is
+    held until the judge lets it back. A box that went (its daemon lost) may come back another
+    box, and joins as any node."""
+    t = Throttled()
+    t.observe(7)
+    t.observe(1, members=("a", "b"), step=t.role.sched.policy.effective_step + 1)
+    if gone == "worker-exit":
+        request(t.role, "c", "worker-exit", code=-9)
+    else:
+        t.role.on_status(Status(node="c", online=False, reason="lost", incarnation=1))
+        t.role.on_status(Status(node="c", online=True, reason="up", incarnation=2,
+                                addr="10.0.0.c"))
+    request(t.role, "c", "join", addr="10.0.0.c:7001", neighbors=[])
+    assert ("c" in t.role.neg.benched) is held
+    assert ("c" in t.role.neg.joins) is not held
 
 
 def test_stragglers_off_keeps_every_member() -> None:
