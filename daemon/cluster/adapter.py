@@ -184,8 +184,15 @@ class Adapter:
                 m not in self.compute_s for m in policy.members):
             return None
         nodes = set(policy.members) | set(self.neg.benched)
-        links = {(lk.a, lk.b): (lk.bandwidth_mbps, lk.rtt_ms or 0.0) for lk in self.sched.links
-                 if lk.state == "up" and lk.bandwidth_mbps and lk.a in nodes and lk.b in nodes}
+        up = [lk for lk in self.sched.links
+              if lk.state == "up" and lk.bandwidth_mbps and lk.a in nodes and lk.b in nodes]
+        # A link whose RTT is not known yet (new, its report due within 5 s) is taken at the
+        # others' median, not at 0: free, it made a tree without a member look faster (the
+        # testbed: a member set aside for a link of 17.8 ms beside one counted 0).
+        known = sorted(lk.rtt_ms for lk in up if lk.rtt_ms is not None)
+        typical = known[len(known) // 2] if known else 0.0
+        links = {(lk.a, lk.b): (lk.bandwidth_mbps or 0.0,
+                                typical if lk.rtt_ms is None else lk.rtt_ms) for lk in up}
         return View(policy.members, {n: self.compute_s[n] for n in nodes if n in self.compute_s},
                     links, max(self.elements[m] for m in policy.members), running(policy),
                     dict(self.neg.bw_readings))

@@ -357,6 +357,34 @@ def test_a_straggler_whose_script_restarts_stays_aside_one_whose_box_went_does_n
     assert ("c" in t.role.neg.joins) is not held
 
 
+def test_a_link_not_timed_yet_is_not_taken_for_a_free_one() -> None:
+    """The testbed's links, all shaped to 5 Mbit/s, much as the scheduler held them when it set
+    a member aside for its link: a-b read 17.8 ms (behind a bandwidth test's queue), a-c and
+    b-c had no RTT yet, and b-c's rate read low. The widest tree with a crosses a-b; without a,
+    b-c alone. Counted at 0 ms, b-c made the cluster without a look faster (43 ms a step
+    with it, 27 without: +8 % samples a second, over the scenario's hysteresis), and a was set
+    aside; at the others' median, no one is."""
+    host = adaptive_host(syncs=("every-step",), pin=("sync", "wire", "inner_steps"), dwell=2,
+                         hysteresis=0.005)
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    readings = {("a", "b"): (3.62, 17.8), ("a", "c"): (4.51, None), ("b", "c"): (2.0, None)}
+    role.sched.links = [LinkRecord(a, b, "up", rtt_ms=rtt, bandwidth_mbps=mbps)
+                        for (a, b), (mbps, rtt) in readings.items()]
+    for _ in range(12):
+        host.time.advance(OBSERVE_EVERY_S)
+        for (a, b), (mbps, _rtt) in readings.items():
+            role.neg.metrics(a, LinkMetrics(peer=b, bandwidth_mbps=mbps))
+        for m in MEMBERS:
+            role.on_heartbeat(Heartbeat(node=m, seq=2, incarnation=1, step=10, state="active",
+                                        cpu_percent=0.0, mem_percent=0.0, compute_ms=24.0,
+                                        elements=178), f"10.0.0.{m}")
+        role.judge(set(role.sched.nodes))
+    assert stragglers(role) == [] and role.sched.policy.members == MEMBERS
+    view = role.adapter.view()
+    assert view is not None and view.links[("a", "c")] == (4.51, 17.8)
+
+
 def test_stragglers_off_keeps_every_member() -> None:
     host = adaptive_host(syncs=("every-step",), dwell=1, stragglers=False)
     role = host.elect()

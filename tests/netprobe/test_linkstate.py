@@ -47,6 +47,22 @@ def test_reply_records_rtt_and_ewma() -> None:
     assert tracker.stats("b").rtt_ewma_s == pytest.approx(0.020)  # 0.01 + 0.5 * (0.03 - 0.01)
 
 
+def test_the_minimum_rtt_is_the_smallest_of_the_window() -> None:
+    """Queueing behind a bandwidth test inflates samples for a while; the minimum keeps the
+    path's delay, and forgets a sample once it is older than the window."""
+    clock = FakeClock(0.0)
+    tracker = make(clock, min_window_s=3.0)
+    for rtt in (0.001, 0.020, 0.025, 0.018, 0.030):
+        (probe,), _ = tracker.poll()
+        clock.advance(rtt)
+        tracker.on_reply(probe.seq)
+        clock.advance(1.0 - rtt)
+    stats = tracker.stats("b")
+    # Sent at 0, 1, 2, 3 and 4 s: the 1 ms one (at 0 s) is out of the window by now.
+    assert stats.rtt_min_s == pytest.approx(0.018)
+    assert stats.rtt_last_s == pytest.approx(0.030)
+
+
 def test_fails_after_consecutive_misses_within_the_bound() -> None:
     clock = FakeClock(0.0)
     tracker = make(clock, interval_s=1.0, timeout_s=0.5, fail_after=3)
@@ -157,7 +173,8 @@ def test_a_late_caller_does_not_burst() -> None:
     assert tracker.next_deadline() is not None
 
 
-@pytest.mark.parametrize("kw", [{"interval_s": 0}, {"fail_after": 0}, {"ewma_alpha": 0}])
+@pytest.mark.parametrize("kw", [{"interval_s": 0}, {"fail_after": 0}, {"ewma_alpha": 0},
+                                {"min_window_s": 0}])
 def test_rejects_bad_parameters(kw: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         LinkTracker(**kw)  # type: ignore[arg-type]
