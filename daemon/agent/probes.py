@@ -146,7 +146,7 @@ class LinkMonitor:
         """Send the RTT of every neighbour link to the scheduler now and then: the smallest
         of the last seconds, the path's own delay, which a round pays a hop. The smoothed one
         carries the queueing our own bandwidth tests add, and the straggler judge blamed a
-        link of 0.1 ms for its 18 ms under iperf3 while a link not timed yet counted 0."""
+        link for its 17.8 ms under iperf3 (0.4 ms idle) while a link not timed yet counted 0."""
         now = time.monotonic()
         if now - self._last_rtt_report < every_s:
             return
