@@ -267,7 +267,15 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # Faults found and traced but not fixed yet (BENCHMARKS.md, "Open"): each seed must still
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
-OPEN: tuple[tuple[int, float, str], ...] = ()
+OPEN: tuple[tuple[int, float, str], ...] = (
+    # Stop 58's fresh campaign (seeds 5000-5999 at 60 s): a scheduler elected after a cut
+    # takes its own worker's queued leave while it still counts another member (n2), whose
+    # worker died in the cut and whose exit is queued behind; the leave is not held for a
+    # hand-over, n2's exit then leaves no member, and n2's restarted worker starts the
+    # cluster over from its snapshot of step 60 while the leaver's worker, alive until its
+    # leave takes effect, holds 71 (simulator fault 30, BENCHMARKS.md).
+    (5955, 60.0, "a leave taken before the last other member's exit is heard loses its state"),
+)
 
 
 @pytest.mark.parametrize(("seed", "duration", "fault"), OPEN)
