@@ -453,6 +453,12 @@ def _aside_unplanned() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "stand_aside", old)]
 
 
+def _leaver_unrecalled() -> list[tuple[Any, str, Any]]:
+    def never(self: primitives.Negotiator) -> None:
+        return None  # the fix undone: a leaver whose leave is not in effect goes all the same
+    return [(primitives.Negotiator, "_recall_leaver", never)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -484,8 +490,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("last-leave-lost", "164cf3b", "a new scheduler marks a member whose daemon left "
            "before its election as left, with no policy, and the last member leaves at once "
            "while it is the source of a join (seed 319 needed both; our own box is not read at "
-           "election)",
-           lambda: [*_presence_unacted(), *_leave_drops_state(), *_own_disk_unread()]),
+           "election, nor a leaver recalled when the member it left goes)",
+           lambda: [*_presence_unacted(), *_leave_drops_state(), *_own_disk_unread(),
+                    *_leaver_unrecalled()]),
     Mutant("extrapolated-hold", "5e2e34c", "a partitioned node linked back holds its step "
            "extrapolated at its old rate, not the one it said", _extrapolated_hold),
     Mutant("unheard-bootstrap", "31c57f8", "with no member, a joiner starts the cluster over "
@@ -560,4 +567,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("aside-unplanned", "stop 58", "a straggler that fails between its set-aside and the "
            "step it takes effect at is failed as a standby, and the rounds until then wait "
            "for it for good", _aside_unplanned),
+    Mutant("leaver-unrecalled", "stop 58", "the last member goes while a leave has not taken "
+           "effect, and the leaver's worker, the last holder of the state, leaves all the same",
+           _leaver_unrecalled),
 )}

@@ -193,7 +193,8 @@ class Negotiator:
         # and since when the cluster has had no member.
         self.held: dict[str, int] = {}
         self._empty_since: float | None = None
-        self._leaving: dict[str, int] = {}  # leaving node -> the step its leave takes effect
+        # leaving node -> the step its leave takes effect, and its worker's address till then
+        self._leaving: dict[str, tuple[int, str]] = {}
         # The last member's leave, held while it is the source of a join in flight
         # (node -> the step it asked at): see :meth:`leave`.
         self._handing_over: dict[str, tuple[int, float]] = {}  # node -> (step, held since)
@@ -939,13 +940,13 @@ class Negotiator:
         self.joins.pop(node, None)
         self.held.pop(node, None)
         effective = max(step + 1, self.max_step() + self.lead())  # max_step still counts it
+        self._leaving[node] = (effective, rec.data_addr)
         # First, so only survivors are told; and without its worker's address, so that no
         # later link report rejoins a node whose worker has gone (it asks to join anew).
         self.sched.set_node(node, state="left", data_addr="")
         self._drop_links(node)
         self._heal_overlay()
         self._note_members()
-        self._leaving[node] = effective
         policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="leave",
                           delay_ms=(self.clock.monotonic() - t0) * 1000.0,
@@ -971,7 +972,7 @@ class Negotiator:
         # Its rounds wait for it until then: gone before, it is failed as a member (gone);
         # else its standby failure changed no policy, and the others waited for it for good
         # (the testbed, CI: set aside at step 823 for 845, killed at 823, no step after).
-        self._leaving[node] = effective
+        self._leaving[node] = (effective, rec.data_addr)
         policy = self.publish_policy(effective_step=effective)
         self.sched.record("scale-in", node=node, reason="straggler", detail=why,
                           delay_ms=0.0, policy_version=policy.version if policy else None,
@@ -1020,7 +1021,7 @@ class Negotiator:
             self.benched.pop(node, None)
         was_member = ((self.sched.policy is not None and node in self.sched.policy.members)
                       or node in self.joins)
-        if self._leaving.pop(node, -1) > self.max_step():
+        if self._leaving.pop(node, (-1, ""))[0] > self.max_step():
             # A leaver that went before its leave took effect: the rounds until then wait
             # for it, so the policy without it must govern now, as for a failure.
             was_member = True
@@ -1046,6 +1047,8 @@ class Negotiator:
             self.sched.set_node(node, state="standby")  # the worker went, the daemon stays
             if reason != "failure":
                 self._note_aside(node, self._active())
+        if was_member and not self._active():
+            self._recall_leaver()
         # Healed first: a joiner planned again may publish a policy without itself at once,
         # and the members the gone one held together must be linked by then.
         self._heal_overlay()
@@ -1070,6 +1073,27 @@ class Negotiator:
             policy = self.publish_policy(effective_step=0)
             self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
                               policy_version=policy.version if policy else None)
+
+    def _recall_leaver(self) -> None:
+        """The last member went while a node's leave (or set-aside) had not taken effect:
+        that node's worker, still in the rounds until then, holds the newest state. It is the
+        last member again, and a leaver leaves once a node that can take the state holds it,
+        as :meth:`leave` holds the last member's. Gone with it, the state was lost (the
+        simulator's seed 5955: a new scheduler took its own worker's leave, queued through a
+        cut, before the exit of the other member's worker killed in it; that worker, started
+        again, began the cluster over from its snapshot of 60 beside the leaver's 71)."""
+        for node, (effective, addr) in sorted(self._leaving.items()):
+            held = self._holds.get(node)
+            if held is None or held >= effective or not addr or not self.alive(node):
+                continue
+            log.warning("%s is the last holder of step %d, its leave not yet in effect: it "
+                        "stays a member until a node that can take the state holds it",
+                        node, held)
+            del self._leaving[node]
+            self.sched.set_node(node, state="active", data_addr=addr)
+            if self.benched.pop(node, None) is None:  # a straggler is simply kept
+                self._handing_over[node] = (held, self.clock.monotonic())
+            return
 
     def doubt_own(self) -> None:
         """At election, with a view from before our daemon was paused: the others may have

@@ -842,6 +842,32 @@ def test_the_last_members_leave_waits_until_the_new_node_holds_the_state() -> No
         "leave"]
 
 
+def test_a_leaver_is_the_last_member_again_when_the_others_go_before_its_leave_took_effect(
+        ) -> None:
+    """a asks to leave while b is still a member, so its leave goes ahead a few steps on; b's
+    worker then exits before that step. a's worker, in the rounds until then, holds the newest
+    state: a is the last member again, b's worker (started again from its snapshot of 60)
+    pulls a's state, and a leaves once b holds it (the simulator's seed 5955: b started the
+    cluster over from 60 while a's worker held 71)."""
+    steps = {"a": 71, "b": 71}
+    neg, _ = make(steps)
+    grow(neg, "a", "b")
+    neg.observe_worker("a", "leaving", 71)
+    neg.leave("a", 71)
+    assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ("b",)
+    handle(neg, "b", "worker-exit", {"code": -9})
+    assert neg.sched.nodes["a"].state == "active"
+    assert neg.sched.policy.members == ("a",) and neg.sched.policy.effective_step == 0
+    neg.out.clear()
+    neg.join("b", "127.0.0.1:9", [], step=60)
+    assert not cmds(neg, "bootstrap")
+    [(_, rep)] = [c for c in cmds(neg, "replicate") if c[0] == "b"]
+    assert rep["sources"] == {"a": neg.sched.nodes["a"].data_addr}
+    neg.replicated("b", done())
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ("b",)
+
+
 def test_a_last_members_leave_links_the_joiners_it_was_the_only_source_of() -> None:
     """The simulator's seed 20637 (60 s): the last member a served three joiners; once b held
     the state, a left, and its links went with it. c and d, members from their own step by
