@@ -1084,7 +1084,10 @@ class Negotiator:
         again, began the cluster over from its snapshot of 60 beside the leaver's 71)."""
         for node, (effective, addr) in sorted(self._leaving.items()):
             held = self._holds.get(node)
-            if held is None or held >= effective or not addr or not self.alive(node):
+            # In effect already (the members went past its step; a straggler aside since
+            # holds an older state than theirs), or its worker went: nothing to recall.
+            if held is None or held >= effective or effective <= self.sched.step or not addr \
+                    or not self.alive(node):
                 continue
             log.warning("%s is the last holder of step %d, its leave not yet in effect: it "
                         "stays a member until a node that can take the state holds it",

@@ -868,6 +868,22 @@ def test_a_leaver_is_the_last_member_again_when_the_others_go_before_its_leave_t
     assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ("b",)
 
 
+def test_a_straggler_aside_long_since_is_not_recalled_with_its_older_state() -> None:
+    """A member set aside whose set-aside took effect long ago holds an older state than the
+    members that went: it is no holder of the newest, and the cluster waits for one as ever."""
+    steps = {"a": 70, "b": 70, "c": 70}
+    neg, _ = make(steps)
+    grow(neg, "a", "b", "c")
+    neg.observe_worker("c", "active", 70)
+    assert neg.stand_aside("c", "slow") is not None
+    steps.update(a=500, b=500)
+    neg.sched.step = 500  # the members were heard far past its set-aside
+    handle(neg, "a", "worker-exit", {"code": -9})
+    handle(neg, "b", "worker-exit", {"code": -9})
+    assert neg.sched.nodes["c"].state == "standby" and "c" in neg.benched
+    assert neg.sched.policy.members == ()
+
+
 def test_a_last_members_leave_links_the_joiners_it_was_the_only_source_of() -> None:
     """The simulator's seed 20637 (60 s): the last member a served three joiners; once b held
     the state, a left, and its links went with it. c and d, members from their own step by
