@@ -164,7 +164,7 @@ class Box:
         w = SimWorker(self.c.sim, self.agent, self.c.plane, held, self._exited, self.c.ref,
                       self.c.plan.pace)
         w.misfit = misfit
-        w.slow, w.says_compute = self.slow, self.c.plan.judged
+        w.slowness, w.says_compute = lambda: self.slow, self.c.plan.judged
         w.snapshot_to = self.write_snapshot
         w.pid = self.c.next_pid()
         self.worker = w
@@ -259,13 +259,9 @@ class Box:
     def slow_down(self, seconds: float) -> None:
         """Its steps take SLOW_FACTOR paces for ``seconds`` (its worker's and the next's)."""
         self.slow = SLOW_FACTOR
-        if self.worker is not None:
-            self.worker.slow = SLOW_FACTOR
 
         def back() -> None:
             self.slow = 1.0
-            if self.worker is not None:
-                self.worker.slow = 1.0
             self.c.sim.note(f"{self.name} is fast again")
 
         self.c.sim.at(seconds, back)
@@ -483,7 +479,7 @@ class Cluster:
         for node in sorted({n for role in roles for n in role.neg.benched}):
             self.ref.excuse(node, self.sim.now - since)
         for role in roles:  # what the straggler judges did (coverage, and the trace)
-            for e in role.sched.events:
+            for e in role.sched.events:  # at most EVENT_KEEP
                 key = (e.term, e.seq)
                 if e.kind == "straggler" and key not in self._judged:
                     self._judged.add(key)

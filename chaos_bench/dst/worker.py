@@ -102,10 +102,10 @@ class SimWorker:
         self.misfit = False  # this script's model is not the cluster's: it refuses the state
         self.in_touch = True  # chaosd's word at the last poll
         self.term = 0  # likewise
-        # Its box's slowness (a step takes ``slow`` paces), and whether it says its compute
+        # Its box's slowness (a step takes that many paces), and whether it says its compute
         # as the Trainer does (set by its box; only plans that run the controller do, so the
         # others replay as before).
-        self.slow = 1.0
+        self.slowness: Callable[[], float] = lambda: 1.0
         self.says_compute = False
         self._computing_until = 0.0  # a slow step ends then
 
@@ -191,7 +191,8 @@ class SimWorker:
         if self.version >= 0:
             args["committed_version"] = self.version
         if self.says_compute:
-            args.update(compute_ms=round(self.pace * self.slow * 1e3, 3), elements=ELEMENTS)
+            args.update(compute_ms=round(self.pace * self.slowness() * 1e3, 3),
+                        elements=ELEMENTS)
         try:
             data = ops.worker_poll(self.agent, args)
         except ControlError as exc:  # chaosd dropped us (a hang), or restarted
@@ -383,7 +384,7 @@ class SimWorker:
                                   policy_version=pub.version))
         self.version = pub.version
         self._round_since = None
-        self._computing_until = self.sim.now + self.pace * (self.slow - 1.0)
+        self._computing_until = self.sim.now + self.pace * (self.slowness() - 1.0)
         if rnd % SNAPSHOT_EVERY == 0:  # the Trainer's schedule, with every_s 0
             self.snapshot_to(self, self.state)
         self.plane.withdraw(self.me, pub.members)
