@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--short", action="store_true", help="a smaller model on less text")
     ap.add_argument("--sleep", type=float, default=0.0, help="seconds to rest after a step")
     ap.add_argument("--record", default="", help="append a JSON line per step to this file")
+    ap.add_argument("--out", default="", help="the Trainer's output_dir (default: one per node "
+                    "under the temporary directory, reused by every start)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=os.environ.get("CHAOS_WORKER_LOG", "WARNING").upper(),
                         format="%(asctime)s %(name)s %(message)s")
@@ -85,21 +87,24 @@ def main(argv: list[str] | None = None) -> int:
         vocab_size=len(data.vocab), n_positions=data.context, n_embd=width, n_layer=layers,
         n_head=4, bos_token_id=0, eos_token_id=0))
     chaos = ChaosCallback(samples_per_step=args.batch)  # chaos
-    with tempfile.TemporaryDirectory(prefix="hf_chartf-") as out:
-        targs = transformers.TrainingArguments(
-            out, max_steps=args.steps, per_device_train_batch_size=args.batch,
-            learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=20,
-            max_grad_norm=1.0, logging_steps=1 if args.record else 50, save_strategy="no",
-            report_to="none", disable_tqdm=True, seed=0,
-            data_seed=sum(map(ord, os.environ.get("CHAOS_NODE_ID", "solo"))))
-        trainer = transformers.Trainer(
-            model=model, args=targs, train_dataset=Windows(data.train, data.context),
-            callbacks=[chaos, Record(args.record, chaos, args.sleep)])  # chaos: chaos added
-        try:
-            trainer.train()
-        except ChaosError as exc:
-            print(f"hf_chartf: {exc}", file=sys.stderr)
-            return 1
+    # A fixed directory, not a fresh temporary one per start: a worker killed -9 (as chaosd
+    # does to a hung one) cannot remove its own, and restarts would pile them up.
+    out = args.out or os.path.join(tempfile.gettempdir(),
+                                   f"hf_chartf-{os.environ.get('CHAOS_NODE_ID', 'solo')}")
+    targs = transformers.TrainingArguments(
+        out, max_steps=args.steps, per_device_train_batch_size=args.batch,
+        learning_rate=args.lr, lr_scheduler_type="cosine", warmup_steps=20,
+        max_grad_norm=1.0, logging_steps=1 if args.record else 50, save_strategy="no",
+        report_to="none", disable_tqdm=True, seed=0,
+        data_seed=sum(map(ord, os.environ.get("CHAOS_NODE_ID", "solo"))))
+    trainer = transformers.Trainer(
+        model=model, args=targs, train_dataset=Windows(data.train, data.context),
+        callbacks=[chaos, Record(args.record, chaos, args.sleep)])  # chaos: chaos added
+    try:
+        trainer.train()
+    except ChaosError as exc:
+        print(f"hf_chartf: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -27,6 +27,8 @@ def start(r: Run, node: str, example: str) -> None:
     module, *extra = EXAMPLES[example]
     argv = [sys.executable, "-m", module, "--steps", "100000",
             "--record", str(r.out / f"{node}.jsonl"), *extra]
+    if example == "hf":  # its Trainer's output_dir, in the test's folder, not /tmp
+        argv += ["--out", str(r.out / f"hf-{node}")]
     call_once(r.c.socket_of(node), "join", {"neighbors": [], "command": argv}, timeout=5)
 
 
@@ -45,6 +47,8 @@ def test_an_adapted_script_trains_through_join_leave_kill_and_freeze(run: Any,
     assert r.records(n3)[0]["step"] > 20  # n3 started at the cluster's step
     assert r.assert_consistent() > 40
     r.assert_loss_falls(n1)
+    if example == "hf":  # the Trainer made its output_dir there, and no other
+        assert {p.name for p in r.out.glob("hf-*")} <= {f"hf-{n}" for n in (n1, n2, n3)}
 
 
 def test_the_lightning_strategy_refuses_what_cannot_be_elastic() -> None:
