@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from chaosctl.client import SOCKET_ENV, ControlFailure, call_once
+from chaosctl.cluster import thread_budget
 from chaosctl.polling import agreed, wait_until
 from chaosctl.testbed import net as net
 from chaosctl.testbed import procs as procs
@@ -188,7 +189,10 @@ class Testbed:
         Path(rec.data_dir).mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(rec.socket)  # a socket left by a killed daemon
-        self._start(node, rec.ns, procs.chaosd_argv(self.state, node), Path(rec.log))
+        # Its workers inherit its environment: each emulated box gets its share of the cores
+        # (a worker with torch's default threads spins them between ops).
+        self._start(node, rec.ns, procs.chaosd_argv(self.state, node), Path(rec.log),
+                    env=thread_budget(len(self.state.nodes)))
         if save:
             self.state.save()
 
