@@ -742,6 +742,10 @@ def dst(
     slow: Annotated[bool, typer.Option(help="Draw slow boxes (and run the straggler judge) "
                                        "into 30% of the plans; --no-slow: each seed's plan "
                                        "as drawn before them.")] = True,
+    slow_links: Annotated[bool, typer.Option(help="Draw a box on slow links (and run the "
+                                             "straggler judge) into 20% of the plans; "
+                                             "--no-slow-links: each seed's plan as drawn "
+                                             "before them.")] = True,
 ) -> None:
     """Deterministic simulation of the control plane: the real agents, scheduler and the
     worker's join and serve machines on a simulated broker, clock and network, faults drawn
@@ -762,7 +766,7 @@ def dst(
         raise CtlUsageError(f"no mutant {mutant!r}; one of: {', '.join(MUTANTS)}")
     if seed is None:
         writable(out)
-    draws = Draws(policy_ops=policy_ops, slow=slow)
+    draws = Draws(policy_ops=policy_ops, slow=slow, slow_links=slow_links)
     try:
         if seed is not None:
             res = campaign.one(seed, duration, shrink, say, mutant, draws)

@@ -78,6 +78,7 @@ def campaign(seeds: int, start: int, duration: float, jobs: int, out: Path,
         "seeds": seeds, "start": start, "duration_s": duration, "jobs": jobs, "mutant": mutant,
         "policy_ops": draws.policy_ops,
         "slow": draws.slow,
+        "slow_links": draws.slow_links,
         "interrupted": interrupted,
         "wall_s": round(wall, 2), "cpu_s_per_seed": round(
             sum(d.get("cpu_s", 0.0) for d in done) / max(len(done), 1), 4),
@@ -161,6 +162,8 @@ def table(doc: dict[str, Any]) -> str:
         title += ", no policy ops"
     if doc.get("slow") is False:
         title += ", no slow boxes"
+    if doc.get("slow_links") is False:
+        title += ", no slow links"
     if doc.get("interrupted"):
         title += " (interrupted: the seeds that ran)"
     rows = [title, "",

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from chaos_bench.dst.broker import SimBroker, SimBus
-from chaos_bench.dst.faults import SLOW_FACTOR, Fault, Plan
+from chaos_bench.dst.faults import SLOW_FACTOR, SLOW_LINK_MBPS, Fault, Plan
 from chaos_bench.dst.loop import Sim, drive
 from chaos_bench.dst.plane import DataPlane, State, fresh_state
 from chaos_bench.dst.referee import Referee
@@ -62,6 +62,7 @@ class Box:
         self.frozen = False
         self.cut = False
         self.slow = 1.0  # how many times slower than the pace its steps are (a slow fault)
+        self.link_slow = False  # its links test at SLOW_LINK_MBPS (a slow-link fault)
         self._backoff = RESTART_MIN_S
 
     # --- chaosd -------------------------------------------------------------------------
@@ -266,6 +267,17 @@ class Box:
 
         self.c.sim.at(seconds, back)
 
+    def slow_links(self, seconds: float) -> None:
+        """Its links test at SLOW_LINK_MBPS for ``seconds``, both ways, as iperf3 would read
+        them. The modelled rounds take no longer: the judge acts on what the probes say."""
+        self.link_slow = True
+
+        def back() -> None:
+            self.link_slow = False
+            self.c.sim.note(f"{self.name}'s links are fast again")
+
+        self.c.sim.at(seconds, back)
+
     def thaw(self, gen: int) -> None:
         if gen != self.gen or not self.frozen:
             return
@@ -397,6 +409,8 @@ class Cluster:
             self.sim.at(f.seconds, functools.partial(self._reboot, box, wanted))
         elif f.kind == "slow" and box is not None:
             box.slow_down(f.seconds)
+        elif f.kind == "slow-link" and box is not None:
+            box.slow_links(f.seconds)
         elif f.kind in ("freeze", "freeze-worker") and box is not None:
             box.freeze(f.seconds, worker_only=f.kind == "freeze-worker")
         elif f.kind == "broker-restart":
@@ -440,11 +454,13 @@ class Cluster:
             rec = b.agent.view.nodes.get(b.name)
             for peer in rec.neighbors if rec is not None else []:
                 if peer in self.boxes and self.reach(b.name, peer):
-                    # With the controller on, a rate too, as iperf3 measures it (the same
-                    # on every link: a slow box is the only straggler there is).
+                    # With the controller on, a rate too, as iperf3 measures it: the same on
+                    # every link but those of a box on a slow link.
+                    slow = b.link_slow or self.boxes[peer].link_slow
                     b.agent.request(LinkMetrics(peer=peer, rtt_ms=round(
                         0.2 + self.sim.rng.random(), 3),
-                        bandwidth_mbps=LINK_MBPS if self.plan.judged else None))
+                        bandwidth_mbps=(SLOW_LINK_MBPS if slow else LINK_MBPS)
+                        if self.plan.judged else None))
         self.sim.at(5.0, self.probe)
 
     def _reboot(self, box: Box, wanted: bool) -> None:
@@ -484,6 +500,8 @@ class Cluster:
                 if e.kind == "straggler" and key not in self._judged:
                     self._judged.add(key)
                     self.ref.count(f"straggler:{e.detail.get('action')}")
+                    if e.detail.get("action") == "set-aside":
+                        self.ref.count(f"straggler:set-aside:{e.detail.get('cause')}")
                     self.sim.note(f"scheduler@{e.term}: straggler {e.detail.get('action')} "
                                   f"{e.node} ({e.detail.get('cause')})")
         workers = [b for b in self.boxes.values() if b.worker is not None and b.worker.alive]

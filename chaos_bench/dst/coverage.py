@@ -32,7 +32,7 @@ EXPECTED: tuple[str, ...] = (
     "fault:qos0-lost", "fault:duplicated", "fault:delayed", "will",
     "status:up", "status:left", "status:lost",
     "join:member", "join:abandoned", "bootstrap", "restored", "round", "worker:rejoin",
-    "total-loss", "snapshot", "straggler:set-aside",
+    "total-loss", "snapshot", "straggler:set-aside:compute", "straggler:set-aside:link",
 )
 # Counted but not expected: a member that reaches a round behind the others (the data plane
 # turns it away, as the real agreement does) means the protocol let a stale state in.

@@ -22,13 +22,16 @@ FAST_P = 0.25
 DRAWN_KINDS = ("join", "leave", "kill-worker", "crash", "freeze", "freeze-worker",
                "broker-restart", "cut", "dataplane-split", "power", "leave-daemon", "misfit",
                "link-op")
-FAULT_KINDS = (*DRAWN_KINDS, "policy-op", "slow")
+FAULT_KINDS = (*DRAWN_KINDS, "policy-op", "slow", "slow-link")
 """Every fault a plan may hold. ``misfit``: the box's owner starts a script whose model is
 not the cluster's (its worker refuses the state and is not restarted). ``link-op``: the
 operator runs ``chaosctl link add|del PEER`` on a box (target ``box>peer/add``).
 ``policy-op``: the operator runs ``chaosctl policy set`` on a box (target ``box>mode/H``).
 ``slow``: a box computes SLOW_FACTOR times slower for a while (throttled, or its owner's
-other work), and the scheduler's straggler judge may set it aside."""
+other work), and the scheduler's straggler judge may set it aside. ``slow-link``: a box's
+links fall to SLOW_LINK_MBPS for a while (its Wi-Fi, or its uplink in the evening): the
+probes measure it, and the judge may set the box aside for its link and let it back once
+newer tests of its links recover."""
 #: The sync modes a ``policy-op`` sets (streaming with 2 fragments).
 POLICY_OPS = ("every-step/1", "diloco/4", "diloco/10", "streaming/6")
 #: Policy ops come from a stream of their own, in about this share of the seeds, so that the
@@ -38,6 +41,10 @@ POLICY_OP_SEEDS = 0.3
 #: controller (its policy pinned: only the straggler judge acts) and its link-rate probes.
 SLOW_SEEDS = 0.3
 SLOW_FACTOR = 8.0
+#: A box on a slow link, likewise, in about this share of the seeds (a stream of its own):
+#: at SLOW_LINK_MBPS a round of the workers' ELEMENTS takes 0.64 s, three 0.2-s paces.
+SLOW_LINK_SEEDS = 0.2
+SLOW_LINK_MBPS = 0.5
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,13 @@ class Draws:
 
     policy_ops: bool = True  # stop 53: chaosctl policy set
     slow: bool = True  # stop 58: slow boxes, and the straggler judge
+    slow_links: bool = True  # stop 59: boxes on slow links
 
     def args(self) -> list[str]:
         """The ``chaosctl bench dst`` options that draw the same."""
         return [*([] if self.policy_ops else ["--no-policy-ops"]),
-                *([] if self.slow else ["--no-slow"])]
+                *([] if self.slow else ["--no-slow"]),
+                *([] if self.slow_links else ["--no-slow-links"])]
 
 
 EVERY_DRAW = Draws()  # plans as they are drawn now
@@ -86,8 +95,8 @@ class Plan:
 
     @property
     def judged(self) -> bool:
-        """Whether the boxes run the straggler judge (a plan with slow boxes)."""
-        return any(f.kind == "slow" for f in self.faults)
+        """Whether the boxes run the straggler judge (a plan with slow boxes or links)."""
+        return any(f.kind in ("slow", "slow-link") for f in self.faults)
 
     def without(self, index: int) -> Plan:
         """This plan with one fault dropped (shrinking)."""
@@ -106,7 +115,7 @@ def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0,
               draws: Draws = EVERY_DRAW) -> Plan:
     """The plan of ``seed``: 3-6 boxes on 1-3 sites, 0-2 more that join later, faults at
     ``rate`` per second on average (Poisson), each of a kind drawn at random, and the pace.
-    The pace, the policy ops and the slow boxes have streams of their own, so a seed's boxes
+    The pace, the policy ops, the slow boxes and links have streams of their own, so a seed's boxes
     and other faults are what they were before those were drawn (``draws``: the plan as it
     was before one of them existed)."""
     rng = random.Random(f"plan-{seed}")
@@ -158,6 +167,11 @@ def make_plan(seed: int, duration: float = 90.0, rate: float = 1 / 6.0,
             at = round(slow.uniform(8.0, max(8.0, duration - 5.0)), 2)
             faults.append(Fault(at, "slow", slow.choice(names),
                                 round(slow.uniform(5.0, 60.0), 2)))
+    links = random.Random(f"slow-link-{seed}")
+    if draws.slow_links and links.random() < SLOW_LINK_SEEDS:  # a box's links, from 8 s on
+        at = round(links.uniform(8.0, max(8.0, duration - 5.0)), 2)
+        faults.append(Fault(at, "slow-link", links.choice(names),
+                            round(links.uniform(5.0, 60.0), 2)))
     faults.sort(key=lambda f: f.at)
     return Plan(seed, duration, sites, tuple(names[:n]), net, tuple(faults),
                 FAST_PACE_S if fast else SLOW_PACE_S)
