@@ -19,7 +19,7 @@ from daemon.agent.leadership import Leadership
 from daemon.agent.node import NodeAgent
 from daemon.cluster import primitives
 from daemon.cluster.detector import PhiAccrualDetector
-from daemon.cluster.election import Election, Heard, Holding
+from daemon.cluster.election import Election, Heard, Holding, better
 from daemon.cluster.role import SchedulerRole
 from daemon.contracts.messages import Heartbeat, Request, Status
 from daemon.contracts.protocol import Bootstrap, parse_request
@@ -459,6 +459,15 @@ def _leaver_unrecalled() -> list[tuple[Any, str, Any]]:
     return [(primitives.Negotiator, "_recall_leaver", never)]
 
 
+def _older_view_taken() -> list[tuple[Any, str, Any]]:
+    def old(self: Leadership, claim: tuple[int, str]) -> bool:
+        # the fix undone: with no leader known, any snapshot is taken, an older term's too
+        election = self._a.election
+        return election.leader is not None and better(
+            (election.term, election.leader), claim)
+    return [(Leadership, "stale", old)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -570,4 +579,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("leaver-unrecalled", "stop 58", "the last member goes while a leave has not taken "
            "effect, and the leaver's worker, the last holder of the state, leaves all the same",
            _leaver_unrecalled),
+    Mutant("older-view-taken", "stop 59", "a node that knows no leader yet (rebooted) takes a "
+           "snapshot of an older term than its own, published by a scheduler that thawed",
+           _older_view_taken),
 )}

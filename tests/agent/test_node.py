@@ -329,6 +329,23 @@ async def test_a_follower_ignores_requests_and_stale_snapshots() -> None:
     assert agent.view.version == 7
 
 
+async def test_a_rebooted_node_that_knows_no_leader_yet_ignores_an_older_terms_snapshot() -> None:
+    """Its term comes back from its disk, its leader does not: a snapshot of an older term is
+    a stale scheduler's (one thawed after a newer term's whole life republished its view, the
+    simulator's seed 7489), and one of its own term is taken."""
+    clock = FakeClock()
+    agent, bus = await attach("b", clock)
+    agent.election.restore(2)
+    assert agent.election.leader is None
+    bus.deliver(T.state, ClusterState(term=1, leader="a", version=40,
+                                      policy={"version": 9, "members": ["a"]}))
+    assert agent.view is None and agent.counters["stale_states"] == 1
+    assert agent.policies == {}
+    bus.deliver(T.state, ClusterState(term=2, leader="c", version=3,
+                                      policy={"version": 1000001, "members": ["b", "c"]}))
+    assert agent.view is not None and agent.view.term == 2
+
+
 # --- failures -----------------------------------------------------------------------------
 async def test_joins_at_once_tell_the_first_node_to_bootstrap() -> None:
     """Three workers ask to join in the same instant: the first is told to start alone (a

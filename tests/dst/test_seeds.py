@@ -50,6 +50,12 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # member, and the restarted worker began the cluster over from its snapshot of 60 while
     # the leaver's worker, in the rounds until its leave took effect, held 71.
     "leaver-unrecalled": (5955, 60.0, frozenset({"state-lost"})),
+    # Stop 59's fresh campaign (seeds 7000-7999 at 60 s, with slow links), simulator fault 32:
+    # the term-1 scheduler, frozen through term 2's whole life, thawed and published its old
+    # view retained over term 2's; a node rebooted after its site's power cut knew term 2 from
+    # its disk but no leader yet, took that view, was elected on it, and left the thawed node
+    # (101 steps) the only member while the others had restored 140.
+    "older-view-taken": (7489, 60.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "last-leave-lost": (164, 200.0, frozenset({"state-lost"})),  # 449 to stop 31, 586 to 34
     # 13 until stop 44 drew it the fast pace; then 52, 67, 71, 89, 100 and 101 of 14..133;
@@ -75,7 +81,8 @@ BEFORE_SLOW = Draws(slow=False, slow_links=False)
 STOP_58 = Draws(slow_links=False)
 DRAWN: dict[str, Draws] = {
     "own-disk-unread": Draws(policy_ops=False, slow=False, slow_links=False),
-    "leaver-unrecalled": STOP_58}
+    "leaver-unrecalled": STOP_58,
+    "older-view-taken": Draws()}
 
 
 def drawn(name: str) -> Draws:
