@@ -56,8 +56,11 @@ def applied(name: str | None) -> Iterator[None]:
 def _deaf_judges() -> list[tuple[Any, str, Any]]:
     def hears_itself(self: NodeAgent, now: float) -> bool:
         return True
-    # The silence horizon (a1a7607) guards the same thing from the other side: both go.
-    return [(NodeAgent, "_hears_itself", hears_itself), *_judged_to_now()]
+    # The silence horizon (a1a7607) guards the same thing from the other side: both go. So
+    # does the view of the claim a scheduler yields to (stop 59), which masks it at seed 310
+    # (none of 0-599 at 30 s caught it with that fix in place).
+    return [(NodeAgent, "_hears_itself", hears_itself), *_judged_to_now(),
+            *_yielded_view_dropped()]
 
 
 def _judged_to_now() -> list[tuple[Any, str, Any]]:
@@ -465,7 +468,24 @@ def _older_view_taken() -> list[tuple[Any, str, Any]]:
         election = self._a.election
         return election.leader is not None and better(
             (election.term, election.leader), claim)
-    return [(Leadership, "stale", old)]
+    # Stop 59's keeping of the view of a claim yielded to masks it at its seed: both go.
+    return [(Leadership, "stale", old), *_yielded_view_dropped()]
+
+
+def _disk_unweighed() -> list[tuple[Any, str, Any]]:
+    def worker_only(hb: Heartbeat) -> int:
+        return hb.holds  # the fix undone: a snapshot on a peer's disk counts for nothing
+    return [(Leadership, "holds", staticmethod(worker_only))]
+
+
+def _yielded_view_dropped() -> list[tuple[Any, str, Any]]:
+    on_state = Leadership.__dict__["on_state"]
+
+    def old(self: Leadership, st: Any) -> None:
+        on_state(self, st)
+        if self._a.role is not None:
+            self._held_state = None  # the fix undone: a better claim's snapshot is dropped
+    return [(Leadership, "on_state", old)]
 
 
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
@@ -582,4 +602,10 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("older-view-taken", "stop 59", "a node that knows no leader yet (rebooted) takes a "
            "snapshot of an older term than its own, published by a scheduler that thawed",
            _older_view_taken),
+    Mutant("disk-unweighed", "stop 59", "a scheduler contesting a newer term counts a peer "
+           "whose worker has not started yet as holding nothing, though its disk holds a newer "
+           "snapshot", _disk_unweighed),
+    Mutant("yielded-view-dropped", "stop 59", "a scheduler drops the snapshot of the better "
+           "claim it then steps down to, and is later elected on its own older view",
+           _yielded_view_dropped),
 )}

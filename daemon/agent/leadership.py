@@ -68,7 +68,8 @@ class Leadership:
 
     def __init__(self, host: LeadershipHost) -> None:
         self._a = host
-        self._held_state: ClusterState | None = None  # a rival's, while we defer its claim
+        # A rival's, while we defer its claim (or, as scheduler, a better claim's).
+        self._held_state: ClusterState | None = None
 
     def queue_claim(self) -> None:
         count, step = self.training()
@@ -117,8 +118,18 @@ class Leadership:
         outside = [hb for hb in beats if not self._ours(hb)]
         return Heard(training=sum(1 for hb in outside
                                   if hb.leader == leader and hb.state == "active"),
-                     step=max((hb.holds for hb in outside), default=-1),
+                     step=max((self.holds(hb) for hb in outside), default=-1),
                      everyone=len(beats) == len(live))
+
+    @staticmethod
+    def holds(hb: Heartbeat) -> int:
+        """The newest state ``hb``'s node holds: its worker's, or a snapshot on its disk that
+        its worker restores when it starts. A box back from a power cut holds its state on disk
+        a moment before its worker runs: counted as holding nothing, a scheduler thawed from a
+        cut outbid the rebooted side's term with its own older state, and trained on alone
+        from it (the simulator's seed 9013: round 335 built again beside the 380 on n3's
+        disk)."""
+        return max(hb.holds, hb.snapshot)
 
     def _fresh(self, live: set[str] | None) -> list[Heartbeat]:
         """The last heartbeat of each live peer, heard within TRAINING_FRESH_S."""
@@ -193,7 +204,15 @@ class Leadership:
         accepted = (self._a.election.term, self._a.election.leader or "")
         if self._a.role is not None:
             if claim != (self._a.role.term, self._a.me):
-                # Someone else's snapshot overwrote the retained topic: repair it.
+                # Someone else's snapshot overwrote the retained topic: repair it. A better
+                # claim's is kept: if we step down to it, its view is the one to follow, not
+                # ours. A scheduler back from a cut dropped the newer term's snapshot, stepped
+                # down, was elected again when that term's scheduler left, and governed from
+                # its own view of the term before, in which the members the newer term had
+                # trained on (742) were no holders; its own part won the tie and trained on
+                # from 736 (the simulator's seed 9200).
+                if better(claim, (self._a.role.term, self._a.me)):
+                    self._held_state = st
                 self._a.role.sched.dirty = True
             return
         if self.stale(claim):

@@ -99,6 +99,7 @@ class Peer:
     leader: str = ""  # the scheduler it follows
     state: str = "active"  # its worker's
     holds: int = -1  # the step its worker holds (-1: no worker attached)
+    snapshot: int = -1  # the newest snapshot on its disk (-1: none)
 
     def status(self, online: bool = True, reason: str = "up") -> Status:
         return Status(node=self.node, online=online, reason=reason,
@@ -108,7 +109,8 @@ class Peer:
         self.seq += 1
         return Heartbeat(node=self.node, seq=self.seq, incarnation=self.incarnation,
                          step=self.step, state=self.state, cpu_percent=1.0, mem_percent=2.0,
-                         policy_version=self.version, leader=self.leader, holds=self.holds)
+                         policy_version=self.version, leader=self.leader, holds=self.holds,
+                         snapshot=self.snapshot)
 
 
 async def run(agent: NodeAgent, clock: FakeClock, seconds: float,
@@ -327,6 +329,32 @@ async def test_a_follower_ignores_requests_and_stale_snapshots() -> None:
     assert agent.counters["stale_states"] == 1 and agent.policies == {4: policy}
     bus.deliver(T.state, ClusterState(term=2, leader="a", version=6))  # reordered, older
     assert agent.view.version == 7
+
+
+async def test_a_scheduler_that_steps_down_follows_the_view_of_the_claim_it_yields_to() -> None:
+    """A scheduler back from a cut hears the newer term's snapshot before its claim: it keeps
+    it, and once it steps down it follows that view, not its own of the term before (the
+    simulator's seed 9200: its own view, elected again, kept it training from an older state
+    beside the newer term's members)."""
+    agent, bus, _ = await elected("a")
+    newer = {"version": 1000003, "members": ["c", "d"]}
+    bus.deliver(T.state, ClusterState(term=2, leader="c", version=5, policy=newer))
+    assert agent.role is not None and agent.view is not None and agent.view.term == 1
+    bus.deliver(T.leader, LeaderClaim(id="c", term=2))
+    assert agent.role is None
+    assert agent.view is not None and (agent.view.term, agent.view.leader) == (2, "c")
+    assert agent.policies[1000003] == newer
+
+
+async def test_a_contest_counts_a_snapshot_on_a_peers_disk_as_a_state_it_holds() -> None:
+    """A box back from a power cut holds its state on disk a moment before its worker runs
+    (the simulator's seed 9013: counted as holding nothing, a scheduler back from a cut
+    outbid the newer term with its older state)."""
+    agent, bus, _ = await elected("a")
+    rebooted = Peer("c", leader="b", state="standby", holds=-1, snapshot=380)
+    bus.deliver(T.status("c"), rebooted.status())
+    bus.deliver(T.hb("c"), rebooted.hb())
+    assert agent.leadership.rival("b", {"c"}).step == 380
 
 
 async def test_a_rebooted_node_that_knows_no_leader_yet_ignores_an_older_terms_snapshot() -> None:

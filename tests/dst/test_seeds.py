@@ -56,6 +56,13 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # its disk but no leader yet, took that view, was elected on it, and left the thawed node
     # (101 steps) the only member while the others had restored 140.
     "older-view-taken": (7489, 60.0, frozenset({"split"})),
+    # Stop 59's 300 fresh long seeds (9000-9299 at 200 s), simulator faults 33 and 34: a
+    # scheduler back from a cut outbid the newer term, counting a rebooted peer whose snapshot
+    # of 380 was still on its disk as holding nothing (9013); one back from a cut dropped the
+    # newer term's snapshot, stepped down, and was elected again on its own older view, in
+    # which the newer term's members held nothing and its own part won (9200).
+    "disk-unweighed": (9013, 200.0, frozenset({"split"})),
+    "yielded-view-dropped": (9200, 200.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "last-leave-lost": (164, 200.0, frozenset({"state-lost"})),  # 449 to stop 31, 586 to 34
     # 13 until stop 44 drew it the fast pace; then 52, 67, 71, 89, 100 and 101 of 14..133;
@@ -82,7 +89,9 @@ STOP_58 = Draws(slow_links=False)
 DRAWN: dict[str, Draws] = {
     "own-disk-unread": Draws(policy_ops=False, slow=False, slow_links=False),
     "leaver-unrecalled": STOP_58,
-    "older-view-taken": Draws()}
+    "older-view-taken": Draws(),
+    "disk-unweighed": Draws(),
+    "yielded-view-dropped": Draws()}
 
 
 def drawn(name: str) -> Draws:
