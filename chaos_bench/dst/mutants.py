@@ -457,8 +457,24 @@ def _aside_unplanned() -> list[tuple[Any, str, Any]]:
 
 
 def _leaver_unrecalled() -> list[tuple[Any, str, Any]]:
-    def never(self: primitives.Negotiator) -> None:
-        return None  # the fix undone: a leaver whose leave is not in effect goes all the same
+    # The fix undone: a leaver whose leave is not in effect goes all the same when the last
+    # member goes. Stop 59's recall by a joiner that finds no member masks it at its seed
+    # (5955's restarted worker asks with its 60 beside the leaver's 71): both go.
+    return _no_recall()
+
+
+def _leaver_unrecalled_by_joiner() -> list[tuple[Any, str, Any]]:
+    recall = primitives.Negotiator.__dict__["_recall_leaver"]
+
+    def not_for_joiners(self: primitives.Negotiator, newer_than: int = -1) -> bool:
+        # the fix undone: a joiner that finds no member starts over beside a leaver's newer state
+        return False if newer_than >= 0 else recall(self, newer_than)
+    return [(primitives.Negotiator, "_recall_leaver", not_for_joiners)]
+
+
+def _no_recall() -> list[tuple[Any, str, Any]]:
+    def never(self: primitives.Negotiator, newer_than: int = -1) -> bool:
+        return False  # both recalls undone
     return [(primitives.Negotiator, "_recall_leaver", never)]
 
 
@@ -521,7 +537,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "while it is the source of a join (seed 319 needed both; our own box is not read at "
            "election, nor a leaver recalled when the member it left goes)",
            lambda: [*_presence_unacted(), *_leave_drops_state(), *_own_disk_unread(),
-                    *_leaver_unrecalled()]),
+                    *_no_recall()]),
     Mutant("extrapolated-hold", "5e2e34c", "a partitioned node linked back holds its step "
            "extrapolated at its old rate, not the one it said", _extrapolated_hold),
     Mutant("unheard-bootstrap", "31c57f8", "with no member, a joiner starts the cluster over "
@@ -602,6 +618,9 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("older-view-taken", "stop 59", "a node that knows no leader yet (rebooted) takes a "
            "snapshot of an older term than its own, published by a scheduler that thawed",
            _older_view_taken),
+    Mutant("joiner-unrecalling", "stop 59", "a joiner that finds no member starts the cluster "
+           "over from its state while the last member's leave, taken a moment before, has not "
+           "taken effect and its worker holds a newer one", _leaver_unrecalled_by_joiner),
     Mutant("disk-unweighed", "stop 59", "a scheduler contesting a newer term counts a peer "
            "whose worker has not started yet as holding nothing, though its disk holds a newer "
            "snapshot", _disk_unweighed),

@@ -556,6 +556,8 @@ class Negotiator:
             for m in members:
                 self.join(m, self.sched.nodes[m].data_addr, [node], step=self._held_by(m))
             return
+        if not members and self._recall_leaver(newer_than=step):
+            members = [m for m in self._active() if m != node]
         if not members:
             # Nodes up whose heartbeats we have not had may hold a newer state: a site back
             # a moment before ours was heard only by its presence, and our older state started
@@ -1074,20 +1076,24 @@ class Negotiator:
             self.sched.record("scale-in", node=node, reason=reason, delay_ms=0.0,
                               policy_version=policy.version if policy else None)
 
-    def _recall_leaver(self) -> None:
+    def _recall_leaver(self, newer_than: int = -1) -> bool:
         """The last member went while a node's leave (or set-aside) had not taken effect:
         that node's worker, still in the rounds until then, holds the newest state. It is the
         last member again, and a leaver leaves once a node that can take the state holds it,
         as :meth:`leave` holds the last member's. Gone with it, the state was lost (the
         simulator's seed 5955: a new scheduler took its own worker's leave, queued through a
         cut, before the exit of the other member's worker killed in it; that worker, started
-        again, began the cluster over from its snapshot of 60 beside the leaver's 71)."""
+        again, began the cluster over from its snapshot of 60 beside the leaver's 71). A
+        joiner that finds no member recalls one holding a state newer than its own
+        (``newer_than``) likewise: the last member's leave, taken the moment before the join
+        came, was not held for it (seed 9635: the joiner started over from its 220 while the
+        leaver's worker held 224). Whether one was recalled."""
         for node, (effective, addr) in sorted(self._leaving.items()):
             held = self._holds.get(node)
             # In effect already (the members went past its step; a straggler aside since
             # holds an older state than theirs), or its worker went: nothing to recall.
             if held is None or held >= effective or effective <= self.sched.step or not addr \
-                    or not self.alive(node):
+                    or not self.alive(node) or held <= newer_than:
                 continue
             log.warning("%s is the last holder of step %d, its leave not yet in effect: it "
                         "stays a member until a node that can take the state holds it",
@@ -1096,7 +1102,8 @@ class Negotiator:
             self.sched.set_node(node, state="active", data_addr=addr)
             if self.benched.pop(node, None) is None:  # a straggler is simply kept
                 self._handing_over[node] = (held, self.clock.monotonic())
-            return
+            return True
+        return False
 
     def doubt_own(self) -> None:
         """At election, with a view from before our daemon was paused: the others may have

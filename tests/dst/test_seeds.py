@@ -62,6 +62,11 @@ PINNED: dict[str, tuple[int, float, frozenset[str]]] = {
     # newer term's snapshot, stepped down, and was elected again on its own older view, in
     # which the newer term's members held nothing and its own part won (9200).
     "disk-unweighed": (9013, 200.0, frozenset({"split"})),
+    # Stop 59's 300 long seeds from 9600, simulator fault 35: the last member's leave taken
+    # the moment before a joiner asked (holding its snapshot of 220), so not held for it; the
+    # joiner, finding no member, started the cluster over while the leaver's worker held 224.
+    # leaver-unrecalled and last-leave-lost take this recall away too (it masks the first).
+    "joiner-unrecalling": (9635, 200.0, frozenset({"state-lost"})),
     "yielded-view-dropped": (9200, 200.0, frozenset({"split"})),
     # Found by long runs (200 simulated s), which the 30-s campaign does not reach.
     "last-leave-lost": (164, 200.0, frozenset({"state-lost"})),  # 449 to stop 31, 586 to 34
@@ -91,6 +96,7 @@ DRAWN: dict[str, Draws] = {
     "leaver-unrecalled": STOP_58,
     "older-view-taken": Draws(),
     "disk-unweighed": Draws(),
+    "joiner-unrecalling": Draws(),
     "yielded-view-dropped": Draws()}
 
 

@@ -868,6 +868,44 @@ def test_a_leaver_is_the_last_member_again_when_the_others_go_before_its_leave_t
     assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ("b",)
 
 
+def test_a_joiner_that_finds_no_member_recalls_a_last_member_whose_leave_is_not_in_effect(
+        ) -> None:
+    """The last member a leaves the moment before b's worker (restarted, holding its
+    snapshot of 220) asks to join, so the leave is not held for it: b finds no member. a's
+    worker, in the rounds until its leave takes effect, holds 224: a is the last member again,
+    b pulls its state, and a leaves once b holds it (the simulator's seed 9635: b started the
+    cluster over from its 220)."""
+    steps = {"a": 224, "b": 219}
+    neg, _ = make(steps)
+    grow(neg, "a", "b")
+    handle(neg, "b", "worker-exit", {"code": -9})
+    neg.observe_worker("a", "leaving", 224)
+    neg.leave("a", 224)
+    assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ()
+    neg.out.clear()
+    neg.join("b", "127.0.0.1:9", [], step=220)
+    assert not cmds(neg, "bootstrap")
+    assert neg.sched.nodes["a"].state == "active"
+    [(_, rep)] = [c for c in cmds(neg, "replicate") if c[0] == "b"]
+    assert rep["sources"] == {"a": neg.sched.nodes["a"].data_addr}
+    neg.replicated("b", done())
+    neg.tick()
+    assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ("b",)
+
+
+def test_a_joiner_holding_the_newer_state_does_not_recall_a_leaver() -> None:
+    """A leaver whose leave is not in effect yet, holding an older state than the joiner's,
+    is not recalled: the joiner's state is where the cluster goes on from."""
+    steps = {"a": 224, "b": 219}
+    neg, _ = make(steps)
+    grow(neg, "a", "b")
+    handle(neg, "b", "worker-exit", {"code": -9})
+    neg.observe_worker("a", "leaving", 224)
+    neg.leave("a", 224)
+    neg.join("b", "127.0.0.1:9", [], step=230)
+    assert neg.sched.nodes["a"].state == "left"
+
+
 def test_a_straggler_aside_long_since_is_not_recalled_with_its_older_state() -> None:
     """A member set aside whose set-aside took effect long ago holds an older state than the
     members that went: it is no holder of the newest, and the cluster waits for one as ever."""
