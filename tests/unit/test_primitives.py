@@ -868,6 +868,17 @@ def test_a_leaver_is_the_last_member_again_when_the_others_go_before_its_leave_t
     assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ("b",)
 
 
+def _last_member_leaving(step: int) -> Negotiator:
+    """a and b train; b's worker exits, then a, the last member at ``step``, asks to leave,
+    with no join in flight: its leave goes ahead a few steps on."""
+    neg, _ = make({"a": step, "b": step - 5})
+    grow(neg, "a", "b")
+    handle(neg, "b", "worker-exit", {"code": -9})
+    neg.observe_worker("a", "leaving", step)
+    neg.leave("a", step)
+    return neg
+
+
 def test_a_joiner_that_finds_no_member_recalls_a_last_member_whose_leave_is_not_in_effect(
         ) -> None:
     """The last member a leaves the moment before b's worker (restarted, holding its
@@ -875,12 +886,7 @@ def test_a_joiner_that_finds_no_member_recalls_a_last_member_whose_leave_is_not_
     worker, in the rounds until its leave takes effect, holds 224: a is the last member again,
     b pulls its state, and a leaves once b holds it (the simulator's seed 9635: b started the
     cluster over from its 220)."""
-    steps = {"a": 224, "b": 219}
-    neg, _ = make(steps)
-    grow(neg, "a", "b")
-    handle(neg, "b", "worker-exit", {"code": -9})
-    neg.observe_worker("a", "leaving", 224)
-    neg.leave("a", 224)
+    neg = _last_member_leaving(224)
     assert neg.sched.nodes["a"].state == "left" and neg.sched.policy.members == ()
     neg.out.clear()
     neg.join("b", "127.0.0.1:9", [], step=220)
@@ -896,12 +902,7 @@ def test_a_joiner_that_finds_no_member_recalls_a_last_member_whose_leave_is_not_
 def test_a_joiner_holding_the_newer_state_does_not_recall_a_leaver() -> None:
     """A leaver whose leave is not in effect yet, holding an older state than the joiner's,
     is not recalled: the joiner's state is where the cluster goes on from."""
-    steps = {"a": 224, "b": 219}
-    neg, _ = make(steps)
-    grow(neg, "a", "b")
-    handle(neg, "b", "worker-exit", {"code": -9})
-    neg.observe_worker("a", "leaving", 224)
-    neg.leave("a", 224)
+    neg = _last_member_leaving(224)
     neg.join("b", "127.0.0.1:9", [], step=230)
     assert neg.sched.nodes["a"].state == "left"
 
