@@ -457,10 +457,12 @@ def _aside_unplanned() -> list[tuple[Any, str, Any]]:
 
 
 def _leaver_unrecalled() -> list[tuple[Any, str, Any]]:
-    # The fix undone: a leaver whose leave is not in effect goes all the same when the last
-    # member goes. Stop 59's recall by a joiner that finds no member masks it at its seed
-    # (5955's restarted worker asks with its 60 beside the leaver's 71): both go.
-    return _no_recall()
+    def never(self: primitives.Negotiator, newer_than: int = -1) -> bool:
+        # The fix undone: a leaver whose leave is not in effect goes all the same when the
+        # last member goes. Stop 59's recall by a joiner that finds no member masks it at its
+        # seed (5955's restarted worker asks with its 60 beside the leaver's 71): both go.
+        return False
+    return [(primitives.Negotiator, "_recall_leaver", never)]
 
 
 def _leaver_unrecalled_by_joiner() -> list[tuple[Any, str, Any]]:
@@ -470,12 +472,6 @@ def _leaver_unrecalled_by_joiner() -> list[tuple[Any, str, Any]]:
         # the fix undone: a joiner that finds no member starts over beside a leaver's newer state
         return False if newer_than >= 0 else recall(self, newer_than)
     return [(primitives.Negotiator, "_recall_leaver", not_for_joiners)]
-
-
-def _no_recall() -> list[tuple[Any, str, Any]]:
-    def never(self: primitives.Negotiator, newer_than: int = -1) -> bool:
-        return False  # both recalls undone
-    return [(primitives.Negotiator, "_recall_leaver", never)]
 
 
 def _older_view_taken() -> list[tuple[Any, str, Any]]:
@@ -537,7 +533,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
            "while it is the source of a join (seed 319 needed both; our own box is not read at "
            "election, nor a leaver recalled when the member it left goes)",
            lambda: [*_presence_unacted(), *_leave_drops_state(), *_own_disk_unread(),
-                    *_no_recall()]),
+                    *_leaver_unrecalled()]),
     Mutant("extrapolated-hold", "5e2e34c", "a partitioned node linked back holds its step "
            "extrapolated at its old rate, not the one it said", _extrapolated_hold),
     Mutant("unheard-bootstrap", "31c57f8", "with no member, a joiner starts the cluster over "
@@ -615,16 +611,16 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("leaver-unrecalled", "stop 58", "the last member goes while a leave has not taken "
            "effect, and the leaver's worker, the last holder of the state, leaves all the same",
            _leaver_unrecalled),
-    Mutant("older-view-taken", "stop 59", "a node that knows no leader yet (rebooted) takes a "
+    Mutant("older-view-taken", "dc58dae", "a node that knows no leader yet (rebooted) takes a "
            "snapshot of an older term than its own, published by a scheduler that thawed",
            _older_view_taken),
-    Mutant("joiner-unrecalling", "stop 59", "a joiner that finds no member starts the cluster "
+    Mutant("joiner-unrecalling", "f7bdb69", "a joiner that finds no member starts the cluster "
            "over from its state while the last member's leave, taken a moment before, has not "
            "taken effect and its worker holds a newer one", _leaver_unrecalled_by_joiner),
-    Mutant("disk-unweighed", "stop 59", "a scheduler contesting a newer term counts a peer "
+    Mutant("disk-unweighed", "07c3fde", "a scheduler contesting a newer term counts a peer "
            "whose worker has not started yet as holding nothing, though its disk holds a newer "
            "snapshot", _disk_unweighed),
-    Mutant("yielded-view-dropped", "stop 59", "a scheduler drops the snapshot of the better "
+    Mutant("yielded-view-dropped", "07c3fde", "a scheduler drops the snapshot of the better "
            "claim it then steps down to, and is later elected on its own older view",
            _yielded_view_dropped),
 )}
