@@ -7,10 +7,12 @@ measured compute and the all-reduce tree's measured links, times the extra steps
 needs to reach the same loss (a documented prior). It switches when the best one beats the
 policy in force by more than a hysteresis, for several observations in a row (when a new link
 reading made the best one, a newer reading among them), and not sooner than a minimum interval
-after the last switch: a noisy but stationary input never flips it back and forth, and one
-reading taken while a rate changed never switches it alone. Operators pin parts of the policy
-(``[adaptive] pin``) and bound the rest (``min_wire``, ``syncs``, ``max_inner_steps``); a member
-that cannot run a policy (``cannot``) rules it out, with its reason.
+after the last switch unless the links or the compute moved 4x since: a noisy but stationary
+input never flips it back and forth, one reading taken while a rate changed never switches it
+alone, and a fall from 1 Gbit/s to 20 Mbit/s a few seconds after a switch is not held back.
+Operators pin parts of the policy (``[adaptive] pin``) and bound the rest (``min_wire``,
+``syncs``, ``max_inner_steps``); a member that cannot run a policy (``cannot``) rules it out,
+with its reason.
 
 Pure logic, as the scheduler is: measurements and a clock come in, a :class:`Decision` goes out.
 """
@@ -31,6 +33,12 @@ INT8_BLOCK = 2048
 INNER_STEPS_GRID = (5, 10, 20, 50, 100, 200, 500)
 #: The fragments of a streaming candidate when ``[training]`` does not name streaming's.
 STREAMING_FRAGMENTS = 5
+#: How far the slowest link's rate or the slowest member's compute must have moved since the
+#: last switch (either way) for the next one not to wait out ``min_interval_s``: the interval
+#: keeps noise from flipping the policy, and a link that fell from 1 Gbit/s to 20 Mbit/s is
+#: not noise. 4x, as netprobe retests a link whose reading is 4x off its estimate; jitter of
+#: 1.5x each way stays below it.
+MOVED = 4.0
 
 
 def bytes_per_element(wire: str) -> float:
@@ -191,6 +199,20 @@ class Controller:
         self._readings: Readings | None = None
         self._leader_readings: Readings | None = None
         self._switched_at: float | None = None
+        self._switched_on: tuple[float, float] | None = None  # (slowest rate, compute) then
+
+    @staticmethod
+    def _regime(m: Measured) -> tuple[float, float]:
+        """What a switch is made on: the slowest link's rate and the slowest member's compute."""
+        return (min((h.rate_mbps for h in m.hops), default=math.inf),
+                max(m.compute_s.values(), default=0.0))
+
+    def _moved(self, m: Measured) -> bool:
+        """The slowest link or member moved :data:`MOVED`-fold since the last switch."""
+        if self._switched_on is None:
+            return False
+        return any(min(a, b) > 0 and math.isfinite(max(a, b)) and max(a, b) / min(a, b) >= MOVED
+                   for a, b in zip(self._switched_on, self._regime(m), strict=True))
 
     def pin(self, parts: Iterable[str], policy: Candidate) -> None:
         """The operator sets ``parts`` (of :data:`ADAPTIVE_PINS`) to ``policy``'s and keeps
@@ -263,10 +285,12 @@ class Controller:
             if self._streak < self.cfg.dwell or (self.cfg.dwell > 1
                                                  and readings == self._leader_readings) or (
                     self._switched_at is not None
-                    and now - self._switched_at < self.cfg.min_interval_s):
+                    and now - self._switched_at < self.cfg.min_interval_s
+                    and not self._moved(m)):
                 return None
         decision = Decision(best, self.current, self.model.step_s(best, m),
                             self.model.step_s(self.current, m), gain, ruled_out)
         self.current, self._switched_at = best, now
+        self._switched_on = self._regime(m)
         self._leader, self._streak, self._leader_readings = None, 0, None
         return decision

@@ -138,11 +138,19 @@ def test_a_policy_a_member_cannot_run_is_never_chosen_and_is_left_at_once() -> N
     assert left.sync == "every-step"
 
 
-def test_the_minimum_interval_spaces_the_switches() -> None:
+def test_the_minimum_interval_spaces_the_switches_unless_the_input_moved_fourfold() -> None:
+    """The interval keeps noise from flipping the policy; links or compute that moved 4x
+    since the last switch are not noise. In the adaptive bench (stop 57) a switch to int8 on
+    1 Gbit/s held the switch to DiLoCo back for the interval after the links fell to
+    20 Mbit/s three seconds later."""
     ctl, clock = make(AdaptiveConfig(enabled=True, min_interval_s=60.0, dwell=1))
-    assert run(ctl, clock, links(5.0), 1)  # the first switch is not held back
-    assert run(ctl, clock, links(10_000.0), 30) == []  # 30 s later: too soon
-    assert run(ctl, clock, links(10_000.0), 31)[-1].sync == "every-step"
+    assert run(ctl, clock, links(200.0), 1) == [Candidate("diloco", "int8", 20)]  # not held
+    assert run(ctl, clock, links(600.0), 30) == []  # 3x faster: a better policy, too soon
+    assert run(ctl, clock, links(600.0), 31)[-1] == Candidate("every-step", "int8")
+    [fell] = run(ctl, clock, links(20.0), 1)  # 30x slower, a second after that switch
+    assert fell.sync == "diloco"
+    [slowed] = run(ctl, clock, links(20.0, slow=100.0), 1)  # one member 100x slower
+    assert slowed.sync == "every-step"
 
 
 def test_one_link_reading_seen_again_and_again_does_not_make_the_dwell() -> None:
