@@ -22,15 +22,20 @@ Per run (times are seconds since the schedule began; the eval node's step log):
   time per step from the step the new policy took over at to the next switch or the next
   phase (whichever comes first: the prediction was for the links and compute of its phase),
   when that window holds at least ``MIN_WINDOW`` steps and two of the new policy's rounds.
+  A change of the members (a straggler set aside or back) also ends it: the prediction was
+  for the members of its moment (stop 60: two switches 6 and 9 steps before a set-aside
+  were "measured" at 3-4x faster than predicted, without the straggler they had counted).
   A policy takes over at its effective step, or, leaving DiLoCo, at the first outer round
   at or after it (``takes_over_at``): a DiLoCo round is never cut short, so the switch
   lands up to H steps after the step the event names.
 
-Goals (issue 24), on the seeds' means: the adaptive run reaches the target first, and in
-each phase its samples a second are within 10 % of the best fixed policy's *in the same
-schedule* (the
-issue asks for each phase measured alone; this bench does not run phases alone). The model's
-check: the median absolute error of the predicted step time, goal 20 %.
+Goals (issue 24), on the seeds' means: the adaptive run reaches the target first; its time
+to the target is within 10 % of the best fixed policy's (of those that reached it in every
+seed), which is the verdict for a phase measured alone (``--phases`` with one phase: the
+issue's "within 10 % of the best fixed policy in each phase measured alone"); and in each
+phase of the schedule its samples a second are within 10 % of the best fixed policy's. The
+final validation losses are set side by side, with no verdict: 10 % of a loss is no bound.
+The model's check: the median absolute error of the predicted step time, goal 20 %.
 """
 
 from __future__ import annotations
@@ -126,6 +131,10 @@ def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, A
                      key=lambda e: e.get("seq", 0))
     numbers = [int(s) for s, _ in steps]
     bounds = [p["t1"] for p in run["phases"]]
+    # Where the members changed (a straggler set aside or back): a prediction was made for
+    # the members of its moment, so its window ends there.
+    members = sorted(int(e["effective_step"]) for e in run["events"]
+                     if e.get("kind") in ("scale-in", "scale-out") and e.get("effective_step"))
     # The rounds each switch lands on: the run starts in every-step (bench.py).
     rhythm, starts = Rhythm(), []
     for e in changed:
@@ -147,7 +156,9 @@ def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, A
         if k < len(numbers) and numbers[k] == eff:
             t_eff = steps[k][1]
             phase_end = next((b for b in bounds if b > t_eff), bounds[-1])
-            nxt = starts[i + 1] if i + 1 < len(changed) else None
+            ends = [x for x in (starts[i + 1] if i + 1 < len(changed) else None,
+                                next((m for m in members if m > eff), None)) if x is not None]
+            nxt = min(ends, default=None)
             last = k
             while last + 1 < len(steps) and steps[last + 1][1] <= phase_end and (
                     nxt is None or numbers[last + 1] <= nxt):
@@ -258,8 +269,21 @@ def _goals(summary: list[dict[str, Any]]) -> dict[str, Any]:
         phases.append({"phase": i + 1, "best_fixed": best["policy"], "adaptive": a,
                        "best": b, "ratio": a / b if a and b else None,
                        "met": bool(a and b and a >= (1 - PHASE_SLACK) * b)})
+    # The best fixed policy on time: the first to the target of those that reached it in
+    # every seed; the adaptive run missing it in any seed is not within anything of it.
+    timed = [s for s in fixed if s["reached"] == n]
+    fast = min(timed, key=lambda s: _mean(s, "to_target_s") or float("inf"), default=None)
+    a_t = _mean(ad, "to_target_s") if ad["reached"] == n else None
+    b_t = _mean(fast, "to_target_s") if fast is not None else None
+    lowest = min(fixed, key=lambda s: _mean(s, "final_val_loss") or float("inf"))
     return {"first_to_target": first["policy"] if first else None,
             "adaptive_first": first is ad,
+            "to_target": {"best_fixed": fast["policy"] if fast else None, "adaptive_s": a_t,
+                          "best_s": b_t, "ratio": a_t / b_t if a_t and b_t else None,
+                          "met": bool(a_t and b_t and a_t <= (1 + PHASE_SLACK) * b_t)},
+            "final_val_loss": {"lowest_fixed": lowest["policy"],
+                               "adaptive": _mean(ad, "final_val_loss"),
+                               "lowest": _mean(lowest, "final_val_loss")},
             "phases": phases, "every_phase_within_10pct": all(p["met"] for p in phases)}
 
 
@@ -346,6 +370,17 @@ def table(doc: dict[str, Any]) -> str:
     if g:
         lines.append(f"first to the target: {g['first_to_target'] or 'none reached it'} "
                      f"({'met' if g['adaptive_first'] else 'NOT met'})")
+        tt, fl = g["to_target"], g["final_val_loss"]
+        if tt["best_fixed"] is None:
+            lines.append("time to the target: no fixed policy reached it in every seed")
+        else:
+            ratio = "-" if tt["ratio"] is None else f"{tt['ratio']:.2f}x"
+            lines.append(f"time to the target: adaptive at {ratio} that of "
+                         f"{tt['best_fixed']}, the best fixed policy "
+                         f"({'met' if tt['met'] else 'NOT met'}: within 10 %)")
+        if fl["adaptive"] is not None and fl["lowest"] is not None:
+            lines.append(f"final validation loss: adaptive {fl['adaptive']:.3f}, the lowest "
+                         f"fixed {fl['lowest']:.3f} ({fl['lowest_fixed']})")
         for ph in g["phases"]:
             ratio = "-" if ph["ratio"] is None else f"{ph['ratio']:.2f}x"
             lines.append(f"phase {ph['phase']}: adaptive at {ratio} the samples a second of "
