@@ -301,20 +301,28 @@ def test_the_pinned_seed_catches_the_mutant_and_passes_without_it(name: str) -> 
 # Faults found and traced but not fixed yet (BENCHMARKS.md, "Open"): each seed must still
 # fail; once a fix makes it pass, this test fails too, and the seed moves to FIXED. With none
 # open, the test below is reported as skipped (an empty parameter set).
-OPEN: tuple[tuple[int, float, str], ...] = (
+OPEN: tuple[tuple[int, float, Draws, str], ...] = (
     # Stop 58's second fresh campaign (seeds 6000-6999 at 60 s), simulator fault 31: the one
     # member (n2, bootstrapped from its snapshot after a power cut) freezes while n1 pulls
     # from it; n1's orphaned join waits SILENT_WAIT_S (5 s) for n2 and bootstraps from its own
     # snapshot of 60, 6 ms before n2 thaws holding 62. n2 asks to join with 62 before n1's
     # worker carries the bootstrap out, but 62 is not clearly ahead of 60 (the lead margin for
     # lagging heartbeats), so n2 pulls n1's 60: 2 steps lost, and round 61 built twice.
-    (6751, 60.0, "a frozen member back just after a bootstrap from an older state"),
+    # Found before slow links were drawn: its plan as drawn then.
+    (6751, 60.0, STOP_58, "a frozen member back just after a bootstrap from an older state"),
+    # Stop 60's long campaign (seeds 11500-12099 at 200 s), simulator fault 36: term 2's
+    # scheduler n2, cut off, came back and published v1000004 (effective 210) before it heard
+    # term 3; n3's chaosd passed it on, n4's never got it (term 3's retained policy had
+    # replaced it), so round 211 had n3 under v1000004 and n4 under v1000003, and term 3's
+    # own policy (v2000001) took effect only at 213: no round for 90 s.
+    (11774, 200.0, Draws(), "a stale scheduler's last policy reaches one member only"),
 )
 
 
-@pytest.mark.parametrize(("seed", "duration", "fault"), OPEN)
-def test_an_open_fault_still_breaks_an_invariant(seed: int, duration: float, fault: str) -> None:
-    run = run_seed(seed, duration, draws=STOP_58)  # found before slow links were drawn
+@pytest.mark.parametrize(("seed", "duration", "draws", "fault"), OPEN)
+def test_an_open_fault_still_breaks_an_invariant(seed: int, duration: float, draws: Draws,
+                                                 fault: str) -> None:
+    run = run_seed(seed, duration, draws=draws)
     assert not run.ok, f"seed {seed} passes now ({fault}): move it to FIXED and pin its mutant"
 
 
