@@ -500,6 +500,12 @@ def _yielded_view_dropped() -> list[tuple[Any, str, Any]]:
     return [(Leadership, "on_state", old)]
 
 
+def _election_waits() -> list[tuple[Any, str, Any]]:
+    def waits(self: SchedulerRole) -> None:
+        pass  # the fix undone: the policy inherited governs until this term's first change
+    return [(SchedulerRole, "govern_at_once", waits)]
+
+
 MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("deaf-judges", "b03bf86", "a node judges its peers while its own heartbeats no "
            "longer come back from the broker", _deaf_judges),
@@ -623,4 +629,7 @@ MUTANTS: dict[str, Mutant] = {m.name: m for m in (
     Mutant("yielded-view-dropped", "07c3fde", "a scheduler drops the snapshot of the better "
            "claim it then steps down to, and is later elected on its own older view",
            _yielded_view_dropped),
+    Mutant("election-waits", "stop 61", "a new scheduler goes on under the policy it "
+           "inherited, while a policy its cut-off predecessor published after its view reached "
+           "only some of the members", _election_waits),
 )}

@@ -93,11 +93,25 @@ class SchedulerRole:
         self.take_own(agent.own_status())
         self.take_own_heartbeat(agent.own_heartbeat())
         self.take_presence(list(agent.presence.values()))
+        self.govern_at_once()
         silence = agent.silence(previous) if previous else None
         log.warning("elected scheduler, term %d (previous: %s)", self.term, previous)
         self.sched.record("scheduler-elected", node=agent.me, previous=previous,
                           term_previous=agent.view.term if agent.view else 0,
                           delay_ms=None if silence is None else silence * 1000.0)
+
+    def govern_at_once(self) -> None:
+        """Publish a policy of this term's numbers, effective at once, over the one inherited.
+
+        The old term's scheduler, cut off, may have published one more policy before it heard
+        of this term: some members took it, others never will (a retained policy of ours
+        replaced it), and a round under two versions never commits. Ours is the newest for
+        every round not yet committed, so the members rerun at most one round under it (the
+        simulator's seed 11774: round 211 under v1000004 on one member and v1000003 on the
+        other, while this term's first policy took effect only at 213: no round for 90 s).
+        """
+        if self.sched.policy is not None and self.sched.policy.members:
+            self.neg.publish_policy(effective_step=0)
 
     def outbid(self, term: int, rival: str, own: int, theirs: int) -> None:
         """We won a contest: lead ``term``, above the rival's. A policy of the new term's

@@ -28,7 +28,7 @@ from daemon.contracts.messages import (
     Topics,
     decode,
 )
-from daemon.contracts.policy import TERM_POLICY_SPAN
+from daemon.contracts.policy import TERM_POLICY_SPAN, SyncPolicy
 from daemon.contracts.protocol import parse_request
 
 pytestmark = pytest.mark.timeout(10)
@@ -199,13 +199,39 @@ def test_a_new_role_resumes_from_the_retained_snapshot() -> None:
     host, snap = successor("b", "c")
     role = host.elect()
     assert role.term == 2
-    assert role.sched.policy is not None and role.sched.policy.to_dict() == snap.policy
     assert role.sched.nodes["c"].state == "active"
     assert role.sched.events[-1].detail["term_previous"] == 1
+    # It governs at once under the policy in force, renumbered from its own term's floor,
+    # above every earlier term's (govern_at_once).
+    floor = (role.term - 1) * TERM_POLICY_SPAN
+    ours = role.sched.policy
+    assert ours is not None and ours.version == floor + 1 > snap.policy_version
+    inherited = {k: v for k, v in snap.policy.items() if k not in ("version", "effective_step")}
+    assert {k: v for k, v in ours.to_dict().items()
+            if k not in ("version", "effective_step")} == inherited
+    assert ours.effective_step == 0
     join(host, role, "d")
-    # Each term numbers its policies from its own floor, above every earlier term's.
-    assert role.sched.policy.version == (role.term - 1) * TERM_POLICY_SPAN + 1 > snap.policy_version
+    assert role.sched.policy.version == floor + 2
     assert role.sched.policy.members == ("b", "c", "d")
+
+
+def test_a_new_role_publishes_a_policy_of_its_term_effective_at_once() -> None:
+    """The old term's scheduler, cut off, may have published a policy that only some members
+    got; a round under two versions never commits. The new term's own policy, effective at
+    once, replaces it on every member (the simulator's seed 11774, fault 36)."""
+    host, snap = successor("b", "c")
+    role = host.elect()
+    stray = snap.policy_version + 1  # what the cut-off scheduler may have sent after its view
+    assert role.sched.dirty  # the agent publishes the snapshot that carries it
+    state = role.snapshot()
+    newest = SyncPolicy.from_dict(state.policies[-1])
+    assert state.policy == newest.to_dict()
+    assert newest.version > stray and newest.effective_step == 0
+    assert newest.members == ("b", "c")
+    # A cluster with no member has nothing to govern: no policy is said for it.
+    empty = FakeHost(FakeClock()).elect()
+    assert empty.sched.policy is None or not empty.sched.policy.members
+    assert empty.snapshot().policies == []
 
 
 def test_a_new_role_knows_the_step_its_members_last_beat_not_the_snapshots() -> None:
