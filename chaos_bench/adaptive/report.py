@@ -149,7 +149,7 @@ def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, A
         eff = starts[i]
         row = {k: e.get(k) for k in ("t", "policy", "previous", "effective_step",
                                      "predicted_step_ms", "previous_chosen_ms",
-                                     "previous_measured_ms", "gain", "reason")}
+                                     "previous_measured_ms", "gain", "reason", "floors_ns")}
         row["takes_over_at"] = eff
         row["measured_step_ms"] = row["error"] = None
         k = bisect_left(numbers, eff)
@@ -334,9 +334,11 @@ def table(doc: dict[str, Any]) -> str:
             lands = s.get("takes_over_at", s["effective_step"])
             at = (f"step {s['effective_step']}" if lands == s["effective_step"]
                   else f"step {s['effective_step']} (lands at {lands})")
+            floors = ", ".join(f"{w} {ns:.1f}" for w, ns in (s.get("floors_ns") or {}).items())
             lines.append(f"- seed {r['seed']}, t={s['t']:.1f} s, {at}: "
                          f"{s['previous']} -> {s['policy']}, predicted "
-                         f"{s['predicted_step_ms'] or 0:.1f} ms{check}")
+                         f"{s['predicted_step_ms'] or 0:.1f} ms{check}"
+                         + (f" (floors learned, ns/element: {floors})" if floors else ""))
     for r in doc["rows"]:
         for e in r["stragglers"]:
             gain = (f", {e['predicted_gain']:+.0%} samples/s predicted"

@@ -17,6 +17,7 @@ operator's error says why.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,6 +38,9 @@ OBSERVE_EVERY_S = 2.0
 #: Seconds after a straggler is set aside when the cluster's step rate without it is measured
 #: from (the change takes effect a lead of steps after the decision) and to.
 MEASURE_FROM_S, MEASURE_AFTER_S = 4.0, 10.0
+#: The span of the members' said steps a step time is measured over, for the cost model's
+#: floors: long beside the heartbeats' lag, short beside a phase of the links.
+CALIBRATE_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -128,13 +132,18 @@ class Adapter:
         self.cannot_diloco: dict[str, str] = {}
         self._observed_at: float | None = None
         self._last: Decision | None = None  # the decision in force (None: the start)
-        self.judge = StragglerJudge(cfg, clock) if cfg.enabled else None
+        # One cost model for both: the floors the controller learns serve the judge too.
+        self.judge = StragglerJudge(cfg, clock, self.ctl.model) if self.ctl is not None \
+            else None
         # Where the judge's streak began (its leader, when, the cluster's step): the step
         # rate "before" a set-aside is measured from there, after the member turned slow, not
         # over a window that may reach back to before it did. Steps as the members said them:
         # extrapolated ones overshoot when a member slows down (a rate below zero, once).
         self._mark: tuple[str | None, float, int] = (None, 0.0, 0)
         self._aside: Aside | None = None  # the last straggler set aside, until measured
+        # (when, the members' said step, the policy version) at each observation: the step
+        # time under the policy in force, once it spans CALIBRATE_S of it alone.
+        self._steps: deque[tuple[float, int, int]] = deque()
 
     def _cannot(self, c: Candidate) -> str | None:
         if c.sync == "every-step":
@@ -287,6 +296,7 @@ class Adapter:
         m = self.measured()
         if m is None:
             return False
+        self._calibrate(m, now)
         decision = self.ctl.observe(m)
         if decision is None:
             return False
@@ -296,9 +306,28 @@ class Adapter:
                      predicted_step_ms=round(decision.predicted_step_s * 1000, 3),
                      previous_step_ms=round(decision.previous_step_s * 1000, 3),
                      gain=round(decision.gain, 4), ruled_out=len(decision.ruled_out),
-                     **self._check())
+                     floors_ns=self.ctl.model.floors(), **self._check())
         self._last = decision
         return True
+
+    def _calibrate(self, m: Measured, now: float) -> None:
+        """Give the cost model the step time measured under the policy in force, over the
+        last CALIBRATE_S of it: every sample taken under this policy version, at or after
+        the step it took effect at (a switch, a join or a set-aside starts the span again)."""
+        policy = self.sched.policy
+        if policy is None or self.ctl is None:
+            return
+        step = self._said_step()
+        self._steps.append((now, step, policy.version))
+        while self._steps and (self._steps[0][2] != policy.version
+                               or self._steps[0][1] < policy.effective_step
+                               or now - self._steps[0][0] > CALIBRATE_S):
+            self._steps.popleft()
+        if not self._steps:
+            return
+        (t0, s0, _), (t1, s1, _) = self._steps[0], self._steps[-1]
+        if t1 - t0 >= CALIBRATE_S - OBSERVE_EVERY_S / 2 and s1 > s0:
+            self.ctl.model.calibrate(running(policy), m, (t1 - t0) / (s1 - s0))
 
     def request(self, body: PolicyRequest) -> str | None:
         """``chaosctl policy set|auto`` from an operator; an error line, or None."""

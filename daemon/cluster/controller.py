@@ -20,6 +20,7 @@ Pure logic, as the scheduler is: measurements and a clock come in, a :class:`Dec
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +40,14 @@ STREAMING_FRAGMENTS = 5
 #: not noise. 4x, as netprobe retests a link whose reading is 4x off its estimate; jitter of
 #: 1.5x each way stays below it.
 MOVED = 4.0
+#: A round measured this far above its bytes' time on the measured links is bound by something
+#: else (the members' processing of each element, a box short of cores): what it took per
+#: element is learned as its wire's floor. Below it, the measurement only bounds the floor.
+EXCESS = 1.25
+#: Floor estimates kept per wire. The floor is the least of them, once there are two: a
+#: hiccup (a box busy for a moment) only ever makes a round slower, so one alone sets nothing
+#: and one among others raises nothing.
+FLOOR_SAMPLES = 3
 
 
 def bytes_per_element(wire: str) -> float:
@@ -126,18 +135,68 @@ class CostModel:
     streaming DiLoCo a ``fragments``-th of it every ``H / fragments`` steps: the same bytes,
     one more latency per fragment; with overlap a round runs beside one step's compute, so
     only what it takes beyond that step stalls.
+
+    A round is also no faster than the members process its elements (reduce, encode, decode):
+    a floor per wire format, learned from the rounds the cluster measured (:meth:`calibrate`),
+    none until then. On a fast link it, not the bytes, bounds the round: the adaptive bench
+    measured every-step int8 no faster than fp32 at 1 Gbit/s on 2 cores, where the bytes alone
+    predicted it 16-25 % faster. On a slow link the bytes bound it and the floor changes
+    nothing.
     """
 
     def __init__(self, prior: QualityPrior | None = None) -> None:
         self.prior = prior or QualityPrior()
+        self._estimates: dict[str, deque[float]] = {}  # wire -> seconds per element, newest last
+
+    def floor_s(self, wire: str) -> float:
+        """Seconds per element a round of ``wire`` takes at least (0: not learned)."""
+        est = self._estimates.get(wire)
+        return min(est) if est and len(est) >= 2 else 0.0
+
+    def floors(self) -> dict[str, float]:
+        """The learned floors, in nanoseconds per element (the ``policy-changed`` event's)."""
+        return {w: round(self.floor_s(w) * 1e9, 3) for w in sorted(self._estimates)
+                if self.floor_s(w) > 0}
+
+    def bytes_s(self, c: Candidate, m: Measured) -> float:
+        """The seconds a round's bytes take to cross the slowest tree hop."""
+        nbytes = m.elements / c.fragments * bytes_per_element(c.wire)
+        return nbytes * 8.0 / (min(h.rate_mbps for h in m.hops) * 1e6)
+
+    @staticmethod
+    def latency_s(m: Measured) -> float:
+        return m.depth * max(h.rtt_ms for h in m.hops) / 1000.0
 
     def round_s(self, c: Candidate, m: Measured) -> float:
         if not m.hops:
             return 0.0
-        nbytes = m.elements / c.fragments * bytes_per_element(c.wire)
-        slowest = min(h.rate_mbps for h in m.hops)
-        latency = m.depth * max(h.rtt_ms for h in m.hops) / 1000.0
-        return nbytes * 8.0 / (slowest * 1e6) + latency
+        work = self.floor_s(c.wire) * m.elements / c.fragments
+        return max(self.bytes_s(c, m), work) + self.latency_s(m)
+
+    def calibrate(self, c: Candidate, m: Measured, step_s: float) -> bool:
+        """The cluster measured ``step_s`` a step under every-step ``c`` on input ``m``:
+        learn ``c``'s wire floor from it. True when the floor changed.
+
+        Only every-step rounds are read: there the round is all of a step beyond the compute,
+        where DiLoCo's is a sliver of H steps, lost in their noise. A round well above its
+        bytes' time (:data:`EXCESS`) gives the floor: what it took per element. One near it
+        may be bound by the bytes, so it only says the floor is no higher; a floor learned on
+        a slow link would otherwise make every fast link look slow."""
+        if c.sync != "every-step" or not m.hops or m.elements <= 0 or not m.compute_s:
+            return False
+        before = self.floor_s(c.wire)
+        took = step_s - max(m.compute_s.values()) - self.latency_s(m)
+        if took <= 0:
+            return False
+        per_element = took / m.elements
+        est = self._estimates.setdefault(c.wire, deque(maxlen=FLOOR_SAMPLES))
+        if took > EXCESS * self.bytes_s(c, m):
+            est.append(per_element)
+        else:
+            kept = [e for e in est if e <= per_element]
+            est.clear()
+            est.extend(kept)
+        return self.floor_s(c.wire) != before
 
     def step_s(self, c: Candidate, m: Measured) -> float:
         compute = max(m.compute_s.values(), default=0.0)

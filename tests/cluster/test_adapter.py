@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from daemon.cluster.adapter import OBSERVE_EVERY_S, tree_depth
+from daemon.cluster.adapter import CALIBRATE_S, OBSERVE_EVERY_S, tree_depth
 from daemon.cluster.role import SchedulerRole
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import AdaptiveConfig
@@ -396,3 +396,37 @@ def test_stragglers_off_keeps_every_member() -> None:
             beat(role, m, compute_ms=400.0 if m == "c" else 50.0)
         role.judge(set(role.sched.nodes))
     assert stragglers(role) == [] and role.sched.policy.members == MEMBERS
+
+
+def test_the_step_time_under_the_policy_in_force_teaches_the_model_its_wire_floor() -> None:
+    """Every-step int8 at 1 Gbit/s, 62.5 ms a step against 52 predicted from its bytes: once a
+    span of CALIBRATE_S lies under the policy alone, the model learns int8's floor, and the
+    next switch's event carries it. Steps under an older policy, or before the policy in
+    force took effect, are not timed against it."""
+    host = adaptive_host()
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, 1000.0)
+    assert host.reply_to(request(role, "a", "policy", wire="int8")).args["error"] is None
+    assert role.adapter.ctl is not None
+    model = role.adapter.ctl.model
+    step = role.sched.policy.effective_step - 40  # the old policy's rounds first
+
+    def run(n: int, step_s: float) -> None:
+        nonlocal step
+        for _ in range(n):
+            host.time.advance(OBSERVE_EVERY_S)
+            step += round(OBSERVE_EVERY_S / step_s)
+            for m in MEMBERS:
+                host.steps[m] = step  # what the member's heartbeat said, as the agent keeps it
+                beat(role, m, step=step)
+            role.judge(set(role.sched.nodes))
+
+    run(2, 0.0625)  # across the effective step: the span starts again there
+    assert model.floors() == {}
+    run(2 + round(CALIBRATE_S / OBSERVE_EVERY_S), 0.0625)
+    assert model.floors() == {"int8": pytest.approx((0.0625 - 0.050 - 0.001) / ELEMENTS * 1e9)}
+    links(role, 5.0)  # the evening uplink: the switch to DiLoCo says what the model learned
+    ticks(host, role, 3)
+    last = changes(role)[-1]
+    assert last["sync"] == "diloco" and last["floors_ns"] == model.floors()

@@ -220,3 +220,45 @@ def test_streaming_costs_diloco_bytes_plus_a_latency_per_fragment() -> None:
                              and c.inner_steps // 4 >= 2 for c in streaming)
     assert ctl.current == Candidate("streaming", "fp32", 20, 4, True)
     assert ctl.current.label() == "streaming H=20 P=4 overlap/fp32"
+
+
+EVERY_INT8 = Candidate("every-step", "int8")
+
+
+def test_a_round_slower_than_its_bytes_teaches_its_wire_a_floor_that_a_slow_link_hides(
+        ) -> None:
+    """The adaptive bench at 1 Gbit/s on 2 cores: every-step int8 measured what fp32 did, the
+    bytes alone predicted it a quarter faster. Two such rounds in a row teach int8 a floor
+    per element; at 20 Mbit/s the bytes bound the round and the floor changes nothing, and
+    fp32's predictions are its own."""
+    model, fresh = CostModel(), CostModel()
+    fast, slow = links(1000.0), links(20.0)
+    fp32_step = fresh.step_s(EVERY_FP32, fast)
+    assert fresh.step_s(EVERY_INT8, fast) < 0.8 * fp32_step
+    assert model.calibrate(EVERY_INT8, fast, fp32_step) is False  # one round is a hiccup
+    assert model.calibrate(EVERY_INT8, fast, fp32_step) is True
+    assert model.step_s(EVERY_INT8, fast) == pytest.approx(fp32_step)
+    assert model.floors() == {"int8": pytest.approx((fp32_step - 0.05 - 0.001) * 1e3)}
+    assert model.step_s(EVERY_INT8, slow) == fresh.step_s(EVERY_INT8, slow)
+    assert model.step_s(EVERY_FP32, fast) == fresh.step_s(EVERY_FP32, fast)
+    # The lower of the last rounds: a hiccup above them does not raise the floor.
+    model.calibrate(EVERY_INT8, fast, 3 * fp32_step)
+    assert model.step_s(EVERY_INT8, fast) == pytest.approx(fp32_step)
+    # DiLoCo's rounds are a sliver of H steps: they teach nothing.
+    assert model.calibrate(Candidate("diloco", "fp32", 20), fast, 1.0) is False
+
+
+def test_a_round_at_its_bytes_time_bounds_the_floor_and_never_raises_it() -> None:
+    """A round near its bytes' time may be bound by them: it says only that the floor is no
+    higher. Learned as a floor, fp32's 1.6 s at 20 Mbit/s would make 1 Gbit/s look as slow."""
+    model, fresh = CostModel(), CostModel()
+    fast, slow = links(1000.0), links(20.0)
+    for _ in range(3):
+        model.calibrate(EVERY_FP32, slow, fresh.step_s(EVERY_FP32, slow) * 1.1)
+    assert model.floors() == {} and model.step_s(EVERY_FP32, fast) == \
+        fresh.step_s(EVERY_FP32, fast)
+    for _ in range(3):  # a floor learned, then rounds at their bytes' time lower it
+        model.calibrate(EVERY_INT8, fast, 0.2)
+    assert model.step_s(EVERY_INT8, fast) == pytest.approx(0.2)
+    model.calibrate(EVERY_INT8, fast, fresh.step_s(EVERY_INT8, fast))
+    assert model.step_s(EVERY_INT8, fast) == fresh.step_s(EVERY_INT8, fast)
