@@ -41,6 +41,8 @@ MEASURE_FROM_S, MEASURE_AFTER_S = 4.0, 10.0
 #: The span of the members' said steps a step time is measured over, for the cost model's
 #: floors: long beside the heartbeats' lag, short beside a phase of the links.
 CALIBRATE_S = 6.0
+#: A change of the round's bytes time or the slowest compute that starts that span again.
+SPAN_MOVED = 1.5
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,8 @@ class Adapter:
         # (when, the members' said step, the policy version) at each observation: the step
         # time under the policy in force, once it spans CALIBRATE_S of it alone.
         self._steps: deque[tuple[float, int, int]] = deque()
+        # The span's conditions where it began: the round's bytes time, the slowest compute.
+        self._span_at: tuple[float, float] | None = None
 
     def _cannot(self, c: Candidate) -> str | None:
         if c.sync == "every-step":
@@ -317,8 +321,14 @@ class Adapter:
         policy = self.sched.policy
         if policy is None or self.ctl is None:
             return
-        step = self._said_step()
-        self._steps.append((now, step, policy.version))
+        c = running(policy)
+        said = (now, self._said_step(), policy.version)
+        if self._steps and c.sync == "every-step" and m.hops and m.compute_s \
+                and self._moved(self.ctl.model.bytes_s(c, m), max(m.compute_s.values())):
+            # A span that straddles a change of the links or the compute averages two
+            # regimes: read against the new one it would teach a floor (or a cap) of neither.
+            self._steps.clear()
+        self._steps.append(said)
         while self._steps and (self._steps[0][2] != policy.version
                                or self._steps[0][1] < policy.effective_step
                                or now - self._steps[0][0] > CALIBRATE_S):
@@ -327,7 +337,20 @@ class Adapter:
             return
         (t0, s0, _), (t1, s1, _) = self._steps[0], self._steps[-1]
         if t1 - t0 >= CALIBRATE_S - OBSERVE_EVERY_S / 2 and s1 > s0:
-            self.ctl.model.calibrate(running(policy), m, (t1 - t0) / (s1 - s0))
+            self.ctl.model.calibrate(c, m, (t1 - t0) / (s1 - s0))
+
+    def _moved(self, bytes_s: float, compute_s: float) -> bool:
+        """Whether the round's bytes time or the slowest compute moved by SPAN_MOVED or
+        more since the span's conditions were set (and set them, when they did)."""
+        was = self._span_at
+        self._span_at = (bytes_s, compute_s)
+        if was is None:
+            return False
+        moved = any(max(a, b) > SPAN_MOVED * min(a, b)
+                    for a, b in zip(was, self._span_at, strict=True))
+        if not moved:
+            self._span_at = was  # drift is measured from the span's start, not step by step
+        return moved
 
     def request(self, body: PolicyRequest) -> str | None:
         """``chaosctl policy set|auto`` from an operator; an error line, or None."""

@@ -398,6 +398,19 @@ def test_stragglers_off_keeps_every_member() -> None:
     assert stragglers(role) == [] and role.sched.policy.members == MEMBERS
 
 
+def said(host: FakeHost, role: SchedulerRole, step: int, n: int, step_s: float) -> int:
+    """``n`` observations, the members a step each ``step_s`` apart, as their heartbeats said
+    it: the step they reached."""
+    for _ in range(n):
+        host.time.advance(OBSERVE_EVERY_S)
+        step += round(OBSERVE_EVERY_S / step_s)
+        for m in MEMBERS:
+            host.steps[m] = step  # what the member's heartbeat said, as the agent keeps it
+            beat(role, m, step=step)
+        role.judge(set(role.sched.nodes))
+    return step
+
+
 def test_the_step_time_under_the_policy_in_force_teaches_the_model_its_wire_floor() -> None:
     """Every-step int8 at 1 Gbit/s, 62.5 ms a step against 52 predicted from its bytes: once a
     span of CALIBRATE_S lies under the policy alone, the model learns int8's floor, and the
@@ -411,22 +424,34 @@ def test_the_step_time_under_the_policy_in_force_teaches_the_model_its_wire_floo
     assert role.adapter.ctl is not None
     model = role.adapter.ctl.model
     step = role.sched.policy.effective_step - 40  # the old policy's rounds first
-
-    def run(n: int, step_s: float) -> None:
-        nonlocal step
-        for _ in range(n):
-            host.time.advance(OBSERVE_EVERY_S)
-            step += round(OBSERVE_EVERY_S / step_s)
-            for m in MEMBERS:
-                host.steps[m] = step  # what the member's heartbeat said, as the agent keeps it
-                beat(role, m, step=step)
-            role.judge(set(role.sched.nodes))
-
-    run(2, 0.0625)  # across the effective step: the span starts again there
+    step = said(host, role, step, 2, 0.0625)  # across the effective step: it starts again
     assert model.floors() == {}
-    run(2 + round(CALIBRATE_S / OBSERVE_EVERY_S), 0.0625)
+    said(host, role, step, 2 + round(CALIBRATE_S / OBSERVE_EVERY_S), 0.0625)
     assert model.floors() == {"int8": pytest.approx((0.0625 - 0.050 - 0.001) / ELEMENTS * 1e9)}
     links(role, 5.0)  # the evening uplink: the switch to DiLoCo says what the model learned
     ticks(host, role, 3)
     last = changes(role)[-1]
     assert last["sync"] == "diloco" and last["floors_ns"] == model.floors()
+
+
+def test_a_span_across_a_change_of_the_links_teaches_no_floor() -> None:
+    """Pinned to every-step int8, the links rise from 10 Mbit/s (a round bound by its 80 ms
+    of bytes) to 1 Gbit/s (bound by the 11.5 ms floor). A span that held steps of both, read
+    against the new rates, would teach a floor several times too high; the span starts again
+    at the change, so the model only ever learns the floor of the new regime."""
+    host = adaptive_host()
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, 10.0)
+    reply = host.reply_to(request(role, "a", "policy", sync="every-step", wire="int8"))
+    assert reply.args["error"] is None
+    assert role.adapter.ctl is not None
+    model = role.adapter.ctl.model
+    step = said(host, role, role.sched.policy.effective_step, 6, 0.131)
+    assert model.floors() == {}  # bytes-bound: a cap, no floor
+    links(role, 1000.0)
+    floor = (0.0625 - 0.050 - 0.001) / ELEMENTS * 1e9
+    for _ in range(3 * round(CALIBRATE_S / OBSERVE_EVERY_S)):
+        step = said(host, role, step, 1, 0.0625)
+        assert model.floors().get("int8", floor) == pytest.approx(floor)
+    assert model.floors() == {"int8": pytest.approx(floor)}
