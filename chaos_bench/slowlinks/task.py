@@ -29,11 +29,10 @@ class Digits:
     @classmethod
     def load(cls) -> Digits:
         import torch
-        from sklearn.datasets import load_digits
 
-        d = load_digits()
-        x = torch.tensor(d.data / 16.0, dtype=torch.float32)
-        y = torch.tensor(d.target, dtype=torch.long)
+        from chaos_edge.examples.digits import load
+
+        x, y = load()
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(SPLIT_SEED))
         return cls(x, y, order[VAL + TEST:], order[TEST:TEST + VAL], order[:TEST])
 

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from chaos_edge import ChaosError, Trainer, capture_exit_event
+from chaos_edge.examples.digits import arrays
 
 VAL_FRACTION = 0.2
 
@@ -43,14 +44,6 @@ class Data(NamedTuple):
     y_train: torch.Tensor
     x_val: torch.Tensor
     y_val: torch.Tensor
-
-
-def arrays() -> tuple[np.ndarray, np.ndarray]:
-    """scikit-learn's digits: (1797, 64) pixels 0..16 and labels (bundled, no download)."""
-    from sklearn.datasets import load_digits  # the optional extra, imported where it is used
-
-    d = load_digits()
-    return np.asarray(d.data), np.asarray(d.target)
 
 
 def split(x: np.ndarray, y: np.ndarray) -> Data:

@@ -110,11 +110,10 @@ def digest(obj: Any) -> str:
 
 def load_digits() -> tuple[torch.Tensor, torch.Tensor]:
     """The digits as (N, 1, 8, 8) features in [0, 1] and labels."""
-    from sklearn.datasets import load_digits as load
+    from chaos_edge.examples.digits import load
 
-    d = load()
-    x = torch.tensor(d.data / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
-    return x, torch.tensor(d.target, dtype=torch.long)
+    x, y = load()
+    return x.reshape(-1, 1, 8, 8), y
 
 
 def autocast_works(model: nn.Module) -> bool:
