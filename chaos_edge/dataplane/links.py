@@ -26,6 +26,10 @@ from chaos_edge.dataplane.sockets import set_buffers, tune_established
 from chaos_edge.dataplane.threads import ThreadSet
 
 log = logging.getLogger("chaos.dataplane.links")
+
+#: The longest a new link waits for the listeners of the peer's lost one (a bound only
+#: against a listener that hangs: they take a lock and return).
+TELL_WAIT_S = 10.0
 LinkState = Literal["up", "down", "unknown"]
 DownListener = Callable[[str, str], None]
 
@@ -60,6 +64,9 @@ class PeerLinks:
         self._lock = threading.Condition()
         self._links: dict[str, Link] = {}
         self._down: dict[str, str] = {}
+        # Per peer: dropped links whose down listeners are still being told. A new link to
+        # the peer waits for them, so no listener hears a stale loss while it is up.
+        self._telling: dict[str, int] = {}
         self._allowed: set[str] = set()
         self._handlers: dict[Kind, FrameHandler] = {}
         self._listeners: list[DownListener] = []
@@ -307,6 +314,9 @@ class PeerLinks:
         tune_established(sock, self.config.io_poll)
         link = Link(hello.node_id, sock, initiator, hello.incarnation)
         with self._lock:
+            # A loss the listeners hear after this link is up would be taken for this one's
+            # (a round on it aborted for nothing): let them hear it first.
+            self._lock.wait_for(lambda: not self._telling.get(link.peer), TELL_WAIT_S)
             old = self._links.get(link.peer)
             # Both ends dialled at once: both keep the connection the smaller id opened.
             duplicate = old is not None and old.incarnation == link.incarnation
@@ -333,15 +343,24 @@ class PeerLinks:
                 self._lock.notify_all()
             first = not link.closed.is_set()
             link.closed.set()
+            if first:
+                self._telling[link.peer] = self._telling.get(link.peer, 0) + 1
         link.shutdown()
         if not first:
             return
         log.info("link to %s down: %s", link.peer, reason)
-        for listener in list(self._listeners):
-            try:
-                listener(link.peer, reason)
-            except Exception:
-                log.exception("link-down listener failed")
+        try:
+            for listener in list(self._listeners):
+                try:
+                    listener(link.peer, reason)
+                except Exception:
+                    log.exception("link-down listener failed")
+        finally:
+            with self._lock:
+                left = self._telling.pop(link.peer) - 1
+                if left:
+                    self._telling[link.peer] = left
+                self._lock.notify_all()
 
     def _write_loop(self, link: Link) -> None:
         reason = "writer stopped"

@@ -160,6 +160,37 @@ def test_malformed_frame_after_auth_closes_only_that_link(
     _two_node_round(a, b, 1)
 
 
+def test_a_new_link_comes_up_only_after_the_lost_ones_listeners_heard_it(
+    make_links: Callable[..., PeerLinks],
+) -> None:
+    """A listener that hears of a lost link late (its thread starved on a loaded box) must
+    not take the loss for the new link to the same peer: the allreduce would abort a round
+    on a link that is up. The new link waits for the old one's listeners."""
+    a, b = make_links("a"), make_links("b")
+    b.allow("a")
+    a.connect_to("b", *b.address)
+    assert b.wait_connected(["a"], 5)
+    hearing, heard = threading.Event(), threading.Event()
+    seen: list[str] = []
+
+    def slow(peer: str, reason: str) -> None:
+        hearing.set()
+        assert _wait(lambda: reconnecting.is_set())
+        time.sleep(0.3)  # the new connection is dialled and handshaken meanwhile
+        seen.append(b.state(peer))
+        heard.set()
+
+    reconnecting = threading.Event()
+    b.add_down_listener(slow)
+    a.disconnect("b", reason="finished training")
+    assert hearing.wait(5)
+    b.allow("a")
+    reconnecting.set()
+    a.connect_to("b", *b.address)
+    assert b.wait_connected(["a"], 5)
+    assert heard.is_set() and seen == ["down"]  # the listener ran before b's link was up
+
+
 def test_peer_closing_is_reported_as_state_and_callback(
     make_links: Callable[..., PeerLinks],
 ) -> None:
