@@ -43,6 +43,9 @@ MEASURE_FROM_S, MEASURE_AFTER_S = 4.0, 10.0
 CALIBRATE_S = 6.0
 #: A change of the round's bytes time or the slowest compute that starts that span again.
 SPAN_MOVED = 1.5
+#: Timed spans kept until their links are tested again (the newest; one every
+#: OBSERVE_EVERY_S, so a minute's worth at a 60-s bandwidth period).
+PENDING_SPANS = 32
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ class Adapter:
         self._steps: deque[tuple[float, int, int]] = deque()
         # The span's conditions where it began: the round's bytes time, the slowest compute.
         self._span_at: tuple[float, float] | None = None
+        # Spans timed, waiting for a newer test of their links (:meth:`_confirm`).
+        self._pending: list[tuple[Candidate, Measured, float]] = []
 
     def _cannot(self, c: Candidate) -> str | None:
         if c.sync == "every-step":
@@ -337,7 +342,30 @@ class Adapter:
             return
         (t0, s0, _), (t1, s1, _) = self._steps[0], self._steps[-1]
         if t1 - t0 >= CALIBRATE_S - OBSERVE_EVERY_S / 2 and s1 > s0:
-            self.ctl.model.calibrate(c, m, (t1 - t0) / (s1 - s0))
+            self._pending.append((c, m, (t1 - t0) / (s1 - s0)))
+        self._confirm(m)
+
+    def _confirm(self, now: Measured) -> None:
+        """Teach the model the spans whose links a newer test read at the same rates.
+
+        A probe reads a link's change late (a test every ``bandwidth_period_s``): slow rounds
+        timed under the old, fast reading would pass for a floor. So a span waits until every
+        hop of its tree was tested again, and is dropped if a new test moved a rate by
+        SPAN_MOVED or the tree changed."""
+        assert self.ctl is not None
+        kept = []
+        for c, m, step_s in self._pending:
+            if len(m.hops) != len(now.hops):
+                continue  # another tree: the span cannot be confirmed
+            pairs = list(zip(m.hops, now.hops, strict=True))
+            if any(b.reading > a.reading and max(a.rate_mbps, b.rate_mbps)
+                   > SPAN_MOVED * min(a.rate_mbps, b.rate_mbps) for a, b in pairs):
+                continue
+            if all(b.reading > a.reading for a, b in pairs):
+                self.ctl.model.calibrate(c, m, step_s)
+            else:
+                kept.append((c, m, step_s))
+        self._pending = kept[-PENDING_SPANS:]
 
     def _moved(self, bytes_s: float, compute_s: float) -> bool:
         """Whether the round's bytes time or the slowest compute moved by SPAN_MOVED or

@@ -398,11 +398,15 @@ def test_stragglers_off_keeps_every_member() -> None:
     assert stragglers(role) == [] and role.sched.policy.members == MEMBERS
 
 
-def said(host: FakeHost, role: SchedulerRole, step: int, n: int, step_s: float) -> int:
+def said(host: FakeHost, role: SchedulerRole, step: int, n: int, step_s: float,
+         probed: bool = True) -> int:
     """``n`` observations, the members a step each ``step_s`` apart, as their heartbeats said
-    it: the step they reached."""
+    it, and (``probed``) a new test of every link at the rate it reads: the step reached."""
     for _ in range(n):
         host.time.advance(OBSERVE_EVERY_S)
+        if probed:
+            for lk in list(role.sched.links):
+                role.neg.metrics(lk.a, LinkMetrics(peer=lk.b, bandwidth_mbps=lk.bandwidth_mbps))
         step += round(OBSERVE_EVERY_S / step_s)
         for m in MEMBERS:
             host.steps[m] = step  # what the member's heartbeat said, as the agent keeps it
@@ -426,7 +430,8 @@ def test_the_step_time_under_the_policy_in_force_teaches_the_model_its_wire_floo
     step = role.sched.policy.effective_step - 40  # the old policy's rounds first
     step = said(host, role, step, 2, 0.0625)  # across the effective step: it starts again
     assert model.floors() == {}
-    said(host, role, step, 2 + round(CALIBRATE_S / OBSERVE_EVERY_S), 0.0625)
+    # Two spans, each taught once a newer test of the links read the same rates.
+    said(host, role, step, 3 + round(CALIBRATE_S / OBSERVE_EVERY_S), 0.0625)
     assert model.floors() == {"int8": pytest.approx((0.0625 - 0.050 - 0.001) / ELEMENTS * 1e9)}
     links(role, 5.0)  # the evening uplink: the switch to DiLoCo says what the model learned
     ticks(host, role, 3)
@@ -455,3 +460,23 @@ def test_a_span_across_a_change_of_the_links_teaches_no_floor() -> None:
         step = said(host, role, step, 1, 0.0625)
         assert model.floors().get("int8", floor) == pytest.approx(floor)
     assert model.floors() == {"int8": pytest.approx(floor)}
+
+
+def test_spans_timed_before_the_probes_read_a_fall_teach_no_floor() -> None:
+    """Pinned to every-step int8 at 1 Gbit/s, the links fall to 10 Mbit/s, and no probe tests
+    them for 12 s: the rounds take their 80 ms of bytes while the readings still say 1 Gbit/s,
+    which looks like a floor seven times int8's. Those spans wait for a newer test of their
+    links; it reads 10 Mbit/s and they are dropped. The model learns nothing from them."""
+    host = adaptive_host()
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, 1000.0)
+    reply = host.reply_to(request(role, "a", "policy", sync="every-step", wire="int8"))
+    assert reply.args["error"] is None
+    assert role.adapter.ctl is not None
+    model = role.adapter.ctl.model
+    step = said(host, role, role.sched.policy.effective_step, 1, 0.0625)
+    step = said(host, role, step, 6, 0.131, probed=False)  # the fall, unread
+    links(role, 10.0)
+    said(host, role, step, 6, 0.131)  # read now: bytes-bound rounds, a cap, no floor
+    assert model.floors() == {}
