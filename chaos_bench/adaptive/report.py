@@ -25,6 +25,8 @@ Per run (times are seconds since the schedule began; the eval node's step log):
   A change of the members (a straggler set aside or back) also ends it: the prediction was
   for the members of its moment (stop 60: two switches 6 and 9 steps before a set-aside
   were "measured" at 3-4x faster than predicted, without the straggler they had counted).
+  A change decided after the switch that lands before it leaves nothing to check
+  (``members_changed_first``; stop 61's seed 15: +439 %).
   A policy takes over at its effective step, or, leaving DiLoCo, at the first outer round
   at or after it (``takes_over_at``): a DiLoCo round is never cut short, so the switch
   lands up to H steps after the step the event names.
@@ -131,10 +133,12 @@ def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, A
                      key=lambda e: e.get("seq", 0))
     numbers = [int(s) for s, _ in steps]
     bounds = [p["t1"] for p in run["phases"]]
-    # Where the members changed (a straggler set aside or back): a prediction was made for
-    # the members of its moment, so its window ends there.
-    members = sorted(int(e["effective_step"]) for e in run["events"]
-                     if e.get("kind") in ("scale-in", "scale-out") and e.get("effective_step"))
+    # Where the members changed (a straggler set aside or back), and when that was decided: a
+    # prediction was made for the members of its moment, so its window ends there, and a
+    # change decided after it that lands first leaves it nothing to measure.
+    moves = sorted((int(e["effective_step"]), float(e.get("t") or 0.0)) for e in run["events"]
+                   if e.get("kind") in ("scale-in", "scale-out") and e.get("effective_step"))
+    members = [m for m, _ in moves]
     # The rounds each switch lands on: the run starts in every-step (bench.py).
     rhythm, starts = Rhythm(), []
     for e in changed:
@@ -153,7 +157,11 @@ def _switches(run: dict[str, Any], steps: list[list[float]]) -> list[dict[str, A
         row["takes_over_at"] = eff
         row["measured_step_ms"] = row["error"] = None
         k = bisect_left(numbers, eff)
-        if k < len(numbers) and numbers[k] == eff:
+        # (stop 61, seed 15: n3 set aside 2 s after a switch was decided, landing 45 steps
+        # before it; the two members left were "measured" 439 % faster than predicted.)
+        row["members_changed_first"] = any(t > float(e.get("t") or 0.0) and m <= eff
+                                           for m, t in moves)
+        if k < len(numbers) and numbers[k] == eff and not row["members_changed_first"]:
             t_eff = steps[k][1]
             phase_end = next((b for b in bounds if b > t_eff), bounds[-1])
             ends = [x for x in (starts[i + 1] if i + 1 < len(changed) else None,
@@ -329,7 +337,8 @@ def table(doc: dict[str, Any]) -> str:
         + f" for {p['seconds']:g} s" for i, p in enumerate(doc["phases"])))
     for r in (r for r in doc["rows"] if r["switches"]):
         for s in r["switches"]:
-            check = ("" if s["error"] is None else
+            check = ("; not measured: the members changed before it landed"
+                     if s.get("members_changed_first") else "" if s["error"] is None else
                      f"; measured {s['measured_step_ms']:.1f} ms ({100 * s['error']:+.0f} %)")
             lands = s.get("takes_over_at", s["effective_step"])
             at = (f"step {s['effective_step']}" if lands == s["effective_step"]

@@ -247,3 +247,21 @@ def test_a_switch_is_measured_only_until_the_members_change() -> None:
                              2.2)["rows"][0]["switches"][0]
         assert row["window_steps"] == at - 120
         assert (row["error"] is not None) == checked
+
+
+def test_a_switch_the_members_changed_before_is_not_measured() -> None:
+    """Stop 61, seed 15: n3 was set aside 2 s after a switch was decided, effective 45 steps
+    before the switch landed; the two members left were "measured" 439 % faster than the
+    three the prediction was for. A change decided after the switch and landing first
+    leaves nothing to check; one decided before it was in the prediction's input."""
+    switch = {"kind": "policy-changed", "seq": 3, "t": 5.0, "policy": "every-step/int8",
+              "previous": "every-step/fp32", "effective_step": 120, "sync": "every-step",
+              "inner_steps": 1, "fragments": 1, "predicted_step_ms": 100.0, "reason": "r"}
+    for decided, checked in ((6.0, False), (4.0, True)):
+        aside = {"kind": "scale-in", "seq": 4, "t": decided, "node": "n3",
+                 "reason": "straggler", "effective_step": 110}
+        doc = report.analyse([_run("adaptive", 0, (10, 20), [3.0, 2.0], [switch, aside])], 2.2)
+        row = doc["rows"][0]["switches"][0]
+        assert row["members_changed_first"] is not checked
+        assert (row["error"] is not None) == checked
+        assert ("members changed before it landed" in report.table(doc)) is not checked
