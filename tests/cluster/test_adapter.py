@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from daemon.cluster.adapter import CALIBRATE_S, OBSERVE_EVERY_S, tree_depth
+from daemon.cluster.controller import CostModel
 from daemon.cluster.role import SchedulerRole
 from daemon.contracts.clock import FakeClock
 from daemon.contracts.config import AdaptiveConfig
@@ -439,19 +440,25 @@ def test_the_step_time_under_the_policy_in_force_teaches_the_model_its_wire_floo
     assert last["sync"] == "diloco" and last["floors_ns"] == model.floors()
 
 
+def pinned_int8(mbps: float) -> tuple[FakeHost, SchedulerRole, CostModel]:
+    """Three members on links of ``mbps``, pinned by the operator to every-step int8: the
+    scheduler, and its controller's cost model."""
+    host = adaptive_host()
+    role = host.elect()
+    join(host, role, *MEMBERS)
+    links(role, mbps)
+    reply = host.reply_to(request(role, "a", "policy", sync="every-step", wire="int8"))
+    assert reply.args["error"] is None
+    assert role.adapter.ctl is not None
+    return host, role, role.adapter.ctl.model
+
+
 def test_a_span_across_a_change_of_the_links_teaches_no_floor() -> None:
     """Pinned to every-step int8, the links rise from 10 Mbit/s (a round bound by its 80 ms
     of bytes) to 1 Gbit/s (bound by the 11.5 ms floor). A span that held steps of both, read
     against the new rates, would teach a floor several times too high; the span starts again
     at the change, so the model only ever learns the floor of the new regime."""
-    host = adaptive_host()
-    role = host.elect()
-    join(host, role, *MEMBERS)
-    links(role, 10.0)
-    reply = host.reply_to(request(role, "a", "policy", sync="every-step", wire="int8"))
-    assert reply.args["error"] is None
-    assert role.adapter.ctl is not None
-    model = role.adapter.ctl.model
+    host, role, model = pinned_int8(10.0)
     step = said(host, role, role.sched.policy.effective_step, 6, 0.131)
     assert model.floors() == {}  # bytes-bound: a cap, no floor
     links(role, 1000.0)
@@ -467,14 +474,7 @@ def test_spans_timed_before_the_probes_read_a_fall_teach_no_floor() -> None:
     them for 12 s: the rounds take their 80 ms of bytes while the readings still say 1 Gbit/s,
     which looks like a floor seven times int8's. Those spans wait for a newer test of their
     links; it reads 10 Mbit/s and they are dropped. The model learns nothing from them."""
-    host = adaptive_host()
-    role = host.elect()
-    join(host, role, *MEMBERS)
-    links(role, 1000.0)
-    reply = host.reply_to(request(role, "a", "policy", sync="every-step", wire="int8"))
-    assert reply.args["error"] is None
-    assert role.adapter.ctl is not None
-    model = role.adapter.ctl.model
+    host, role, model = pinned_int8(1000.0)
     step = said(host, role, role.sched.policy.effective_step, 1, 0.0625)
     step = said(host, role, step, 6, 0.131, probed=False)  # the fall, unread
     links(role, 10.0)
