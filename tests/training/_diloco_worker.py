@@ -79,7 +79,10 @@ def arm_kill(trainer: Trainer, marker: Path) -> None:
 
     def hook(event: str, index: int) -> None:
         # The round's step (trainer.step already counts a streaming round in flight).
-        marker.write_text(f"{os.getpid()} {event} step {trainer._replica.step + 1}")
+        # Whole or not at all: the test reads it the moment it exists (once, empty).
+        part = marker.with_name(marker.name + ".part")
+        part.write_text(f"{os.getpid()} {event} step {trainer._replica.step + 1}")
+        os.replace(part, marker)
         os.kill(os.getpid(), signal.SIGKILL)
 
     trainer.reducer.fault_hook = hook

@@ -197,7 +197,9 @@ def train(args: argparse.Namespace) -> int:
                 trainer.step == args.corrupt_at
                 or (args.corrupt_after >= 0 and trainer.step == first + args.corrupt_after))
             if corrupt:
-                marker.write_text(str(os.getpid()))
+                part = marker.with_name(marker.name + ".part")  # whole, for a test reading it
+                part.write_text(str(os.getpid()))
+                os.replace(part, marker)
                 with torch.no_grad():
                     model.fc1.weight.view(-1)[0] += CORRUPT_BY
             sched.step()
