@@ -60,6 +60,11 @@ class Aside:
     since: tuple[float, int] | None = None  # (when, the step) the rate after is measured from
 
 
+def moved(a: float, b: float) -> bool:
+    """Whether two readings of one quantity lie SPAN_MOVED or more apart."""
+    return max(a, b) > SPAN_MOVED * min(a, b)
+
+
 def running(policy: SyncPolicy) -> Candidate:
     """The candidate a policy in force is."""
     return running_of(policy.sync, policy.wire)
@@ -146,11 +151,10 @@ class Adapter:
         # extrapolated ones overshoot when a member slows down (a rate below zero, once).
         self._mark: tuple[str | None, float, int] = (None, 0.0, 0)
         self._aside: Aside | None = None  # the last straggler set aside, until measured
-        # (when, the members' said step, the policy version) at each observation: the step
-        # time under the policy in force, once it spans CALIBRATE_S of it alone.
-        self._steps: deque[tuple[float, int, int]] = deque()
-        # The span's conditions where it began: the round's bytes time, the slowest compute.
-        self._span_at: tuple[float, float] | None = None
+        # (when, the members' said step, the policy version, the round's bytes time and the
+        # slowest compute) at each observation: the step time under the policy in force,
+        # once it spans CALIBRATE_S of it alone.
+        self._steps: deque[tuple[float, int, int, float, float]] = deque()
         # Spans timed, waiting for a newer test of their links (:meth:`_confirm`).
         self._pending: list[tuple[Candidate, Measured, float]] = []
 
@@ -306,6 +310,7 @@ class Adapter:
         if m is None:
             return False
         self._calibrate(m, now)
+        self._confirm(m)
         decision = self.ctl.observe(m)
         if decision is None:
             return False
@@ -327,9 +332,13 @@ class Adapter:
         if policy is None or self.ctl is None:
             return
         c = running(policy)
-        said = (now, self._said_step(), policy.version)
-        if self._steps and c.sync == "every-step" and m.hops and m.compute_s \
-                and self._moved(self.ctl.model.bytes_s(c, m), max(m.compute_s.values())):
+        if c.sync != "every-step" or not m.hops or not m.compute_s:
+            self._steps.clear()  # the model learns from every-step rounds only
+            return
+        said = (now, self._said_step(), policy.version, self.ctl.model.bytes_s(c, m),
+                max(m.compute_s.values()))
+        if self._steps and (moved(self._steps[0][3], said[3])
+                            or moved(self._steps[0][4], said[4])):
             # A span that straddles a change of the links or the compute averages two
             # regimes: read against the new one it would teach a floor (or a cap) of neither.
             self._steps.clear()
@@ -340,10 +349,9 @@ class Adapter:
             self._steps.popleft()
         if not self._steps:
             return
-        (t0, s0, _), (t1, s1, _) = self._steps[0], self._steps[-1]
+        (t0, s0, *_), (t1, s1, *_) = self._steps[0], self._steps[-1]
         if t1 - t0 >= CALIBRATE_S - OBSERVE_EVERY_S / 2 and s1 > s0:
             self._pending.append((c, m, (t1 - t0) / (s1 - s0)))
-        self._confirm(m)
 
     def _confirm(self, now: Measured) -> None:
         """Teach the model the spans whose links a newer test read at the same rates.
@@ -358,27 +366,14 @@ class Adapter:
             if len(m.hops) != len(now.hops):
                 continue  # another tree: the span cannot be confirmed
             pairs = list(zip(m.hops, now.hops, strict=True))
-            if any(b.reading > a.reading and max(a.rate_mbps, b.rate_mbps)
-                   > SPAN_MOVED * min(a.rate_mbps, b.rate_mbps) for a, b in pairs):
+            if any(b.reading > a.reading and moved(a.rate_mbps, b.rate_mbps)
+                   for a, b in pairs):
                 continue
             if all(b.reading > a.reading for a, b in pairs):
                 self.ctl.model.calibrate(c, m, step_s)
             else:
                 kept.append((c, m, step_s))
         self._pending = kept[-PENDING_SPANS:]
-
-    def _moved(self, bytes_s: float, compute_s: float) -> bool:
-        """Whether the round's bytes time or the slowest compute moved by SPAN_MOVED or
-        more since the span's conditions were set (and set them, when they did)."""
-        was = self._span_at
-        self._span_at = (bytes_s, compute_s)
-        if was is None:
-            return False
-        moved = any(max(a, b) > SPAN_MOVED * min(a, b)
-                    for a, b in zip(was, self._span_at, strict=True))
-        if not moved:
-            self._span_at = was  # drift is measured from the span's start, not step by step
-        return moved
 
     def request(self, body: PolicyRequest) -> str | None:
         """``chaosctl policy set|auto`` from an operator; an error line, or None."""
