@@ -600,6 +600,9 @@ def slowlinks(
     overlap: Annotated[bool, typer.Option(help="Also run each streaming mode with its rounds "
                                           "beside the next step ([training] overlap).")]
     = False,
+    task: Annotated[str, typer.Option(help="The model and data: digits (an MLP on "
+                                      "scikit-learn's digits) or chartf (the character "
+                                      "transformer on Python's help texts).")] = "digits",
     out: Annotated[Path, typer.Option(help="Where slowlinks.json and slowlinks.png go.")]
     = Path("slowlinks"),
 ) -> None:
@@ -611,6 +614,7 @@ def slowlinks(
 
     from chaos_bench.slowlinks import report as slowlinks_report
     from chaos_bench.slowlinks import run as bench_slow
+    from chaos_bench.slowlinks.task import TASKS
     from chaosctl.cluster import ClusterError
     from daemon.contracts.policy import WIRE_FORMATS
 
@@ -631,14 +635,16 @@ def slowlinks(
     sizes = tuple(_ints(chunks, "--chunks", 0, 16 << 20))
     if any(c % 4 for c in sizes):
         raise CtlUsageError("--chunks: each size must be a multiple of 4 bytes (0: default)")
+    if task not in TASKS:
+        raise CtlUsageError(f"--task: {task} is not one of {', '.join(TASKS)}")
     opts = bench_slow.Options(
         mbps, hs, steps, nodes, target_acc=target_acc,
         outer_lrs=_floats(outer_lr, "--outer-lr", 0.0, 10.0),
         outer_momenta=_floats(outer_momentum, "--outer-momentum", 0.0, 0.999),
         seeds=tuple(_ints(seeds, "--seeds", 0, 99)),
         chunks=sizes, wires=formats,
-        tune_steps=tune_steps, fragments=parts, outer_wire=owire, overlap=overlap)
-    if importlib.util.find_spec("sklearn") is None:
+        tune_steps=tune_steps, fragments=parts, outer_wire=owire, overlap=overlap, task=task)
+    if task == "digits" and importlib.util.find_spec("sklearn") is None:
         raise ClusterError("the slow-links task needs scikit-learn: pip install "
                            "'chaos-edge[examples]'")
     writable(out)

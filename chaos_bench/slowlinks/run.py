@@ -19,7 +19,8 @@ Each side gets its best shot before anything is reported:
 
 Then for every link rate, seed and mode a fresh netns testbed of ``--nodes`` chaosd (a full
 mesh of data links, all shaped to the rate with tbf; MQTT on the unshaped management bridge)
-trains the same task: :mod:`chaos_bench.slowlinks.worker`, the same script in every mode,
+trains the same task (``--task``: the digits MLP or the character transformer,
+:mod:`.task`): :mod:`chaos_bench.slowlinks.worker`, the same script in every mode,
 with the mode set in every node's chaosd.toml (``[training] sync``, ``wire``,
 ``inner_steps``, ``outer_lr``, ``outer_momentum``). Background bandwidth probes are off
 (``[probe] bandwidth_period_s = 0``), so the data links carry the training alone. (Until stop
@@ -86,6 +87,7 @@ class Options:
     fragments: tuple[int, ...] = ()
     outer_wire: str = "fp32"
     overlap: bool = False
+    task: str = "digits"
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ def run_one(rate: float, mode: Mode, seed: int, steps: int, opts: Options, say: 
     cmd = [sys.executable, "-m", WORKER_MODULE, "--dir", str(run_dir), "--steps",
            str(steps), "--batch", str(opts.batch), "--lr", str(opts.lr),
            "--eval-every", str(opts.eval_every), "--eval-node", tb.nodes[0],
-           "--seed", str(seed), "--chunk", str(mode.chunk)]
+           "--seed", str(seed), "--chunk", str(mode.chunk), "--task", opts.task]
     try:
         tb.up(wait_s=60.0)
         join_all(tb, cmd)
@@ -210,7 +212,8 @@ def tune_outer(opts: Options, say: Say) -> tuple[dict[int, tuple[float, float]],
     if len(opts.outer_lrs) * len(opts.outer_momenta) == 1 or not opts.inner_steps:
         return {}, {}
     grid = tune.sweep(opts.inner_steps, opts.outer_lrs, opts.outer_momenta, steps=opts.steps,
-                      nodes=opts.nodes, batch=opts.batch, lr=opts.lr, say=say)
+                      nodes=opts.nodes, batch=opts.batch, lr=opts.lr, say=say,
+                      task=opts.task)
     best = {h: tune.choose(pts) for h, pts in grid.items()}
     chosen = {h: (b.outer_lr, b.outer_momentum) for h, b in best.items()}
     doc = {"seeds": list(tune.TUNE_SEEDS), "criterion": "mean final validation loss",

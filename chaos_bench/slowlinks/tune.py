@@ -10,7 +10,8 @@ out is the network: on the testbed the average is an all-reduce, and the data or
 same at every link rate, so the rate cannot change which point wins.
 
 The criterion is the final validation loss, averaged over the tuning seeds (accuracy on 360
-digits moves in steps of 0.28 points, so it ties often; the loss does not).
+digits moves in steps of 0.28 points, so it ties often; the loss does not). Each task
+(:mod:`.task`) is tuned on its own validation split.
 """
 
 from __future__ import annotations
@@ -44,12 +45,12 @@ def simulate(h: int, outer_lr: float, outer_momentum: float, seed: int, *, steps
     """Final (validation loss, accuracy) of one DiLoCo run in one process."""
     import torch
 
-    from chaos_bench.slowlinks.task import batch_generator, model
+    from chaos_bench.slowlinks.task import batch_generator
     from chaos_edge.trainer.outer import Outer
     from daemon.contracts.policy import SyncMode
 
     mode = SyncMode("diloco", h, "nesterov", outer_lr, outer_momentum)
-    models = [model(seed) for _ in range(nodes)]
+    models = [data.model(seed) for _ in range(nodes)]
     opts = [torch.optim.Adam(m.parameters(), lr=lr) for m in models]
     gens = [batch_generator(seed, i + 1) for i in range(nodes)]  # the testbed's n1..nN
     outers = [Outer(list(m.parameters()), mode) for m in models]
@@ -58,7 +59,7 @@ def simulate(h: int, outer_lr: float, outer_momentum: float, seed: int, *, steps
         for m, opt, gen in zip(models, opts, gens, strict=True):
             xb, yb = data.batch(gen, batch)
             opt.zero_grad(set_to_none=True)
-            torch.nn.functional.cross_entropy(m(xb), yb).backward()
+            data.loss(m, xb, yb).backward()
             opt.step()
         if step % h:
             continue
@@ -73,15 +74,15 @@ def simulate(h: int, outer_lr: float, outer_momentum: float, seed: int, *, steps
 
 
 def sweep(hs: tuple[int, ...], lrs: tuple[float, ...], momenta: tuple[float, ...], *,
-          steps: int, nodes: int, batch: int, lr: float,
-          say: Callable[[str], None]) -> dict[int, list[Point]]:
+          steps: int, nodes: int, batch: int, lr: float, say: Callable[[str], None],
+          task: str = "digits") -> dict[int, list[Point]]:
     """Every grid point for every H, on the tuning seeds."""
     import torch
 
-    from chaos_bench.slowlinks.task import Digits
+    from chaos_bench.slowlinks.task import load
 
     torch.set_num_threads(1)
-    data = Digits.load()
+    data = load(task)
     out: dict[int, list[Point]] = {}
     for h in hs:
         out[h] = []

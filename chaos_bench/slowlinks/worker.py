@@ -1,7 +1,8 @@
 """The training worker of ``chaosctl bench slowlinks``: one script for every sync mode.
 
-An MLP (64-512-256-10, 167k parameters, 0.67 MB of float32 gradients) learns scikit-learn's
-digits with Adam (:mod:`.task`: the splits, the model, the batch orders of ``--seed``); the
+``--task`` (:mod:`.task`: the splits, the model, the batch orders of ``--seed``) is learned
+with Adam: an MLP on scikit-learn's digits, or the character transformer on Python's help
+texts; the
 cluster's ``[training] sync`` and ``wire`` decide whether ``update()`` all-reduces every step
 or runs DiLoCo, and in which format. The script does not know which. ``--chunk`` is the
 all-reduce's pipeline chunk (0: the Trainer's default, one chunk for a vector this small).
@@ -55,6 +56,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-node", default="n1")
     ap.add_argument("--seed", type=int, default=0, help="initial weights and batch orders")
     ap.add_argument("--chunk", type=int, default=0, help="all-reduce chunk bytes (0: default)")
+    ap.add_argument("--task", default="digits", help="digits or chartf")
     return ap.parse_args(argv)
 
 
@@ -62,13 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     import torch
 
-    from chaos_bench.slowlinks.task import Digits, batch_generator
-    from chaos_bench.slowlinks.task import model as make_model
+    from chaos_bench.slowlinks.task import batch_generator, load
     from chaos_edge import ChaosError, Trainer
 
     torch.set_num_threads(1)  # three workers and their daemons share a small box
-    data = Digits.load()
-    model = make_model(args.seed)
+    data = load(args.task)
+    model = data.model(args.seed)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     run = Path(args.dir)
     try:
@@ -122,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(WARMUP_SLEEP_S)
             continue
         xb, yb = data.batch(gen, args.batch)
-        loss = torch.nn.functional.cross_entropy(model(xb), yb)
-        loss.backward()
+        data.loss(model, xb, yb).backward()
         u0, b0 = time.monotonic(), data_tx_bytes()
         trainer.update()
         du, db = time.monotonic() - u0, data_tx_bytes() - b0

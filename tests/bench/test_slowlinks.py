@@ -35,6 +35,7 @@ def test_help() -> None:
     (["--fragments", "3", "--inner-steps", "20,50"], "--fragments: no value divides"),
     (["--fragments", "1"], "--fragments"),
     (["--outer-wire", "fp64"], "fp64 is not one of"),
+    (["--task", "mnist"], "--task: mnist is not one of digits, chartf"),
 ])
 def test_bad_values_are_one_line(args: list[str], needle: str) -> None:
     line = assert_one_line_error(run_ctl("bench", "slowlinks", *args), 2)
@@ -173,3 +174,29 @@ def test_tuning_runs_the_packages_outer_step_and_picks_the_least_validation_loss
            tune.Point(20, 0.5, 0.5, [0.2, 0.3], [0.95, 0.96]),
            tune.Point(20, 1.0, 0.0, [0.1, 0.9], [0.97, 0.9])]
     assert tune.choose(pts).outer_lr == 0.5
+
+
+def test_the_char_transformer_task_splits_its_held_out_text_and_tunes_alike() -> None:
+    """The chartf task: validation and test are the two halves of the text the example holds
+    out, never trained on; the tuning's in-process DiLoCo runs on it, deterministically."""
+    import torch
+
+    from chaos_bench.slowlinks import tune
+    from chaos_bench.slowlinks.task import CharText, batch_generator, load
+
+    data = load("chartf")
+    assert isinstance(data, CharText)
+    held = data.data.val
+    assert torch.equal(torch.cat([data.val, data.test]), held)
+    assert len(data.val) > 10 * data.data.context and len(data.test) > 10 * data.data.context
+    x, y = data.batch(batch_generator(0, 1), 4)
+    assert x.shape == y.shape == (4, data.data.context)
+    assert torch.equal(x[:, 1:], y[:, :-1])  # the targets are the next characters
+    m = data.model(3)
+    val, test = data.evaluate(m, "val"), data.evaluate(m, "test")
+    assert val != test and all(0 < v[0] < 10 and 0 <= v[1] <= 1 for v in (val, test))
+    assert m.training  # evaluation leaves the model training (dropout on)
+    kw = {"steps": 4, "nodes": 2, "batch": 4, "lr": 1e-3, "data": data}
+    a = tune.simulate(2, 0.7, 0.5, 100, **kw)
+    assert a == tune.simulate(2, 0.7, 0.5, 100, **kw)
+    assert a != tune.simulate(2, 0.0, 0.5, 100, **kw)
