@@ -400,9 +400,10 @@ def test_stragglers_off_keeps_every_member() -> None:
 
 
 def said(host: FakeHost, role: SchedulerRole, step: int, n: int, step_s: float,
-         probed: bool = True) -> int:
-    """``n`` observations, the members a step each ``step_s`` apart, as their heartbeats said
-    it, and (``probed``) a new test of every link at the rate it reads: the step reached."""
+         probed: bool = True, compute_ms: float = 50.0) -> int:
+    """``n`` observations, the members a step each ``step_s`` apart (``compute_ms`` of it
+    their compute), as their heartbeats said it, and (``probed``) a new test of every link at
+    the rate it reads: the step reached."""
     for _ in range(n):
         host.time.advance(OBSERVE_EVERY_S)
         if probed:
@@ -411,7 +412,7 @@ def said(host: FakeHost, role: SchedulerRole, step: int, n: int, step_s: float,
         step += round(OBSERVE_EVERY_S / step_s)
         for m in MEMBERS:
             host.steps[m] = step  # what the member's heartbeat said, as the agent keeps it
-            beat(role, m, step=step)
+            beat(role, m, compute_ms=compute_ms, step=step)
         role.judge(set(role.sched.nodes))
     return step
 
@@ -480,3 +481,22 @@ def test_spans_timed_before_the_probes_read_a_fall_teach_no_floor() -> None:
     links(role, 10.0)
     said(host, role, step, 6, 0.131)  # read now: bytes-bound rounds, a cap, no floor
     assert model.floors() == {}
+
+
+def test_a_span_across_a_change_of_the_compute_teaches_no_floor() -> None:
+    """Pinned to every-step int8 at 1 Gbit/s, the members' compute falls from 187.5 ms a step
+    (their owners' other work ended) to 50 before a floor was learned. The policy stays as it
+    is, so nothing else starts the span again: spans with steps of both, their rounds read as
+    the step time less the new compute, would teach a floor several times int8's. The span
+    starts again at the change, so the model only learns the floor itself."""
+    host, role, model = pinned_int8(1000.0)
+    floor = (0.0625 - 0.050 - 0.001) / ELEMENTS * 1e9
+    step = said(host, role, role.sched.policy.effective_step,
+                round(CALIBRATE_S / OBSERVE_EVERY_S), 0.2, compute_ms=187.5)
+    assert model.floors() == {}  # not a whole span yet
+    version = role.sched.policy.version
+    for _ in range(3 * round(CALIBRATE_S / OBSERVE_EVERY_S)):
+        step = said(host, role, step, 1, 0.0625)
+        assert model.floors().get("int8", floor) == pytest.approx(floor)
+    assert model.floors() == {"int8": pytest.approx(floor)}
+    assert role.sched.policy.version == version  # nothing republished: the restart alone
