@@ -4,7 +4,9 @@ Four Trainer processes train a small model on a chain (root n1). One or two of t
 themselves at a chosen data-plane event (reduce, broadcast, ack, commit, agreement); the fake
 plays chaosd's supervisor (a worker that exits while attached is dropped at once). Every
 survivor must finish, at the same final step, with bit-identical parameters and optimizer
-state at every step they both committed, and the loss must fall.
+state at every step they both committed, and the loss must fall. Two faults that need no
+particular state of the other share a run, seven rounds apart (four workers' start is most
+of a run's CPU).
 """
 
 from __future__ import annotations
@@ -74,14 +76,16 @@ def _run(tmp_path: Path, procs: list[subprocess.Popen[bytes]], faults: dict[str,
 @pytest.mark.parametrize(
     "faults",
     [
-        {"n3": "reduce:1:5"},  # a leaf dies mid-reduce: nobody holds a result
-        {"n1": "bcast:1:5"},  # the root dies mid-broadcast: some hold part of it
-        {"n1": "bcast:2:5"},  # the root sent every chunk: all hold it, none committed
-        {"n3": "ack:0:5"},  # a leaf acks, then dies: the round commits without it
+        # A leaf dies mid-reduce (nobody holds a result); later, on the chain n0 - n1 - n2
+        # left, the root dies mid-broadcast (some hold part of it).
+        {"n3": "reduce:1:5", "n1": "bcast:1:12"},
+        # The root sent every chunk (all hold it, none committed); later, on n0 - n2 - n3, a
+        # leaf acks, then dies (the round commits without it).
+        {"n1": "bcast:2:5", "n3": "ack:0:12"},
         {"n1": "commit:0:5"},  # the root commits to n0 only: n2 and n3 are uncertain
         {"n1": "commit:0:5", "n2": "agree-down:0:5"},  # then the new root dies mid-agreement
     ],
-    ids=["reduce", "bcast-partial", "bcast-all", "ack", "commit", "commit-then-agree"],
+    ids=["reduce-then-bcast-partial", "bcast-all-then-ack", "commit", "commit-then-agree"],
 )
 def test_survivors_stay_bit_identical(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]], faults: dict[str, str]
