@@ -21,6 +21,11 @@ from chaosctl.cluster import LocalCluster
 from tests._jsonl import JsonLines
 
 WORKER = Path(__file__).with_name("_worker.py")
+# Seconds a test worker sleeps each step. The suite is CPU-bound on 2 cores, and a worker
+# steps all through the waits for a detector, a join or a restart: at 0.02 s three of them
+# took 0.50 CPU-s a second (37 steps/s), at 0.05 s 0.25 (17 steps/s); a test that waits for
+# some steps waits a little longer instead (stop 63).
+PACE_S = 0.05
 # chaosd.toml for the straggler tests: the policy pinned (they are about the members), each
 # link tested every 2 s, the judge acting on two measurements in a row.
 PINNED_POLICY = """
@@ -46,7 +51,7 @@ class Run:
     def join(self, node: str, steps: int = 100000, neighbors: list[str] | None = None,
              extra: list[str] | None = None) -> None:
         argv = [sys.executable, str(WORKER), "--out", str(self.out / f"{node}.jsonl"),
-                "--steps", str(steps), "--sleep", "0.02", *(extra or [])]
+                "--steps", str(steps), "--sleep", str(PACE_S), *(extra or [])]
         call_once(self.c.socket_of(node), "join",
                   {"neighbors": neighbors or [], "command": argv}, timeout=5)
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from chaosctl.client import call_once
-from tests.training._run import Run
+from tests.training._run import PACE_S, Run
 
 pytestmark = pytest.mark.timeout(240)
 
 EXAMPLES = {
-    "lightning": ["chaos_edge.examples.lightning_mlp", "--sleep", "0.02"],
-    "hf": ["chaos_edge.examples.hf_chartf", "--sleep", "0.02", "--short"],
+    "lightning": ["chaos_edge.examples.lightning_mlp", "--sleep", str(PACE_S)],
+    "hf": ["chaos_edge.examples.hf_chartf", "--sleep", str(PACE_S), "--short"],
 }
 
 

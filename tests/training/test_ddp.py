@@ -13,14 +13,14 @@ import torch
 
 from chaos_edge import ddp
 from chaosctl.client import call_once
-from tests.training._run import Run
+from tests.training._run import PACE_S, Run
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def start(r: Run, node: str, *extra: str) -> None:
     argv = [sys.executable, "-m", "chaos_edge.examples.ddp_mlp", "--steps", "100000",
-            "--sleep", "0.02", "--record", str(r.out / f"{node}.jsonl"), *extra]
+            "--sleep", str(PACE_S), "--record", str(r.out / f"{node}.jsonl"), *extra]
     call_once(r.c.socket_of(node), "join", {"neighbors": [], "command": argv}, timeout=5)
 
 

@@ -33,7 +33,7 @@ import torch
 
 from chaosctl.client import call_once
 from tests.training._full_worker import build
-from tests.training._run import Run
+from tests.training._run import PACE_S, Run
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -48,7 +48,7 @@ Keep = Callable[[str, Row], bool]
 def join(r: Run, node: str, *extra: str, digest_every: int = 10) -> None:
     """Start the full worker on ``node`` through chaosd's ``join`` (as ``chaosctl join``)."""
     argv = [sys.executable, str(WORKER), "--out", str(r.out / f"{node}.jsonl"),
-            "--steps", str(STEPS), "--sleep", "0.02", "--digest-every", str(digest_every),
+            "--steps", str(STEPS), "--sleep", str(PACE_S), "--digest-every", str(digest_every),
             *extra]
     call_once(r.c.socket_of(node), "join", {"neighbors": [], "command": argv}, timeout=5)
 
