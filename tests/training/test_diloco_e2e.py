@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from chaosctl.client import call_once
-from tests.training._run import Run
+from tests.training._run import PACE_S, Run
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -40,7 +40,8 @@ Row = dict[str, Any]
 
 
 def join(r: Run, node: str, *extra: str) -> None:
-    argv = [sys.executable, str(WORKER), "--out", str(r.out / f"{node}.jsonl"), *extra]
+    argv = [sys.executable, str(WORKER), "--out", str(r.out / f"{node}.jsonl"),
+            "--sleep", str(PACE_S), *extra]
     call_once(r.c.socket_of(node), "join", {"neighbors": [], "command": argv}, timeout=5)
 
 
