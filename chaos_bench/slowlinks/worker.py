@@ -2,10 +2,10 @@
 
 ``--task`` (:mod:`.task`: the splits, the model, the batch orders of ``--seed``) is learned
 with Adam: an MLP on scikit-learn's digits, or the character transformer on Python's help
-texts; the
-cluster's ``[training] sync`` and ``wire`` decide whether ``update()`` all-reduces every step
-or runs DiLoCo, and in which format. The script does not know which. ``--chunk`` is the
-all-reduce's pipeline chunk (0: the Trainer's default, one chunk for a vector this small).
+texts; the cluster's ``[training] sync`` and ``wire`` decide whether ``update()``
+all-reduces every step or runs DiLoCo, and in which format. The script does not know which.
+``--chunk`` is the all-reduce's pipeline chunk (0: the Trainer's default, one chunk for a
+vector this small).
 
 The run is the same task in every mode: until the global step ``START`` (read from
 ``<dir>/start`` once the bench has seen every node join) the worker trains on no samples
@@ -56,7 +56,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--eval-node", default="n1")
     ap.add_argument("--seed", type=int, default=0, help="initial weights and batch orders")
     ap.add_argument("--chunk", type=int, default=0, help="all-reduce chunk bytes (0: default)")
-    ap.add_argument("--task", default="digits", help="digits or chartf")
+    ap.add_argument("--task", default="digits", choices=("digits", "chartf"))
     return ap.parse_args(argv)
 
 
